@@ -1,0 +1,38 @@
+# Two commands for users: `make demo` and `make test`. Both create .venv when absent.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: demo test setup lint schema clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# Without a CUDA driver, install the CPU build of torch first, so the
+	# unpinned dependency does not pull a multi-GB CUDA build.
+	if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(BIN)/python -c "import torch" 2>/dev/null; then \
+		$(BIN)/python -m pip install -q "$(TORCH_CPU)"; fi
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/moec validate examples/*.toml
+	$(BIN)/moec explain examples/tiny-cpu.toml --tokens 1,64
+	$(BIN)/moec run examples/tiny-cpu.toml --tokens 16
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -x --durations=15
+
+lint: $(STAMP)
+	$(BIN)/ruff check moec tests benchmarks
+	$(BIN)/ruff format --check moec tests benchmarks
+
+schema: $(STAMP)
+	$(BIN)/moec schema
+
+clean:
+	rm -rf $(VENV) build dist out .pytest_cache

@@ -1,0 +1,174 @@
+"""`moec` command line: argument parsing, exit codes and output, nothing else.
+
+Exit codes: 0 ok, 2 a user error (bad spec, bad arguments, missing optional backend), printed
+as one line per problem with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from moec import __version__
+from moec.errors import MoecError, problem
+
+
+def _add_set(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec key with a TOML value, e.g. --set quant.scheme=bf16 (repeatable)",
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="moec",
+        description="Compile a TOML spec of a DeepSeek-style MoE layer into a Python/Triton package.",
+    )
+    parser.add_argument("--version", action="version", version=f"moec {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    validate = commands.add_parser("validate", help="check specs; print ok or every problem")
+    validate.add_argument("specs", nargs="+", metavar="SPEC")
+    _add_set(validate)
+
+    explain = commands.add_parser("explain", help="print the plan: stages, types, decisions, cost")
+    explain.add_argument("spec", nargs="?", metavar="SPEC")
+    explain.add_argument(
+        "--tokens", default=None, help="token counts for the cost table, e.g. 1,64,4096"
+    )
+    explain.add_argument("--format", choices=["text", "json", "dot", "mermaid"], default="text")
+    explain.add_argument("--matrix", action="store_true", help="print the support matrix instead")
+    explain.add_argument("--bandwidth", type=float, help="HBM bandwidth in GB/s for the floor")
+    explain.add_argument("--bf16-tflops", type=float, help="bf16 matmul rate in TFLOP/s")
+    explain.add_argument("--fp8-tflops", type=float, help="fp8 grouped GEMM rate in TFLOP/s")
+    _add_set(explain)
+
+    build = commands.add_parser("build", help="generate the layer package")
+    build.add_argument("spec", metavar="SPEC")
+    build.add_argument("-o", "--out", default=None, help="output folder (default: out/)")
+    _add_set(build)
+
+    run = commands.add_parser("run", help="build, load weights, run one forward, report")
+    run.add_argument("spec", metavar="SPEC")
+    run.add_argument("--tokens", type=int, default=16)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--weights", default=None, help="state dict, safetensors file or folder")
+    run.add_argument("--prefix", default="", help="prefix of the layer's weight names")
+    _add_set(run)
+
+    init = commands.add_parser("init", help="write a spec from a HF config.json")
+    init.add_argument("--from-hf", required=True, metavar="CONFIG_JSON")
+    init.add_argument("-o", "--out", default=None, metavar="SPEC", help="default: standard output")
+    init.add_argument("--name", default=None, help="package name (default: from the config)")
+
+    schema = commands.add_parser("schema", help="write the JSON Schema of spec files")
+    schema.add_argument("-o", "--out", default=None, help="default: schemas/moec-spec.schema.json")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except MoecError as error:
+        print(error.report(), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from moec.spec import load_spec
+
+    failed = False
+    for path in args.specs:
+        try:
+            load_spec(path, args.overrides)
+        except MoecError as error:
+            print(error.report(), file=sys.stderr)
+            failed = True
+            continue
+        print(f"{path}: ok" if len(args.specs) > 1 else "ok")
+    return 2 if failed else 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from moec import explain
+
+    if args.matrix:
+        print(explain.matrix_text(), end="")
+        return 0
+    if not args.spec:
+        raise MoecError([problem("SPEC", "is required unless --matrix is given")], kind="usage")
+    ceilings = {
+        key: value
+        for key, value in (
+            ("bandwidth_gbs", args.bandwidth),
+            ("bf16_tflops", args.bf16_tflops),
+            ("fp8_tflops", args.fp8_tflops),
+        )
+        if value is not None
+    }
+    print(explain.explain(args.spec, args.overrides, args.tokens, args.format, ceilings), end="")
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    from moec.codegen import build_file
+
+    result = build_file(args.spec, args.out, args.overrides)
+    print(f"{result.package_dir}: {result.summary}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from moec.runner import run_spec
+
+    print(
+        run_spec(args.spec, args.overrides, args.tokens, args.seed, args.weights, args.prefix),
+        end="",
+    )
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    from moec.spec.hf import spec_from_hf
+
+    text = spec_from_hf(args.from_hf, args.name, schema_relative_to=args.out)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from moec.resources import schema_path
+    from moec.spec.schema import schema_text
+
+    out = Path(args.out) if args.out else schema_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(schema_text(), encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+_COMMANDS = {
+    "validate": _validate,
+    "explain": _explain,
+    "build": _build,
+    "run": _run,
+    "init": _init,
+    "schema": _schema,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Errors are values: a `Problem` names where, what and what would be accepted.
+
+Every user-facing failure (bad TOML, unknown key, impossible combination, missing optional
+backend) is raised as one `MoecError` carrying all the problems found. The CLI prints each as
+`SPEC:LINE: key.path = value: what is wrong (what would be accepted)` and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec or a request."""
+
+    path: str
+    """Dotted key path in the spec (`quant.weight_block`), or an argument name; "" if none."""
+    message: str
+    """What is wrong, in plain words."""
+    hint: str = ""
+    """What would be accepted."""
+    value: Any = None
+    """The offending value, if there is one."""
+    has_value: bool = False
+    """Whether `value` is meaningful (None can be an offending value)."""
+    line: int | None = None
+    """1-based line in the spec file where the key (or its table) is written."""
+    origin: str = ""
+    """Where the value came from when not the file: "--set", "preset deepseek-v3", ..."""
+    rule: str = ""
+    """Name of the combination rule that found it, if any."""
+
+    def located(self, line: int | None, origin: str = "") -> Problem:
+        return Problem(
+            self.path, self.message, self.hint, self.value, self.has_value, line, origin, self.rule
+        )
+
+    def format(self, source: str = "") -> str:
+        """`SPEC:LINE: key.path = value: message (hint)`."""
+        where = source or "<spec>"
+        if self.line is not None:
+            where = f"{where}:{self.line}"
+        if self.origin:
+            where = f"{where} ({self.origin})"
+        subject = self.path or ""
+        if self.has_value:
+            subject = f"{subject} = {_show(self.value)}" if subject else _show(self.value)
+        text = f"{where}: {subject}: {self.message}" if subject else f"{where}: {self.message}"
+        if self.hint:
+            text += f" ({self.hint})"
+        return text
+
+
+def problem(
+    path: str, message: str, hint: str = "", *, value: Any = ..., rule: str = ""
+) -> Problem:
+    """Build a Problem; pass `value=` to show the offending value."""
+    if value is ...:
+        return Problem(path, message, hint, rule=rule)
+    return Problem(path, message, hint, value, True, rule=rule)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_show(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+@dataclass
+class MoecError(Exception):
+    """All the problems found, and the file they concern."""
+
+    problems: list[Problem]
+    source: str = ""
+    kind: str = "spec"
+    """"spec" for a bad spec, "backend" for a missing optional package, "usage" for arguments."""
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.report())
+
+    def report(self) -> str:
+        return "\n".join(p.format(self.source) for p in self.problems)
+
+    def __str__(self) -> str:
+        return self.report()

@@ -1,0 +1,292 @@
+"""Read a spec: TOML text -> overrides -> preset -> pydantic -> normalized -> rules.
+
+Every problem found on the way becomes a located `Problem`; `load_spec` raises one `MoecError`
+with all of them, or returns a `LoadedSpec`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args
+
+import tomli
+from pydantic import BaseModel, ValidationError
+
+from moec.errors import MoecError, Problem, problem
+from moec.spec import models, rules
+from moec.spec.locate import key_lines, line_of
+from moec.spec.normalize import normalize
+from moec.spec.presets import PRESETS, apply_preset
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    """A valid, normalized spec and where it came from."""
+
+    spec: models.Spec
+    source: str
+    """File name (or "<spec>") used in messages."""
+    text: str
+    """The TOML text as read (before overrides)."""
+    overrides: tuple[str, ...] = ()
+    lines: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def normalized(self) -> dict[str, Any]:
+        """The spec as plain data with every default explicit."""
+        return self.spec.model_dump(mode="json")
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 of the normalized spec: equal specs, equal hash, whatever their formatting."""
+        return spec_hash(self.spec)
+
+
+def spec_hash(spec: models.Spec) -> str:
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedSpec:
+    """Read and check the spec file at `path`, with `--set KEY=VALUE` overrides."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise MoecError(
+            [problem("", f"cannot read the spec: {error.strerror}", "a readable TOML file")],
+            str(path),
+            kind="usage",
+        ) from None
+    return parse_spec(text, str(path), overrides)
+
+
+def parse_spec(
+    text: str, source: str = "<spec>", overrides: list[str] | tuple[str, ...] = ()
+) -> LoadedSpec:
+    """Check a spec given as TOML text."""
+    try:
+        raw = tomli.loads(text)
+    except tomli.TOMLDecodeError as error:
+        message = error.msg if hasattr(error, "msg") else str(error)
+        line = getattr(error, "lineno", None)
+        column = getattr(error, "colno", None)
+        where = f"column {column}: " if column else ""
+        raise MoecError(
+            [Problem("", f"TOML syntax: {where}{message}", "see https://toml.io", line=line)],
+            source,
+        ) from None
+    lines = key_lines(text)
+    raw, set_paths = _apply_overrides(raw, overrides, source)
+    return check_raw(raw, source, text, lines, set_paths, tuple(overrides))
+
+
+def check_raw(
+    raw: dict[str, Any],
+    source: str = "<spec>",
+    text: str = "",
+    lines: dict[str, int] | None = None,
+    set_paths: set[str] | None = None,
+    overrides: tuple[str, ...] = (),
+) -> LoadedSpec:
+    """Validate parsed spec data (the TOML already read and the overrides applied)."""
+    lines = lines or {}
+    set_paths = set_paths or set()
+    from_preset: set[str] = set()
+    preset = raw.get("model", {}).get("preset") if isinstance(raw.get("model"), dict) else None
+    preset_name = ""
+    if isinstance(preset, str) and preset in PRESETS:
+        raw, from_preset = apply_preset(raw, preset)
+        preset_name = preset
+
+    def locate(found: Problem) -> Problem:
+        if found.path in set_paths:
+            return found.located(None, "--set")
+        if found.path in from_preset:
+            return found.located(line_of(lines, "model.preset"), f"from preset {preset_name}")
+        return found.located(line_of(lines, found.path))
+
+    try:
+        spec = models.Spec.model_validate(raw)
+    except ValidationError as error:
+        found = [locate(p) for p in _from_validation(error, raw)]
+        raise MoecError(_sorted(found), source) from None
+    spec = normalize(spec)
+    found = [locate(p) for p in rules.check(spec)]
+    if found:
+        raise MoecError(_sorted(found), source)
+    return LoadedSpec(spec, source, text, overrides, lines)
+
+
+def _sorted(found: list[Problem]) -> list[Problem]:
+    unique = list(dict.fromkeys(found))
+    return sorted(unique, key=lambda p: (p.line if p.line is not None else 10**9, p.path))
+
+
+# --- overrides ----------------------------------------------------------------------------
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`KEY=VALUE` with a TOML value; a bare word that is not TOML is taken as a string."""
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key or not all(part.isidentifier() for part in key.split(".")):
+        raise MoecError(
+            [
+                problem(
+                    "--set",
+                    "expects KEY=VALUE with a dotted key",
+                    "e.g. --set quant.scheme=bf16",
+                    value=item,
+                )
+            ],
+            kind="usage",
+        )
+    try:
+        parsed = tomli.loads(f"value = {value.strip()}")["value"]
+    except tomli.TOMLDecodeError:
+        parsed = value.strip()
+    return key, parsed
+
+
+def _apply_overrides(
+    raw: dict[str, Any], overrides, source: str
+) -> tuple[dict[str, Any], set[str]]:
+    paths: set[str] = set()
+    for item in overrides:
+        key, value = parse_override(item)
+        parts = key.split(".")
+        node = raw
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise MoecError(
+                    [problem(key, f"{part} is not a table", "a key inside a table", value=value)],
+                    source,
+                    kind="usage",
+                )
+            node = child
+        node[parts[-1]] = value
+        paths.add(key)
+    return raw, paths
+
+
+# --- pydantic errors to problems ----------------------------------------------------------
+
+_ACTIVATION_KINDS = {
+    get_args(cls.model_fields["kind"].annotation)[0]: cls
+    for cls in (models.Silu, models.SiluClamped, models.OaiSwiglu, models.Situ)
+}
+
+
+def _fields_at(path: list[str]) -> list[str]:
+    """Keys accepted in the table at `path` (for did-you-mean)."""
+    cls: type[BaseModel] = models.Spec
+    for part in path:
+        info = cls.model_fields.get(part)
+        if info is None:
+            return []
+        if part == "activation" and cls is models.Spec:
+            return sorted(
+                {name for kind in _ACTIVATION_KINDS.values() for name in kind.model_fields}
+            )
+        annotation = info.annotation
+        candidates = [a for a in (annotation, *get_args(annotation)) if isinstance(a, type)]
+        nested = [a for a in candidates if issubclass(a, BaseModel)]
+        if not nested:
+            return []
+        cls = nested[0]
+    return list(cls.model_fields)
+
+
+def _from_validation(error: ValidationError, raw: dict[str, Any]) -> list[Problem]:
+    found = []
+    for item in error.errors():
+        loc = [str(part) for part in item["loc"]]
+        if len(loc) >= 2 and loc[0] == "activation" and loc[1] in _ACTIVATION_KINDS:
+            kind = loc.pop(1)
+        else:
+            kind = None
+        path = ".".join(loc)
+        kind_of = item["type"]
+        value = item.get("input")
+        if kind_of == "extra_forbidden":
+            found.append(_unknown_key(loc, value, kind))
+        elif kind_of == "missing":
+            found.append(problem(path, "is required", _required_hint(loc)))
+        elif kind_of == "literal_error":
+            expected = item.get("ctx", {}).get("expected", "")
+            found.append(problem(path, "is not a known value", f"one of {expected}", value=value))
+        elif kind_of in ("union_tag_invalid", "union_tag_not_found"):
+            kinds = ", ".join(f'"{k}"' for k in _ACTIVATION_KINDS)
+            tag_path = f"{path}.kind" if path else "kind"
+            if kind_of == "union_tag_not_found":
+                found.append(
+                    problem(tag_path, "is required to choose the activation", f"one of {kinds}")
+                )
+            else:
+                found.append(
+                    problem(
+                        tag_path,
+                        "is not a known activation",
+                        f"one of {kinds}",
+                        value=value.get("kind") if isinstance(value, dict) else value,
+                    )
+                )
+        elif kind_of in ("model_type", "model_attributes_type", "dict_type"):
+            found.append(problem(path, "must be a table", f"[{path}] with its keys", value=value))
+        else:
+            message = item["msg"]
+            if message.startswith("Value error, "):
+                message = message[len("Value error, ") :]
+            elif message.startswith("Input should be"):
+                message = "should be" + message[len("Input should be") :]
+            found.append(problem(path, message, _type_hint(kind_of, item), value=value))
+    return found
+
+
+def _unknown_key(loc: list[str], value: Any, kind: str | None) -> Problem:
+    key, table = loc[-1], loc[:-1]
+    path = ".".join(loc)
+    if table == ["activation"] and kind is not None:
+        owners = [k for k, cls in _ACTIVATION_KINDS.items() if key in cls.model_fields]
+        if owners:
+            accepted = [f for f in _ACTIVATION_KINDS[kind].model_fields]
+            return problem(
+                path,
+                f'belongs to kind = "{owners[0]}", not "{kind}"',
+                f"{kind} takes {', '.join(accepted)}",
+                value=value,
+            )
+    known = _fields_at(table)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    where = f"[{'.'.join(table)}]" if table else "the top level"
+    hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(known)}"
+    return problem(path, f"unknown key in {where}", hint, value=value)
+
+
+def _required_hint(loc: list[str]) -> str:
+    if loc[:1] == ["model"]:
+        presets = ", ".join(PRESETS)
+        return f"set it, or set model.preset to one of {presets}"
+    return "set it"
+
+
+def _type_hint(kind_of: str, item: dict[str, Any]) -> str:
+    if kind_of.startswith("int"):
+        return "an integer"
+    if kind_of.startswith("float"):
+        return "a number"
+    if kind_of.startswith("bool"):
+        return "true or false"
+    if kind_of.startswith("list"):
+        return "an array, e.g. [128, 128]"
+    if kind_of.startswith("string"):
+        return "a string"
+    if kind_of in ("greater_than", "greater_than_equal"):
+        return "a positive value" if item.get("ctx", {}).get("gt") == 0 else "a larger value"
+    return ""

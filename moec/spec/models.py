@@ -1,0 +1,193 @@
+"""The spec: pydantic models of one DeepSeek-style MoE layer, one class per TOML table.
+
+Each model checks its own fields (types, ranges, identifiers). Rules that relate fields of
+several tables live in `rules.py`, one named function each, so a violation names its rule.
+Keys follow HF `config.json` names where one exists.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+Preset = Literal["deepseek-v3", "deepseek-r1", "deepseek-v2", "deepseek-v2-lite", "kimi-k2"]
+QuantScheme = Literal["bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"]
+Arch = Literal["sm80", "sm89", "sm90", "sm100", "sm120"]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class Table(BaseModel):
+    """Base of every spec table: frozen, unknown keys rejected, docstrings kept for the schema."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class Model(Table):
+    """Dimensions of the MoE layer (HF config.json names)."""
+
+    preset: Preset | None = None
+    """Known model whose values fill every key this spec leaves out (model, router, quant)."""
+    hidden_size: PositiveInt
+    """H: width of the tokens entering and leaving the layer."""
+    moe_intermediate_size: PositiveInt
+    """I: intermediate width of one routed expert (before tensor parallelism)."""
+    n_routed_experts: PositiveInt
+    """E: number of routed experts."""
+    num_experts_per_tok: PositiveInt
+    """K: experts each token is routed to (top-k)."""
+    n_shared_experts: Annotated[int, Field(ge=0)] = 0
+    """Shared experts every token goes through; together one MLP of n_shared * I width."""
+
+
+class Router(Table):
+    """The gate: logits, scoring and top-k selection."""
+
+    scoring_func: Literal["softmax", "sigmoid", "sqrtsoftplus"] = "softmax"
+    """How logits become scores: softmax over experts, sigmoid, or sqrt(softplus(x))."""
+    topk_method: Literal["greedy", "group_limited_greedy", "noaux_tc"] = "greedy"
+    """greedy: top-k of all experts; group_limited_greedy: top-k within the topk_group groups
+    with the highest max score; noaux_tc: as grouped, ranking groups by the sum of their top-2
+    scores plus `e_score_correction_bias`, which also biases the expert choice."""
+    n_group: PositiveInt = 1
+    """Number of expert groups for the grouped methods (1 = no grouping)."""
+    topk_group: PositiveInt = 1
+    """Groups kept per token by the grouped methods."""
+    norm_topk_prob: bool = False
+    """Renormalize the k selected weights to sum to 1."""
+    routed_scaling_factor: Annotated[float, Field(gt=0)] = 1.0
+    """Multiplies the routed experts' output (not the shared experts')."""
+
+
+class Quant(Table):
+    """Quantization of the expert weights and of the activations entering the expert GEMMs."""
+
+    scheme: QuantScheme = "bf16"
+    """bf16: no quantization; fp8_per_tensor: e4m3 with one scale per tensor; fp8_block: e4m3
+    with 128x128 weight blocks and 1x128 activation groups (DeepSeek-V3); mxfp8: e4m3 with 1x32
+    UE8M0 scales; mxfp4: e2m1 weights with 1x32 UE8M0 scales and mxfp8 activations."""
+    weight_block: list[PositiveInt] | None = None
+    """[block_n, block_k] of the weight scales; default [128, 128] for fp8_block and [1, 32]
+    for mxfp8 / mxfp4; must be absent for bf16 and fp8_per_tensor."""
+    activation_scheme: Literal["dynamic", "static"] = "dynamic"
+    """dynamic: activation scales computed per forward; static: fixed scales from the
+    checkpoint (`input_scale`), fp8_per_tensor only."""
+    scale_dtype: Literal["fp32", "ue8m0"] | None = None
+    """Scale format: fp32, or UE8M0 (powers of two). Default: ue8m0 for mxfp8 / mxfp4, fp32
+    otherwise."""
+    checkpoint: Literal["bf16", "quantized"] = "quantized"
+    """Format of the checkpoint `load_weights` reads: bf16 (quantized on load) or already
+    quantized in this scheme (with `weight_scale_inv`). Ignored for scheme = bf16."""
+    shared_scheme: QuantScheme | None = None
+    """Scheme of the shared experts; default: the routed scheme, except fp8_block for mxfp4
+    (as DeepSeek-V4 checkpoints store them)."""
+
+
+class Silu(Table):
+    """SwiGLU: silu(gate) * up."""
+
+    kind: Literal["silu"] = "silu"
+
+
+class SiluClamped(Table):
+    """SwiGLU with gate clamped to at most swiglu_limit and up to [-limit, limit]."""
+
+    kind: Literal["silu_clamped"]
+    swiglu_limit: Annotated[float, Field(gt=0)]
+    """Clamp bound (DeepSeek-V4 uses 10.0)."""
+
+
+class OaiSwiglu(Table):
+    """GPT-OSS SwiGLU: (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)."""
+
+    kind: Literal["oai_swiglu"]
+    alpha: Annotated[float, Field(gt=0)] = 1.702
+    """Slope inside the sigmoid (`gemm1_alpha`)."""
+    limit: Annotated[float, Field(gt=0)] = 7.0
+    """Clamp bound (`gemm1_clamp_limit`)."""
+
+
+class Situ(Table):
+    """SiTU: beta*tanh(gate/beta)*sigmoid(gate) * linear_beta*tanh(up/linear_beta)."""
+
+    kind: Literal["situ"]
+    beta: Annotated[float, Field(gt=0)]
+    """Soft cap of the gate branch."""
+    linear_beta: Annotated[float, Field(gt=0)]
+    """Soft cap of the up branch."""
+
+
+Activation = Annotated[Silu | SiluClamped | OaiSwiglu | Situ, Field(discriminator="kind")]
+
+
+class Experts(Table):
+    """How the routed experts run."""
+
+    gemm_backend: Literal["auto", "torch", "triton", "deep_gemm"] = "auto"
+    """Grouped GEMM implementation; auto picks from the target and what is installed."""
+    layout: Literal["auto", "contiguous", "masked"] = "auto"
+    """contiguous: rows grouped by expert, padded per expert; masked: [E, max_m, H] per
+    expert with valid-row counts. auto: masked when its peak memory at max_num_tokens fits
+    masked_memory_budget_gib."""
+    masked_memory_budget_gib: Annotated[float, Field(gt=0)] | None = None
+    """Memory the masked layout may take; default 20% of the target's device memory."""
+    shared_experts: Literal["separate", "fused"] = "separate"
+    """separate: a dense MLP beside the routed experts; fused: appended as extra experts that
+    every token selects with weight 1."""
+
+
+class Parallel(Table):
+    """How the layer is spread over ranks."""
+
+    dispatch: Literal["local", "all2all", "deepep_normal", "deepep_low_latency"] = "local"
+    """local: one rank, or tensor parallel with an all-reduce; all2all: expert parallel over
+    torch.distributed all_to_all; deepep_*: expert parallel through DeepEP."""
+    tp_size: PositiveInt = 1
+    """Tensor-parallel ranks: each holds a 1/tp_size slice of every expert's intermediate."""
+    ep_size: PositiveInt = 1
+    """Expert-parallel ranks: each holds n_routed_experts / ep_size whole experts."""
+    max_tokens_per_rank: PositiveInt | None = None
+    """Per-rank token bound of the dispatch buffers (DeepEP low-latency needs it)."""
+
+
+class Target(Table):
+    """Where the generated layer runs."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Device the layer runs on."""
+    arch: Arch | None = None
+    """CUDA architecture (sm90 = Hopper, sm100 = Blackwell); default sm90 for cuda."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Dtype of the layer's input, output and unquantized weights."""
+    max_num_tokens: PositiveInt = 4096
+    """Largest T one forward takes on one rank; sizes buffers and the layout choice."""
+
+
+class Spec(Table):
+    """One DeepSeek-style MoE layer, as moec compiles it."""
+
+    name: str
+    """ASCII identifier naming the generated package."""
+    description: str = ""
+    """Free text, copied into the generated package's docstring as a literal."""
+    model: Model
+    router: Router = Router()
+    quant: Quant = Quant()
+    activation: Activation = Silu()
+    experts: Experts = Experts()
+    parallel: Parallel = Parallel()
+    target: Target = Target()
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_identifier(cls, value: str) -> str:
+        if not IDENTIFIER.match(value) or keyword.iskeyword(value):
+            raise ValueError(
+                "must be an ASCII Python identifier that is not a keyword "
+                "(letters, digits and _, not starting with a digit)"
+            )
+        return value

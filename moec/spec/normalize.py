@@ -1,0 +1,40 @@
+"""Fill the defaults that depend on other keys, so the normalized spec says everything.
+
+A key the user left out (None) gets its scheme- or target-dependent default here; a key the
+user wrote is kept as written, right or wrong, for the rules to judge.
+"""
+
+from __future__ import annotations
+
+from moec.spec.models import Spec
+
+BLOCK_DEFAULTS = {"fp8_block": [128, 128], "mxfp8": [1, 32], "mxfp4": [1, 32]}
+"""Weight block per block-scaled scheme."""
+
+MX_SCHEMES = ("mxfp8", "mxfp4")
+
+
+def normalize(spec: Spec) -> Spec:
+    """Return `spec` with every dependent default made explicit."""
+    quant = spec.quant
+    quant_update: dict[str, object] = {}
+    if quant.weight_block is None and quant.scheme in BLOCK_DEFAULTS:
+        quant_update["weight_block"] = list(BLOCK_DEFAULTS[quant.scheme])
+    if quant.scale_dtype is None and quant.scheme != "bf16":
+        quant_update["scale_dtype"] = "ue8m0" if quant.scheme in MX_SCHEMES else "fp32"
+    if quant.shared_scheme is None:
+        quant_update["shared_scheme"] = "fp8_block" if quant.scheme == "mxfp4" else quant.scheme
+    if quant.scheme == "bf16" and quant.checkpoint != "bf16":
+        quant_update["checkpoint"] = "bf16"
+
+    target = spec.target
+    target_update: dict[str, object] = {}
+    if target.device == "cuda" and target.arch is None:
+        target_update["arch"] = "sm90"
+
+    update: dict[str, object] = {}
+    if quant_update:
+        update["quant"] = quant.model_copy(update=quant_update)
+    if target_update:
+        update["target"] = target.model_copy(update=target_update)
+    return spec.model_copy(update=update) if update else spec
