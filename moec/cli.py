@@ -28,7 +28,8 @@ def _add_set(parser: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="moec",
-        description="Compile a TOML spec of a DeepSeek-style MoE layer into a Python/Triton package.",
+        description="Compile a TOML spec of a DeepSeek-style MoE layer into a Python/Triton "
+        "package.",
     )
     parser.add_argument("--version", action="version", version=f"moec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -66,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--from-hf", required=True, metavar="CONFIG_JSON")
     init.add_argument("-o", "--out", default=None, metavar="SPEC", help="default: standard output")
     init.add_argument("--name", default=None, help="package name (default: from the config)")
+    _add_set(init)
 
     schema = commands.add_parser("schema", help="write the JSON Schema of spec files")
     schema.add_argument("-o", "--out", default=None, help="default: schemas/moec-spec.schema.json")
@@ -140,7 +142,7 @@ def _run(args: argparse.Namespace) -> int:
 def _init(args: argparse.Namespace) -> int:
     from moec.spec.hf import spec_from_hf
 
-    text = spec_from_hf(args.from_hf, args.name, schema_relative_to=args.out)
+    text = spec_from_hf(args.from_hf, args.name, args.overrides, schema_relative_to=args.out)
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")
         print(f"wrote {args.out}")

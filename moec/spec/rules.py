@@ -603,6 +603,19 @@ def _low_latency(spec: Spec) -> Iterator[Problem]:
         )
 
 
+@rule("normal_dispatch_needs_contiguous")
+def _normal(spec: Spec) -> Iterator[Problem]:
+    """DeepEP normal dispatch delivers a data-dependent number of tokens per rank, which the
+    contiguous layout packs; the masked layout would need the worst case per expert."""
+    if spec.parallel.dispatch == "deepep_normal" and spec.experts.layout == "masked":
+        yield problem(
+            "experts.layout",
+            "DeepEP normal dispatch feeds the contiguous layout",
+            '"contiguous" or "auto", or dispatch = "deepep_low_latency"',
+            value="masked",
+        )
+
+
 @rule("token_bound_applies")
 def _token_bound(spec: Spec) -> Iterator[Problem]:
     """max_tokens_per_rank sizes exchange buffers: it applies to expert-parallel dispatch."""

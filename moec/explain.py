@@ -1,0 +1,199 @@
+"""`moec explain`: the plan printed as text, JSON, Graphviz dot or Mermaid, and the support
+matrix. Renders only; every value comes from the plan or the rules.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from moec.errors import MoecError, problem
+from moec.plan import device_for, make_plan
+from moec.plan.export import plan_data
+from moec.spec import load_spec
+
+DEFAULT_TOKENS = (1, 64, 4096)
+
+
+def parse_tokens(text: str | None) -> list[int]:
+    if not text:
+        return list(DEFAULT_TOKENS)
+    try:
+        tokens = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        tokens = []
+    if not tokens or any(t < 0 for t in tokens):
+        raise MoecError(
+            [problem("--tokens", "expects token counts", "e.g. --tokens 1,64,4096", value=text)],
+            kind="usage",
+        )
+    return tokens
+
+
+def explain(path: str, overrides, tokens: str | None, fmt: str, ceilings: dict[str, float]) -> str:
+    loaded = load_spec(path, overrides)
+    spec = loaded.spec
+    plan = make_plan(spec)
+    device = device_for(spec.target.device, spec.target.arch, ceilings)
+    data = plan_data(plan, spec, device, parse_tokens(tokens))
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    if fmt == "dot":
+        return _dot(data)
+    if fmt == "mermaid":
+        return _mermaid(data)
+    return _text(data)
+
+
+# --- text ---------------------------------------------------------------------------------
+
+
+def _mb(value: float) -> str:
+    if value >= 1e9:
+        return f"{value / 1e9:.2f} GB"
+    if value >= 1e6:
+        return f"{value / 1e6:.2f} MB"
+    if value >= 1e3:
+        return f"{value / 1e3:.1f} kB"
+    return f"{value:.0f} B"
+
+
+def _flops(value: float) -> str:
+    if value >= 1e12:
+        return f"{value / 1e12:.2f} TF"
+    if value >= 1e9:
+        return f"{value / 1e9:.2f} GF"
+    if value >= 1e6:
+        return f"{value / 1e6:.2f} MF"
+    return f"{value:.0f}"
+
+
+def _text(data: dict[str, Any]) -> str:
+    spec, target, dims, facts = data["spec"], data["target"], data["facts"]["dims"], data["facts"]
+    lines = [
+        f"moec {data['moec_version']} plan for {spec['name']} (spec sha256 {spec['hash'][:16]})",
+        f"target: {target['device']} {target['arch'] or ''} {target['dtype']}, "
+        f"max_num_tokens {target['max_num_tokens']}".replace("  ", " "),
+        f"shapes: T tokens, H = {dims['hidden']}, I = {dims['intermediate']} per rank, "
+        f"E = {dims['routed_experts']} experts ({dims['local_experts']} on this rank), "
+        f"K = {dims['top_k']}, shared: {dims['n_shared']} x {dims['intermediate'] * dims['tp']}",
+        f"needs: {', '.join(facts['requires']) or 'torch only'}"
+        + (f" (missing here: {', '.join(facts['missing'])})" if facts["missing"] else ""),
+        "",
+        "stages",
+    ]
+    for index, stage in enumerate(data["stages"], start=1):
+        flags = []
+        if stage["fused"]:
+            flags.append("fused " + " + ".join(stage["fused"]))
+        flags.append("syncs host" if stage["syncs_host"] else "no host sync")
+        flags.append("graph-safe" if stage["graph_safe"] else "not graph-safe")
+        lines.append(
+            f"  {index:2d}. {stage['name']} [{stage['kind']}, {stage['backend']}] ({', '.join(flags)})"
+        )
+        for item in stage["inputs"]:
+            lines.append(
+                f"        in   {item['as']:<13} {item['type']['label']}  <- {item['from']}"
+            )
+        for item in stage["outputs"]:
+            lines.append(f"        out  {item['tensor']:<13} {item['type']['label']}")
+        for item in stage["weights"]:
+            lines.append(f"        w    {item['tensor']:<13} {item['type']['label']}")
+        if stage["note"]:
+            lines.append(f"        note {stage['note']}")
+    lines += ["", "decisions"]
+    for decision in data["decisions"]:
+        lines.append(f"  {decision['what']} = {decision['choice']}: {decision['reason']}")
+    device = data["device"]
+    lines += [
+        "",
+        f"cost on {device['name']} ({device['bandwidth_gbs']:.0f} GB/s, {device['bf16_tflops']:.0f} "
+        f"TFLOP/s bf16, {device['fp8_tflops']:.0f} TFLOP/s fp8, {device['fp32_tflops']:.0f} TFLOP/s "
+        f"fp32; {'measured' if device['measured'] else 'datasheet leads'})",
+        "floor = max(bytes / bandwidth, FLOPs / rate of the stage's operands); experts hit under "
+        "uniform routing",
+    ]
+    for row in data["cost"]:
+        lines.append("")
+        lines.append(
+            f"  T = {row['tokens']}: {_mb(row['bytes'])}, {_flops(row['flops'])}, floor "
+            f"{row['floor_ms']:.4f} ms, peak {_mb(row['peak_bytes'])}, "
+            f"{row['experts_hit']:.1f} experts hit"
+        )
+        lines.append(f"    {'stage':<28}{'bytes':>12}{'FLOPs':>12}{'floor ms':>12}")
+        for stage in row["stages"]:
+            lines.append(
+                f"    {stage['stage']:<28}{_mb(stage['bytes']):>12}{_flops(stage['flops']):>12}"
+                f"{stage['floor_ms']:>12.4f}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+# --- graphs -------------------------------------------------------------------------------
+
+
+def _edges(data: dict[str, Any]):
+    for stage in data["stages"]:
+        for item in stage["inputs"]:
+            yield item["from"], stage["name"], f"{item['tensor']}: {item['type']['label']}"
+
+
+def _dot(data: dict[str, Any]) -> str:
+    lines = [
+        f"digraph {json.dumps(data['spec']['name'])} {{",
+        "  rankdir=TB;",
+        "  node [shape=box];",
+    ]
+    for stage in data["stages"]:
+        label = f"{stage['name']}\\n{stage['kind']} / {stage['backend']}"
+        lines.append(f"  {json.dumps(stage['name'])} [label={json.dumps(label)}];")
+    for source, target, label in _edges(data):
+        lines.append(f"  {json.dumps(source)} -> {json.dumps(target)} [label={json.dumps(label)}];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _mermaid(data: dict[str, Any]) -> str:
+    lines = ["flowchart TD"]
+    for stage in data["stages"]:
+        lines.append(
+            f'  {stage["name"]}["{stage["name"]}<br/>{stage["kind"]} / {stage["backend"]}"]'
+        )
+    for source, target, label in _edges(data):
+        safe = label.replace('"', "'").replace("|", "/")
+        lines.append(f'  {source} -->|"{safe}"| {target}')
+    return "\n".join(lines) + "\n"
+
+
+# --- support matrix -----------------------------------------------------------------------
+
+
+def matrix_text() -> str:
+    from moec.spec.matrix import TARGETS, support_matrix
+
+    rows = support_matrix()
+    lines = [
+        "Support matrix, generated from moec's rules (local dispatch, layout auto, DeepSeek-V3 dims).",
+        "Each cell: ok, or the rules that reject the combination.",
+        "",
+        "| gemm backend | scheme | activation | " + " | ".join(TARGETS) + " |",
+        "|---|---|---|" + "---|" * len(TARGETS),
+    ]
+    for row in rows["kernels"]:
+        cells = [", ".join(row["targets"][t]) or "ok" for t in TARGETS]
+        lines.append(
+            f"| {row['gemm_backend']} | {row['scheme']} | {row['activation']} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines += [
+        "",
+        "Dispatch and layout (fp8_block, gemm backend auto, ep_size 8 for expert parallel dispatch):",
+        "",
+        "| dispatch | layout | " + " | ".join(TARGETS) + " |",
+        "|---|---|" + "---|" * len(TARGETS),
+    ]
+    for row in rows["dispatch"]:
+        cells = [", ".join(row["targets"][t]) or "ok" for t in TARGETS]
+        lines.append(f"| {row['dispatch']} | {row['layout']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,137 @@
+"""Roofline cost per stage as a function of T tokens, and peak memory of the intermediates.
+
+bytes: the tensors a stage reads and writes (by their types) plus the weights it touches. A
+grouped GEMM touches the experts hit by at least one token; under uniform routing the expected
+count of E experts hit by T tokens choosing k each is E * (1 - (1 - k/E)^T).
+floor: max(bytes / bandwidth, FLOPs / rate of the stage's operand type), per stage and for the
+whole layer (total bytes and the sum of each stage's compute time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from moec.plan.devices import Device
+from moec.plan.facts import Facts
+from moec.plan.graph import Plan, Stage
+from moec.plan.sizes import buffer_rows, symbols, tensor_bytes, useful_rows, weight_bytes
+from moec.plan.types import Layout
+
+
+@dataclass(frozen=True)
+class StageCost:
+    stage: str
+    bytes: float
+    flops: float
+    compute: str
+    floor_ms: float
+
+
+@dataclass(frozen=True)
+class Cost:
+    tokens: int
+    bytes: float
+    flops: float
+    floor_ms: float
+    peak_bytes: float
+    experts_hit: float
+    stages: list[StageCost]
+
+    def as_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["stages"] = [asdict(s) for s in self.stages]
+        return data
+
+
+def experts_hit(experts: int, top_k: int, tokens: int, total_experts: int | None = None) -> float:
+    """Expected distinct experts (of `experts` local ones) hit by `tokens` tokens choosing
+    `top_k` of `total_experts` each, uniformly."""
+    total = total_experts or experts
+    if tokens == 0:
+        return 0.0
+    return experts * (1.0 - (1.0 - top_k / total) ** tokens)
+
+
+def cost(plan: Plan, facts: Facts, device: Device, tokens: int) -> Cost:
+    table = symbols(facts, tokens)
+    rows = useful_rows(facts, tokens)
+    hit = experts_hit(facts.local_experts, facts.top_k, tokens, facts.routed_experts)
+    if facts.fused_shared and tokens:
+        hit += facts.n_shared
+    stages = []
+    for stage in plan.order():
+        if stage.kind in ("input", "output"):
+            continue
+        moved = _io_bytes(plan, stage, table, rows) + _weights_touched(stage, table, hit)
+        flops, compute = _flops(stage, facts, tokens, rows)
+        floor = max(
+            moved / (device.bandwidth_gbs * 1e9),
+            flops / (device.rate_tflops(compute) * 1e12) if flops else 0.0,
+        )
+        stages.append(StageCost(stage.name, moved, flops, compute, floor * 1e3))
+    total_bytes = sum(s.bytes for s in stages)
+    total_flops = sum(s.flops for s in stages)
+    compute_s = sum(s.flops / (device.rate_tflops(s.compute) * 1e12) for s in stages if s.flops)
+    floor_ms = max(total_bytes / (device.bandwidth_gbs * 1e9), compute_s) * 1e3
+    return Cost(
+        tokens, total_bytes, total_flops, floor_ms, peak_bytes(plan, facts, tokens), hit, stages
+    )
+
+
+def _io_bytes(plan: Plan, stage: Stage, table: dict[str, int], rows: int) -> float:
+    moved = sum(tensor_bytes(edge.type, table, rows) for _, edge in plan.inputs(stage.name))
+    moved += sum(tensor_bytes(t, table, rows) for t in stage.outputs.values())
+    return moved
+
+
+def _weights_touched(stage: Stage, table: dict[str, int], hit: float) -> float:
+    total = 0.0
+    for weight in stage.weights.values():
+        grouped = stage.kind == "gemm" and weight.shape[0] == "E"
+        total += weight_bytes(weight, table, hit if grouped else None)
+    return total
+
+
+def _flops(stage: Stage, facts: Facts, tokens: int, rows: int) -> tuple[float, str]:
+    hidden, inter = facts.hidden, facts.intermediate
+    kind = stage.kind
+    compute = "fp8" if facts.routed.quantized else "bf16"
+    if kind == "router":
+        return 2.0 * tokens * hidden * facts.routed_experts, "fp32"
+    if kind == "gemm":
+        n, k = (2 * inter, hidden) if stage.params["n"] == "2I" else (hidden, inter)
+        return 2.0 * rows * n * k, compute
+    if kind == "shared_expert":
+        shared_compute = "fp8" if facts.shared.quantized else "bf16"
+        return 6.0 * tokens * hidden * facts.shared_intermediate, shared_compute
+    return 0.0, "none"
+
+
+def peak_bytes(plan: Plan, facts: Facts, tokens: int) -> float:
+    """Most bytes of intermediates alive at once: each tensor lives from its producer to its
+    last consumer; grouped buffers at their worst-case rows."""
+    table = symbols(facts, tokens)
+    order = [s.name for s in plan.order()]
+    index = {name: i for i, name in enumerate(order)}
+    layout = plan.facts.get("layout", "contiguous")
+    block_m = plan.facts.get("block_m", 128)
+    worst = buffer_rows(facts, tokens, layout, block_m)
+    lifetimes = []
+    for name in order:
+        stage = plan.stage(name)
+        for tensor, tensor_type in stage.outputs.items():
+            last = max(
+                (index[c] for c, e in plan.consumers(name) if e.tensor == tensor),
+                default=index[name],
+            )
+            size = tensor_bytes(
+                tensor_type, table, worst if tensor_type.layout is not Layout.row_major else None
+            )
+            lifetimes.append((index[name], last, size))
+    return max(
+        (
+            sum(size for start, end, size in lifetimes if start <= step <= end)
+            for step in range(len(order))
+        ),
+        default=0.0,
+    )

@@ -1,0 +1,69 @@
+"""The plan as plain data: the stable JSON structure of `moec explain --format json` and of the
+generated package's `plan.json` / `PLAN`.
+
+Top-level keys (pinned by tests/test_explain.py):
+    moec_version  str
+    spec          {name, hash}
+    target        {device, arch, dtype, max_num_tokens}
+    device        {name, bandwidth_gbs, bf16_tflops, fp8_tflops, fp32_tflops, measured}
+    facts         resolved choices and per-rank dims
+    stages        [{name, kind, backend, inputs, outputs, weights, params, fused, syncs_host,
+                    graph_safe, note}]; inputs: [{tensor, from, as, type}], outputs/weights:
+                    [{tensor, type}], type: {dtype, shape, layout, scale?, label}
+    decisions     [{what, choice, reason}]
+    cost          [{tokens, bytes, flops, floor_ms, peak_bytes, experts_hit,
+                    stages: [{stage, bytes, flops, compute, floor_ms}]}]
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from moec import __version__
+from moec.plan import Device, Plan, cost, facts, plan_summary
+from moec.plan.types import TensorType
+
+
+def _type(tensor: TensorType) -> dict[str, Any]:
+    data = tensor.as_dict()
+    data["label"] = tensor.label()
+    return data
+
+
+def _params(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(params.items())}
+
+
+def plan_data(plan: Plan, spec, device: Device, tokens: list[int]) -> dict[str, Any]:
+    stages = []
+    for stage in plan.order():
+        stages.append(
+            {
+                "name": stage.name,
+                "kind": stage.kind,
+                "backend": stage.backend,
+                "inputs": [
+                    {"tensor": e.tensor, "from": p, "as": e.input, "type": _type(e.type)}
+                    for p, e in plan.inputs(stage.name)
+                ],
+                "outputs": [{"tensor": n, "type": _type(t)} for n, t in stage.outputs.items()],
+                "weights": [{"tensor": n, "type": _type(t)} for n, t in stage.weights.items()],
+                "params": _params(stage.params),
+                "fused": list(stage.fused),
+                "syncs_host": stage.syncs_host,
+                "graph_safe": stage.graph_safe,
+                "note": stage.note,
+            }
+        )
+    summary = plan_summary(plan)
+    return {
+        "moec_version": __version__,
+        "spec": {"name": spec.name, "hash": summary["hash"]},
+        "target": spec.target.model_dump(mode="json"),
+        "device": asdict(device),
+        "facts": summary,
+        "stages": stages,
+        "decisions": [asdict(d) for d in plan.decisions],
+        "cost": [cost(plan, facts(plan), device, t).as_dict() for t in tokens],
+    }

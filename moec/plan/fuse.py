@@ -1,0 +1,85 @@
+"""Pass: fuse neighbouring stages where one kernel can do both, each fusion a decision.
+
+- activation + the quantization of its output (the intermediate never reaches memory);
+- the routed scaling factor into the top-k weights (combine multiplies by them anyway);
+- activation quantization into the dispatch permute, for Triton (one pass over the tokens);
+- the finalize step (routed scaling, shared-expert add) into combine, unless finalize also
+  all-reduces across tensor-parallel ranks, which stays its own stage.
+"""
+
+from __future__ import annotations
+
+from moec.plan.facts import Facts
+from moec.plan.graph import Plan
+
+
+def fuse(plan: Plan, facts: Facts) -> None:
+    fuse_activation_quant(plan)
+    fuse_routed_scaling(plan)
+    fuse_quantize_dispatch(plan, facts)
+    fuse_finalize_combine(plan)
+
+
+def fuse_activation_quant(plan: Plan) -> None:
+    if not plan.has("quantize_down"):
+        return
+    plan.absorb("activation", "quantize_down")
+    plan.decide(
+        "fuse activation + quantize",
+        "yes",
+        "the fp32 activation is quantized in registers: the [M, I] intermediate is never written",
+    )
+
+
+def fuse_routed_scaling(plan: Plan) -> None:
+    finalize, select = plan.stage("finalize"), plan.stage("select")
+    factor = finalize.params.pop("routed_scaling_factor")
+    select.params["weight_scale"] = factor
+    if factor == 1.0:
+        plan.decide("routed scaling", "none", "routed_scaling_factor is 1")
+        return
+    plan.decide(
+        "routed scaling",
+        f"x{factor:g} folded into the top-k weights",
+        "combine multiplies every expert row by its weight anyway: no extra pass over [T, H]"
+        + (" (and fused shared experts keep weight 1)" if select.params["fused_shared"] else ""),
+    )
+
+
+def fuse_quantize_dispatch(plan: Plan, facts: Facts) -> None:
+    if not plan.has("quantize") or facts.dispatch != "local":
+        return
+    if plan.stage("dispatch").backend != "triton":
+        return
+    plan.absorb("dispatch", "quantize")
+    plan.decide(
+        "fuse quantize + dispatch",
+        "yes",
+        "the permute kernel quantizes each token row as it copies it: one read of x, one write",
+    )
+
+
+def fuse_finalize_combine(plan: Plan) -> None:
+    finalize = plan.stage("finalize")
+    combine = plan.stage("combine")
+    combine.params["add_shared"] = finalize.params["add_shared"]
+    if finalize.params["all_reduce"]:
+        # combine adds the (partial) shared output; finalize only all-reduces the sum.
+        if finalize.params["add_shared"]:
+            for producer, edge in plan.inputs("finalize"):
+                if edge.tensor == "shared":
+                    plan.graph.remove_edge(producer, "finalize")
+                    plan.connect(producer, "combine", "shared")
+            finalize.params["add_shared"] = False
+        plan.decide(
+            "fuse finalize into combine",
+            "partly",
+            "combine adds the shared output; the tensor-parallel all-reduce stays a stage",
+        )
+        return
+    plan.absorb("combine", "finalize")
+    plan.decide(
+        "fuse finalize into combine",
+        "yes",
+        "the weighted sum, the shared-expert add and the rounding to the output dtype are one pass",
+    )

@@ -1,0 +1,159 @@
+"""Pass: resolve every `auto` of the spec into a choice with its reason.
+
+gemm backend from the target and what is importable; layout from the masked layout's peak
+memory at max_num_tokens against the budget (as seed 000's `_should_use_masked_standard_layout`);
+dispatch backend from the dispatch kind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from moec.plan.devices import device_for
+from moec.plan.facts import Facts
+from moec.plan.layouts import masked_peak_bytes
+from moec.spec.models import Spec
+from moec.spec.rules import arch_number
+
+GIB = 1024**3
+MASKED_BUDGET_FRACTION = 0.2
+"""Share of the device's memory the masked layout may take when the spec sets no budget."""
+
+INSTALL_HINTS = {
+    "deep_gemm": "build DeepGEMM from https://github.com/deepseek-ai/DeepGEMM on the CUDA host "
+    "(PyPI's deep-gemm 1.0.0 is a broken upload)",
+    "deep_ep": "build DeepEP from https://github.com/deepseek-ai/DeepEP with NVSHMEM on the "
+    "CUDA host",
+    "triton": "pip install triton",
+}
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the machine that builds the package can import."""
+
+    importable: frozenset[str]
+
+    @classmethod
+    def detect(cls) -> Environment:
+        names = ("deep_gemm", "deep_ep", "triton")
+        return cls(frozenset(n for n in names if importlib.util.find_spec(n) is not None))
+
+    def has(self, module: str) -> bool:
+        return module in self.importable
+
+
+@dataclass(frozen=True)
+class Resolved:
+    gemm_backend: str
+    layout: str
+    dispatch_backend: str
+    requires: tuple[str, ...]
+    """Optional modules the generated package imports."""
+
+
+def resolve(spec: Spec, facts: Facts, env: Environment, decide) -> Resolved:
+    """Choose backend, layout and dispatch; call `decide(what, choice, reason)` for each."""
+    gemm = _gemm_backend(spec, env, decide)
+    layout = _layout(spec, facts, decide)
+    dispatch = {
+        "local": "torch",
+        "all2all": "torch.distributed",
+        "deepep_normal": "deep_ep",
+        "deepep_low_latency": "deep_ep",
+    }[spec.parallel.dispatch]
+    decide(
+        "dispatch",
+        f"{spec.parallel.dispatch} ({dispatch})",
+        _dispatch_reason(spec),
+    )
+    requires = tuple(
+        sorted({m for m in (gemm, dispatch) if m in ("deep_gemm", "deep_ep", "triton")})
+    )
+    return Resolved(gemm, layout, dispatch, requires)
+
+
+def _gemm_backend(spec: Spec, env: Environment, decide) -> str:
+    asked = spec.experts.gemm_backend
+    if asked != "auto":
+        decide("gemm_backend", asked, "set in the spec (experts.gemm_backend)")
+        return asked
+    target = spec.target
+    if target.device == "cpu":
+        decide(
+            "gemm_backend",
+            "torch",
+            "auto on a CPU target: Triton kernels run on a CPU only interpreted (slow)",
+        )
+        return "torch"
+    if env.has("deep_gemm") and _deep_gemm_fits(spec):
+        decide("gemm_backend", "deep_gemm", f"auto on cuda {target.arch}: deep_gemm is installed")
+        return "deep_gemm"
+    why_not = (
+        "deep_gemm is not installed here"
+        if not env.has("deep_gemm")
+        else "deep_gemm does not run this combination"
+    )
+    if spec.quant.scheme != "bf16" and arch_number(spec) < 89:
+        decide("gemm_backend", "torch", f"auto on {target.arch}: no fp8 tensor cores; {why_not}")
+        return "torch"
+    decide("gemm_backend", "triton", f"auto on cuda {target.arch}: {why_not}")
+    return "triton"
+
+
+def _deep_gemm_fits(spec: Spec) -> bool:
+    from moec.spec import rules
+
+    probe = spec.model_copy(
+        update={"experts": spec.experts.model_copy(update={"gemm_backend": "deep_gemm"})}
+    )
+    return not list(rules._deep_gemm(probe))
+
+
+def _layout(spec: Spec, facts: Facts, decide) -> str:
+    asked = spec.experts.layout
+    if spec.parallel.dispatch == "deepep_low_latency":
+        decide(
+            "layout", "masked", "DeepEP low-latency dispatch delivers tokens per expert (masked)"
+        )
+        return "masked"
+    if asked != "auto":
+        decide("layout", asked, "set in the spec (experts.layout)")
+        return asked
+    if spec.parallel.dispatch == "deepep_normal":
+        decide("layout", "contiguous", "DeepEP normal dispatch delivers a variable token count")
+        return "contiguous"
+    device = device_for(spec.target.device, spec.target.arch)
+    budget_gib = spec.experts.masked_memory_budget_gib
+    source = "experts.masked_memory_budget_gib"
+    if budget_gib is None:
+        budget_gib = device.memory_gib * MASKED_BUDGET_FRACTION
+        source = f"{MASKED_BUDGET_FRACTION:.0%} of the {device.name}'s {device.memory_gib:.1f} GiB"
+    tokens = facts.max_tokens
+    need = masked_peak_bytes(facts, tokens) / GIB
+    if need <= budget_gib:
+        decide(
+            "layout",
+            "masked",
+            f"masked needs {need:.1f} GiB at T={tokens}, within the budget {budget_gib:.1f} GiB "
+            f"({source}); it is graph-static",
+        )
+        return "masked"
+    decide(
+        "layout",
+        "contiguous",
+        f"masked needs {need:.1f} GiB at T={tokens}, over the budget {budget_gib:.1f} GiB ({source})",
+    )
+    return "contiguous"
+
+
+def _dispatch_reason(spec: Spec) -> str:
+    parallel = spec.parallel
+    if parallel.dispatch == "local":
+        if parallel.tp_size > 1:
+            return f"every rank holds all experts, 1/{parallel.tp_size} of each intermediate; outputs all-reduced"
+        return "one rank holds every expert: tokens are permuted locally"
+    if parallel.dispatch == "all2all":
+        return f"{spec.model.n_routed_experts // parallel.ep_size} experts per rank; token rows exchanged with all_to_all_single"
+    return f"{spec.model.n_routed_experts // parallel.ep_size} experts per rank; DeepEP exchanges tokens over NVLink/RDMA"

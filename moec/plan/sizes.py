@@ -1,0 +1,84 @@
+"""Bytes of typed tensors at a concrete token count.
+
+Symbolic dims (T, H, E, K, I, 2I, Is, 2Is, M, max_m, "H/128", ...) are evaluated against a
+table built from the facts. Grouped tensors have two sizes: the rows actually used (T * K, for
+the cost floor) and the worst case the buffers must hold (for peak memory).
+"""
+
+from __future__ import annotations
+
+import math
+
+from moec.plan.facts import Facts
+from moec.plan.layouts import compact_rows, masked_max_m
+from moec.plan.types import DType, Layout, TensorType
+
+
+def symbols(facts: Facts, tokens: int) -> dict[str, int]:
+    return {
+        "T": tokens,
+        "H": facts.hidden,
+        "E": facts.routed_experts,
+        "K": facts.grouped_top_k,
+        "I": facts.intermediate,
+        "2I": 2 * facts.intermediate,
+        "Is": facts.shared_intermediate,
+        "2Is": 2 * facts.shared_intermediate,
+        "1": 1,
+    }
+
+
+def dim(name: str, table: dict[str, int]) -> int:
+    """Value of a symbolic dim such as "H" or "H/128" (ceiling division)."""
+    if "/" in name:
+        top, bottom = name.split("/")
+        return math.ceil(table[top] / int(bottom))
+    return table[name] if name in table else int(name)
+
+
+def scale_bytes(tensor: TensorType, rows: int, cols: int) -> float:
+    scale = tensor.scale
+    if scale is None:
+        return 0.0
+    if scale.granularity == "per-tensor":
+        return 4.0
+    group = int(scale.granularity.split("x")[1])
+    per_value = 1.0 if scale.dtype in (DType.ue8m0x4, DType.ue8m0) else 4.0
+    return rows * math.ceil(cols / group) * per_value
+
+
+def tensor_bytes(tensor: TensorType, table: dict[str, int], rows: int | None = None) -> float:
+    """Bytes of `tensor` (values and scales). For grouped layouts `rows` gives the row count."""
+    if tensor.layout is Layout.row_major:
+        count = math.prod(dim(d, table) for d in tensor.shape)
+        cols = dim(tensor.shape[-1], table)
+        lead = count // cols if cols else 0
+        return count * tensor.dtype.bytes + scale_bytes(tensor, lead, cols)
+    if len(tensor.shape) == 1:  # routing metadata: an int32 per row (M) or per expert (E)
+        return (rows or 0) * 4 if tensor.shape == ("M",) else table["E"] * 4
+    cols = dim(tensor.shape[-1], table)
+    used = rows if rows is not None else 0
+    return used * cols * tensor.dtype.bytes + scale_bytes(tensor, used, cols)
+
+
+def useful_rows(facts: Facts, tokens: int) -> int:
+    """Rows of the grouped GEMMs that carry a token (no padding)."""
+    return tokens * facts.grouped_top_k
+
+
+def buffer_rows(facts: Facts, tokens: int, layout: str, block_m: int) -> int:
+    """Rows the grouped buffers are allocated with: the worst case of the layout."""
+    assignments = tokens * facts.grouped_top_k
+    if layout == "masked":
+        return facts.grouped_experts * masked_max_m(tokens)
+    return compact_rows(assignments, facts.grouped_experts, block_m)
+
+
+def weight_bytes(tensor: TensorType, table: dict[str, int], experts: float | None = None) -> float:
+    """Bytes of a weight; with `experts`, of that many experts of a [E, ...] weight."""
+    shape = tensor.shape
+    if experts is not None:
+        shape = shape[1:]
+    count = math.prod(dim(d, table) for d in shape)
+    size = count * tensor.dtype.bytes
+    return size * experts if experts is not None else size

@@ -1,0 +1,139 @@
+"""Tensor types carried by the plan's edges: dtype, symbolic shape, layout and scale type.
+
+A stage declares the types it accepts on each input; where a producer's type differs from what
+its consumer accepts, the planner inserts a converter (passes/convert.py). Scale layout is part
+of the type, so no backend hides a layout conversion inside itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+
+class DType(str, Enum):
+    """Element types, with one lookup table per target below."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    e4m3 = "e4m3"
+    e2m1x2 = "e2m1x2"
+    ue8m0 = "ue8m0"
+    ue8m0x4 = "ue8m0x4"
+    int32 = "int32"
+
+    @property
+    def bytes(self) -> float:
+        return _BYTES[self]
+
+    @property
+    def torch(self) -> str:
+        """Attribute of `torch` naming this dtype in generated code."""
+        return _TORCH[self]
+
+    @property
+    def short(self) -> str:
+        return _SHORT[self]
+
+
+_BYTES = {
+    DType.float32: 4,
+    DType.bfloat16: 2,
+    DType.float16: 2,
+    DType.e4m3: 1,
+    DType.e2m1x2: 1,
+    DType.ue8m0: 1,
+    DType.ue8m0x4: 4,
+    DType.int32: 4,
+}
+_TORCH = {
+    DType.float32: "float32",
+    DType.bfloat16: "bfloat16",
+    DType.float16: "float16",
+    DType.e4m3: "float8_e4m3fn",
+    DType.e2m1x2: "uint8",
+    DType.ue8m0: "uint8",
+    DType.ue8m0x4: "int32",
+    DType.int32: "int32",
+}
+_SHORT = {
+    DType.float32: "fp32",
+    DType.bfloat16: "bf16",
+    DType.float16: "fp16",
+    DType.e4m3: "e4m3",
+    DType.e2m1x2: "e2m1x2",
+    DType.ue8m0: "ue8m0",
+    DType.ue8m0x4: "ue8m0x4(int32)",
+    DType.int32: "i32",
+}
+
+
+class Layout(str, Enum):
+    row_major = "row-major"
+    contiguous = "contiguous-grouped"
+    """Rows grouped by expert, padded per expert; `m_indices` per row (-1 = padding)."""
+    masked = "masked-grouped"
+    """[E, max_m, cols] with `masked_m[E]` valid rows per expert."""
+
+
+@dataclass(frozen=True)
+class ScaleType:
+    """How a quantized tensor's scales are stored."""
+
+    granularity: str
+    """"per-tensor", "per-expert", "1x128", "1x32", "128x128"."""
+    dtype: DType
+    """fp32, or UE8M0 (fp32 powers of two, or packed four per int32)."""
+    major: str = "K"
+    """"K": scales of one row are contiguous; "MN": scales of one K group are contiguous."""
+    tma_aligned: bool = False
+    """MN-major scales padded so each group's column starts 16-byte aligned (TMA)."""
+    power_of_two: bool = False
+    """Values are powers of two (UE8M0 semantics) even when stored as fp32."""
+
+    def label(self) -> str:
+        parts = [self.granularity, self.dtype.short]
+        if self.power_of_two and self.dtype is DType.float32:
+            parts.append("pow2")
+        parts.append(f"{self.major}-major")
+        if self.tma_aligned:
+            parts.append("TMA-aligned")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Type of one tensor flowing along an edge."""
+
+    dtype: DType
+    shape: tuple[str, ...]
+    layout: Layout = Layout.row_major
+    scale: ScaleType | None = None
+
+    def label(self) -> str:
+        text = f"{self.dtype.short}[{', '.join(self.shape)}]"
+        if self.layout is not Layout.row_major:
+            text += f" {self.layout.value}"
+        if self.scale is not None:
+            text += f" + scale({self.scale.label()})"
+        return text
+
+    def with_scale(self, scale: ScaleType | None) -> TensorType:
+        return replace(self, scale=scale)
+
+    def as_dict(self) -> dict[str, object]:
+        data: dict[str, object] = {
+            "dtype": self.dtype.value,
+            "shape": list(self.shape),
+            "layout": self.layout.value,
+        }
+        if self.scale is not None:
+            data["scale"] = {
+                "granularity": self.scale.granularity,
+                "dtype": self.scale.dtype.value,
+                "major": self.scale.major,
+                "tma_aligned": self.scale.tma_aligned,
+                "power_of_two": self.scale.power_of_two,
+            }
+        return data

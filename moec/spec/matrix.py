@@ -1,0 +1,81 @@
+"""The support matrix: every combination of the main choices, checked by the same rules that
+check a spec, so the documentation never keeps a table by hand.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from moec.spec import rules
+from moec.spec.models import Spec
+from moec.spec.normalize import normalize
+
+TARGETS = ("cpu", "sm80", "sm89", "sm90", "sm100")
+SCHEMES = ("bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4")
+BACKENDS = ("torch", "triton", "deep_gemm")
+ACTIVATIONS = {
+    "silu": {"kind": "silu"},
+    "silu_clamped": {"kind": "silu_clamped", "swiglu_limit": 10.0},
+    "oai_swiglu": {"kind": "oai_swiglu"},
+    "situ": {"kind": "situ", "beta": 1.0, "linear_beta": 1.0},
+}
+DISPATCHES = ("local", "all2all", "deepep_normal", "deepep_low_latency")
+LAYOUTS = ("contiguous", "masked", "auto")
+
+
+def _base(target: str) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": "matrix",
+        "model": {
+            "hidden_size": 7168,
+            "moe_intermediate_size": 2048,
+            "n_routed_experts": 256,
+            "num_experts_per_tok": 8,
+            "n_shared_experts": 1,
+        },
+        "router": {
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "n_group": 8,
+            "topk_group": 4,
+        },
+        "target": {"device": "cpu", "max_num_tokens": 128}
+        if target == "cpu"
+        else {"device": "cuda", "arch": target, "max_num_tokens": 128},
+    }
+    return data
+
+
+def rejecting_rules(data: dict[str, Any]) -> list[str]:
+    """Names of the rules that reject spec `data` ([] if valid)."""
+    spec = normalize(Spec.model_validate(data))
+    return sorted({found.rule for found in rules.check(spec)})
+
+
+def support_matrix() -> dict[str, list[dict[str, Any]]]:
+    kernels = []
+    for backend, scheme, activation in itertools.product(BACKENDS, SCHEMES, ACTIVATIONS):
+        row = {"gemm_backend": backend, "scheme": scheme, "activation": activation, "targets": {}}
+        for target in TARGETS:
+            data = _base(target)
+            data["quant"] = {"scheme": scheme}
+            if scheme == "mxfp4":
+                data["quant"]["checkpoint"] = "quantized"
+            data["activation"] = ACTIVATIONS[activation]
+            data["experts"] = {"gemm_backend": backend}
+            row["targets"][target] = rejecting_rules(data)
+        kernels.append(row)
+    dispatch = []
+    for kind, layout in itertools.product(DISPATCHES, LAYOUTS):
+        row = {"dispatch": kind, "layout": layout, "targets": {}}
+        for target in TARGETS:
+            data = _base(target)
+            data["quant"] = {"scheme": "fp8_block"}
+            data["experts"] = {"layout": layout}
+            data["parallel"] = {"dispatch": kind, "ep_size": 1 if kind == "local" else 8}
+            if kind == "deepep_low_latency":
+                data["parallel"]["max_tokens_per_rank"] = 128
+            row["targets"][target] = rejecting_rules(data)
+        dispatch.append(row)
+    return {"kernels": kernels, "dispatch": dispatch}

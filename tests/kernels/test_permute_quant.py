@@ -1,0 +1,156 @@
+"""permute_quant against a gather + the numerics.md quantization, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .harness import load
+from .reference import E4M3, poison, quant_e4m3, quant_group, quant_tensor, route
+
+CONFIG = {"BLOCK_M": 16, "BLOCK_H": 256, "num_warps": 4}
+
+
+def gather(x: torch.Tensor, token_of_row: torch.Tensor) -> torch.Tensor:
+    """x[token_of_row] with zero rows where token_of_row == -1."""
+    out = torch.zeros(len(token_of_row), x.shape[1], dtype=x.dtype)
+    valid = token_of_row >= 0
+    out[valid] = x[token_of_row[valid].long()]
+    return out
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def make_x(tokens: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    # Rows of very different magnitudes, so scales span many binades.
+    magnitude = torch.logspace(-4, 4, max(tokens, 1))[:tokens, None]
+    return (torch.randn(tokens, hidden, generator=gen) * magnitude).to(dtype)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gather(layout, dtype):
+    kernels = load()
+    routing = route(tokens=12, topk=2, experts=4, block_m=16)
+    token_of_row = routing.token_of_row if layout == "contiguous" else routing.masked_token_of_row
+    x = make_x(12, 256, dtype)
+    out = poison(torch.empty(len(token_of_row), 256, dtype=dtype))
+    kernels.permute_quant(x, token_of_row, out, quant="none", config=CONFIG)
+    assert torch.equal(out, gather(x, token_of_row))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+@pytest.mark.parametrize(
+    "dtype,hidden,group,ue8m0",
+    [
+        (torch.bfloat16, 256, 128, False),
+        (torch.bfloat16, 256, 128, True),
+        (torch.bfloat16, 256, 32, True),
+        (torch.float16, 256, 32, False),
+        (torch.float32, 200, 128, False),  # a partial last group and a partial tile
+        (torch.float32, 160, 32, True),
+    ],
+)
+def test_group(layout, dtype, hidden, group, ue8m0):
+    kernels = load()
+    routing = route(tokens=12, topk=2, experts=4, block_m=16)
+    token_of_row = routing.token_of_row if layout == "contiguous" else routing.masked_token_of_row
+    x = make_x(12, hidden, dtype)
+    rows = len(token_of_row)
+    out = poison(torch.empty(rows, hidden, dtype=E4M3))
+    scale = poison(torch.empty(rows, -(-hidden // group)))
+    config = dict(CONFIG, BLOCK_H=128)
+    kernels.permute_quant(
+        x, token_of_row, out, scale, quant="group", group_size=group, ue8m0=ue8m0, config=config
+    )
+    # Padding rows are zero rows quantized by the same definition (scale = 1e-10 / 448).
+    q_ref, scale_ref = quant_group(gather(x, token_of_row), group, ue8m0)
+    assert same_bytes(out, q_ref)
+    assert torch.equal(scale, scale_ref)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_tensor(dynamic, dtype):
+    kernels = load()
+    routing = route(tokens=12, topk=2, experts=4, block_m=16)
+    x = make_x(12, 256, dtype)
+    rows = len(routing.token_of_row)
+    out = poison(torch.empty(rows, 256, dtype=E4M3))
+    if dynamic:
+        scale = poison(torch.empty(1))
+        _, scale_ref = quant_tensor(x)
+    else:
+        scale = scale_ref = torch.tensor([0.37])  # a static checkpoint scale, not a power of 2
+    kernels.permute_quant(
+        x, routing.token_of_row, out, scale, quant="tensor", dynamic=dynamic, config=CONFIG
+    )
+    assert torch.equal(scale, scale_ref)
+    assert same_bytes(out, quant_e4m3(gather(x, routing.token_of_row), scale_ref))
+
+
+@pytest.mark.parametrize("ue8m0", [False, True])
+def test_scale_edges(ue8m0):
+    """amax / 448 exactly a power of two stays put under UE8M0; one fp32 ulp above (and 1.5x)
+    rounds up to the next power; an all-zero group takes the 1e-10 floor."""
+    kernels = load()
+    powers = [2.0**k for k in range(-20, 20, 3)]
+    amax, expected = [], []
+    for p in powers:
+        exact = torch.tensor(448.0 * p)
+        above = torch.nextafter(exact, torch.tensor(float("inf")))
+        assert above / 448 > p  # the scale itself lands one ulp above the power of two
+        amax += [exact, above, exact * 1.5]
+        expected += [p, 2 * p, 2 * p]
+    amax = torch.stack(amax)
+    rows = len(amax) + 1
+    gen = torch.Generator().manual_seed(2)
+    x = torch.zeros(rows, 32)
+    x[:-1] = (torch.rand(rows - 1, 32, generator=gen) * 1.8 - 0.9) * amax[:, None]
+    x[:-1, 7] = amax  # the largest |value| of each row; the last row is all zeros
+    token_of_row = torch.arange(rows, dtype=torch.int32)
+    out = poison(torch.empty(rows, 32, dtype=E4M3))
+    scale = poison(torch.empty(rows, 1))
+    config = {"BLOCK_M": 64, "BLOCK_H": 32, "num_warps": 4}
+    kernels.permute_quant(
+        x, token_of_row, out, scale, quant="group", group_size=32, ue8m0=ue8m0, config=config
+    )
+    q_ref, scale_ref = quant_group(x, 32, ue8m0)
+    assert torch.equal(scale, scale_ref)
+    assert same_bytes(out, q_ref)
+    if ue8m0:
+        assert scale[:-1, 0].tolist() == expected
+    floor = torch.tensor(2.0**-42) if ue8m0 else torch.tensor(1e-10) / 448
+    assert scale[-1, 0] == floor
+
+
+def test_rounding_ties():
+    """Values exactly halfway between e4m3 neighbours, and subnormals, round to nearest even."""
+    kernels = load()
+    halfway = torch.tensor([124.0, 84.0, 120.0 + 4, 2**-9 * 1.5, 2**-9 * 2.5, 2**-10, 3 * 2**-10])
+    x = torch.zeros(1, 256)
+    x[0, : len(halfway)] = halfway
+    x[0, len(halfway) : 2 * len(halfway)] = -halfway
+    out = poison(torch.empty(1, 256, dtype=E4M3))
+    scale = torch.ones(1)
+    kernels.permute_quant(
+        x, torch.zeros(1, dtype=torch.int32), out, scale, quant="tensor", config=CONFIG
+    )
+    assert same_bytes(out, quant_e4m3(x, scale))
+
+
+@pytest.mark.parametrize("quant", ["none", "group", "tensor"])
+def test_no_rows(quant):
+    kernels = load()
+    x = torch.empty(0, 256, dtype=torch.bfloat16)
+    token_of_row = torch.empty(0, dtype=torch.int32)
+    out = torch.empty(0, 256, dtype=torch.bfloat16 if quant == "none" else E4M3)
+    scale = {"none": None, "group": torch.empty(0, 2), "tensor": poison(torch.empty(1))}[quant]
+    kernels.permute_quant(
+        x, token_of_row, out, scale, quant=quant, dynamic=quant == "tensor", config=CONFIG
+    )
+    if quant == "tensor":  # amax over nothing is 0, floored at 1e-10
+        assert torch.equal(scale, torch.tensor([1e-10]) / 448)
