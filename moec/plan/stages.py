@@ -18,18 +18,18 @@ FP32, I32 = DType.float32, DType.int32
 
 
 def weight_types(
-    fmt: QuantFormat, experts: str | None, n: str, k: str
+    fmt: QuantFormat, experts: str | None, n: str, k: str, dtype: DType
 ) -> tuple[TensorType, TensorType | None]:
     """Type of a weight [experts?, n, k] in `fmt`, and of its scale (None if unscaled)."""
     lead = (experts,) if experts else ()
     if not fmt.quantized:
-        return TensorType(DType.bfloat16, (*lead, n, k)), None
+        return TensorType(dtype, (*lead, n, k)), None
     if fmt.scheme == "mxfp4":
         value = TensorType(DType.e2m1x2, (*lead, n, f"{k}/2"))
     else:
         value = TensorType(DType.e4m3, (*lead, n, k))
     if fmt.scheme == "fp8_per_tensor":
-        return value, TensorType(FP32, lead or ("1",))
+        return value, TensorType(FP32, (*lead, "1"))
     bn, bk = fmt.weight_block or (1, 1)
     scale_shape = (*lead, n if bn == 1 else f"{n}/{bn}", f"{k}/{bk}")
     return value, TensorType(FP32, scale_shape)
@@ -49,6 +49,8 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
     plan = Plan(nx.DiGraph())
     gemm, layout = resolved.gemm_backend, resolved.layout
     routed, dtype = facts.routed, facts.dtype
+    static = spec.quant.activation_scheme == "static"
+    input_scale = TensorType(FP32, ("1",))
     x_type = TensorType(dtype, ("T", "H"))
 
     plan.add_stage(Stage("input", "input", "-", outputs={"x": x_type}))
@@ -96,7 +98,7 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
     plan.connect("router", "select", "logits")
 
     if facts.n_shared and not facts.fused_shared:
-        _shared_expert(plan, facts, gemm)
+        _shared_expert(plan, facts, gemm, static)
 
     expert_input = "input"
     expert_tensor = "x"
@@ -108,6 +110,7 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
                 gemm,
                 params={"format": routed.scheme, "group": routed.group, "pow2": routed.pow2_scales},
                 outputs={"xq": TensorType(DType.e4m3, ("T", "H"), scale=routed.activation_scale())},
+                weights={"w13_input_scale": input_scale} if static else {},
             )
         )
         plan.connect("input", "quantize", "x")
@@ -139,8 +142,8 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
     if facts.dispatch != "local":
         plan.connect("select", "dispatch", "topk_weights")
 
-    w13, w13_scale = weight_types(routed, "E", "2I", "H")
-    w2, w2_scale = weight_types(routed, "E", "H", "I")
+    w13, w13_scale = weight_types(routed, "E", "2I", "H", dtype)
+    w2, w2_scale = weight_types(routed, "E", "H", "I", dtype)
     _gemm(
         plan,
         "gemm_gate_up",
@@ -178,6 +181,7 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
                 gemm,
                 params={"format": routed.scheme, "group": routed.group, "pow2": routed.pow2_scales},
                 outputs={"hq": grouped_type(DType.e4m3, "I", layout, routed.activation_scale())},
+                weights={"w2_input_scale": input_scale} if static else {},
             )
         )
         plan.connect("activation", "quantize_down", "g")
@@ -258,14 +262,19 @@ def _gemm(plan, name, backend, arch, fmt, out_name, n, layout, dtype, weight) ->
     )
 
 
-def _shared_expert(plan: Plan, facts: Facts, gemm: str) -> None:
+def _shared_expert(plan: Plan, facts: Facts, gemm: str, static: bool) -> None:
     fmt = facts.shared
-    w13, w13_scale = weight_types(fmt, None, "2Is", "H")
-    w2, w2_scale = weight_types(fmt, None, "H", "Is")
-    weights = {"shared_w13": w13, "shared_w2": w2}
+    w13, w13_scale = weight_types(fmt, None, "2Is", "H", facts.dtype)
+    w2, w2_scale = weight_types(fmt, None, "H", "Is", facts.dtype)
+    weights = {"shared_w13": w13}
     if w13_scale is not None:
         weights["shared_w13_scale"] = w13_scale
+    weights["shared_w2"] = w2
+    if w2_scale is not None:
         weights["shared_w2_scale"] = w2_scale
+    if static:
+        weights["shared_w13_input_scale"] = TensorType(FP32, ("1",))
+        weights["shared_w2_input_scale"] = TensorType(FP32, ("1",))
     plan.add_stage(
         Stage(
             "shared_expert",

@@ -129,7 +129,6 @@ def spec_data_from_config(config: dict[str, Any], name: str | None = None) -> di
     dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
     raw["target"] = {
         "device": "cuda",
-        "arch": "sm90",
         "dtype": dtype if dtype in ("bfloat16", "float16", "float32") else "bfloat16",
     }
     return raw

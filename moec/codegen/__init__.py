@@ -1,0 +1,131 @@
+"""The codegen layer: render the plan into a package, format it, write it atomically.
+
+Decides nothing: every value comes from the plan (through `context.py`); templates only print.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from moec.codegen.context import build_context
+from moec.codegen.render import environment, render
+from moec.codegen.write import write_package
+from moec.errors import MoecError, problem
+from moec.plan import device_for, make_plan
+from moec.plan.export import plan_data
+from moec.plan.resolve import INSTALL_HINTS, Environment
+from moec.spec import LoadedSpec, load_spec
+
+PLAN_TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
+"""Token counts whose cost the generated plan.json records."""
+
+PYTHON_FILES = {
+    "__init__.py": "package/__init__.py.j2",
+    "layer.py": "package/layer.py.j2",
+    "stages.py": "package/stages.py.j2",
+    "weights.py": "package/weights.py.j2",
+    "quant.py": "package/quant.py.j2",
+}
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    package_dir: Path
+    written: bool
+    seconds: float
+    files: tuple[str, ...]
+
+    @property
+    def summary(self) -> str:
+        state = "written" if self.written else "unchanged"
+        return f"{state}, {len(self.files)} files, {self.seconds:.2f} s"
+
+
+def render_package(loaded: LoadedSpec, env: Environment | None = None) -> dict[str, bytes]:
+    """Every file of the package for `loaded`, as bytes, formatted."""
+    spec = loaded.spec
+    plan = make_plan(spec, env)
+    missing = plan.facts["missing"]
+    if missing:
+        raise MoecError(
+            [
+                problem(
+                    "experts.gemm_backend" if module == "deep_gemm" else "parallel.dispatch",
+                    f"needs the optional package {module}, which is not installed here",
+                    INSTALL_HINTS[module],
+                    value=module,
+                )
+                for module in missing
+            ],
+            loaded.source,
+            kind="backend",
+        )
+    device = device_for(spec.target.device, spec.target.arch)
+    plan_json = json.dumps(plan_data(plan, spec, device, list(PLAN_TOKENS)), indent=2) + "\n"
+    context = build_context(plan, spec, plan_json)
+    jinja = environment()
+    sources = {name: render(jinja, template, context) for name, template in PYTHON_FILES.items()}
+    if context["uses_triton"]:
+        sources["kernels.py"] = render(jinja, "package/kernels.py.j2", context)
+    files = {name: data.encode() for name, data in format_python(sources).items()}
+    files["plan.json"] = plan_json.encode()
+    files["spec.json"] = (json.dumps(loaded.normalized, indent=2, sort_keys=True) + "\n").encode()
+    files["spec.toml"] = _spec_copy(loaded).encode()
+    return files
+
+
+def _spec_copy(loaded: LoadedSpec) -> str:
+    header = f"# Copy of {Path(loaded.source).name} as built"
+    if loaded.overrides:
+        header += ", with --set " + " --set ".join(loaded.overrides)
+    return header + "\n" + loaded.text
+
+
+def format_python(sources: dict[str, str]) -> dict[str, str]:
+    """Format generated Python with the pinned ruff (one process for all files)."""
+    from ruff.__main__ import find_ruff_bin
+
+    formatted = {}
+    for name, source in sources.items():
+        result = subprocess.run(
+            [
+                find_ruff_bin(),
+                "format",
+                "--isolated",
+                "--line-length",
+                "100",
+                "--stdin-filename",
+                name,
+                "-",
+            ],
+            input=source,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"generated {name} does not parse (a moec bug):\n{result.stderr}\n{source}"
+            )
+        formatted[name] = result.stdout
+    return formatted
+
+
+def build(
+    spec, out_dir: str | Path | None = None, overrides=(), env: Environment | None = None
+) -> BuildResult:
+    """Build the package of `spec` (a path or a LoadedSpec) into `out_dir`/<name>/."""
+    start = time.perf_counter()
+    loaded = spec if isinstance(spec, LoadedSpec) else load_spec(spec, overrides)
+    files = render_package(loaded, env)
+    target = Path(out_dir or "out") / loaded.spec.name
+    written = write_package(target, files)
+    return BuildResult(target, written, time.perf_counter() - start, tuple(sorted(files)))
+
+
+def build_file(path: str, out_dir: str | None, overrides) -> BuildResult:
+    return build(path, out_dir, overrides)

@@ -1,0 +1,64 @@
+"""The Jinja environment: strict, no autoescape, and filters that keep spec values inert.
+
+Spec strings reach generated code only through `lit` (a Python literal of a plain value) or
+`ident` (an ASCII identifier that is not a keyword); anything else is a build error.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+import re
+from typing import Any
+
+import jinja2
+
+from moec.resources import templates_dir
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def literal(value: Any) -> str:
+    """Python source of a plain value: None, bool, int, float, str, or lists/tuples/dicts of them."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return f'float("{value}")'
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        items = ", ".join(literal(v) for v in value)
+        if isinstance(value, tuple):
+            return f"({items},)" if len(value) == 1 else f"({items})"
+        return f"[{items}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"not a plain value for generated code: {type(value).__name__}")
+
+
+def identifier(value: Any) -> str:
+    if not isinstance(value, str) or not _IDENTIFIER.match(value) or keyword.iskeyword(value):
+        raise ValueError(f"not a safe identifier for generated code: {value!r}")
+    return value
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["lit"] = literal
+    env.filters["ident"] = identifier
+    return env
+
+
+def render(env: jinja2.Environment, template: str, context: dict[str, Any]) -> str:
+    return env.get_template(template).render(**context)
