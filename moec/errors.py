@@ -22,8 +22,8 @@ class Problem:
     """What is wrong, in plain words."""
     hint: str = ""
     """What would be accepted."""
-    value: Any = None
-    """The offending value, if there is one."""
+    value: Any = field(default=None, hash=False)
+    """The offending value, if there is one (not hashed: it can be a list or a table)."""
     has_value: bool = False
     """Whether `value` is meaningful (None can be an offending value)."""
     line: int | None = None

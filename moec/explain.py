@@ -25,6 +25,7 @@ def parse_tokens(text: str | None) -> list[int]:
     if not tokens or any(t < 0 for t in tokens):
         raise MoecError(
             [problem("--tokens", "expects token counts", "e.g. --tokens 1,64,4096", value=text)],
+            "moec explain",
             kind="usage",
         )
     return tokens
@@ -145,7 +146,8 @@ def _dot(data: dict[str, Any]) -> str:
         "  node [shape=box];",
     ]
     for stage in data["stages"]:
-        label = f"{stage['name']}\\n{stage['kind']} / {stage['backend']}"
+        # A real newline: json.dumps writes it as the two characters \n, DOT's line break.
+        label = f"{stage['name']}\n{stage['kind']} / {stage['backend']}"
         lines.append(f"  {json.dumps(stage['name'])} [label={json.dumps(label)}];")
     for source, target, label in _edges(data):
         lines.append(f"  {json.dumps(source)} -> {json.dumps(target)} [label={json.dumps(label)}];")

@@ -188,7 +188,7 @@ def forward_calls(plan: Plan) -> list[str]:
         for _, edge in plan.inputs(stage.name):
             args += _names(edge.tensor, edge.type)
         args += [f"self.{name}" for name in stage.weights]
-        if stage.kind == "finalize":
+        if stage.backend == "torch.distributed":
             args.append("self.group")
         outputs = []
         for tensor, tensor_type in stage.outputs.items():

@@ -2,7 +2,10 @@
 
 bytes: the tensors a stage reads and writes (by their types) plus the weights it touches. A
 grouped GEMM touches the experts hit by at least one token; under uniform routing the expected
-count of E experts hit by T tokens choosing k each is E * (1 - (1 - k/E)^T).
+count of E experts hit by T tokens choosing k each is E * (1 - (1 - k/E)^T). With expert
+parallelism the E/ep experts of a rank receive the tokens of all ep ranks: E/ep * (1 - (1 -
+k/E)^(ep*T)). A converter rewrites only the scales of its tensor (the values pass through
+unchanged), so it costs, and allocates, only scale bytes.
 floor: max(bytes / bandwidth, FLOPs / rate of the stage's operand type), per stage and for the
 whole layer (total bytes and the sum of each stage's compute time).
 """
@@ -15,7 +18,7 @@ from moec.plan.devices import Device
 from moec.plan.facts import Facts
 from moec.plan.graph import Plan, Stage
 from moec.plan.sizes import buffer_rows, symbols, tensor_bytes, useful_rows, weight_bytes
-from moec.plan.types import Layout
+from moec.plan.types import Layout, TensorType
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,8 @@ class Cost:
 
 
 def experts_hit(experts: int, top_k: int, tokens: int, total_experts: int | None = None) -> float:
-    """Expected distinct experts (of `experts` local ones) hit by `tokens` tokens choosing
-    `top_k` of `total_experts` each, uniformly."""
+    """Expected distinct experts (of `experts` local ones) hit by `tokens` tokens (of every
+    rank that sends to these experts) choosing `top_k` of `total_experts` each, uniformly."""
     total = total_experts or experts
     if tokens == 0:
         return 0.0
@@ -55,7 +58,8 @@ def experts_hit(experts: int, top_k: int, tokens: int, total_experts: int | None
 def cost(plan: Plan, facts: Facts, device: Device, tokens: int) -> Cost:
     table = symbols(facts, tokens)
     rows = useful_rows(facts, tokens)
-    hit = experts_hit(facts.local_experts, facts.top_k, tokens, facts.routed_experts)
+    # The rank's local experts see the tokens of every expert-parallel rank.
+    hit = experts_hit(facts.local_experts, facts.top_k, tokens * facts.ep, facts.routed_experts)
     if facts.fused_shared and tokens:
         hit += facts.n_shared
     stages = []
@@ -79,9 +83,15 @@ def cost(plan: Plan, facts: Facts, device: Device, tokens: int) -> Cost:
 
 
 def _io_bytes(plan: Plan, stage: Stage, table: dict[str, int], rows: int) -> float:
-    moved = sum(tensor_bytes(edge.type, table, rows) for _, edge in plan.inputs(stage.name))
-    moved += sum(tensor_bytes(t, table, rows) for t in stage.outputs.values())
+    size = _scale_only_bytes if stage.kind == "convert" else tensor_bytes
+    moved = sum(size(edge.type, table, rows) for _, edge in plan.inputs(stage.name))
+    moved += sum(size(t, table, rows) for t in stage.outputs.values())
     return moved
+
+
+def _scale_only_bytes(tensor: TensorType, table: dict[str, int], rows: int | None) -> float:
+    """Bytes of `tensor`'s scales alone: what a converter reads and writes."""
+    return tensor_bytes(tensor, table, rows) - tensor_bytes(tensor.with_scale(None), table, rows)
 
 
 def _weights_touched(stage: Stage, table: dict[str, int], hit: float) -> float:
@@ -124,10 +134,15 @@ def peak_bytes(plan: Plan, facts: Facts, tokens: int) -> float:
                 (index[c] for c, e in plan.consumers(name) if e.tensor == tensor),
                 default=index[name],
             )
-            size = tensor_bytes(
-                tensor_type, table, worst if tensor_type.layout is not Layout.row_major else None
-            )
-            lifetimes.append((index[name], last, size))
+            rows = worst if tensor_type.layout is not Layout.row_major else None
+            size = tensor_bytes(tensor_type, table, rows)
+            if stage.kind == "convert":
+                # The values alias the converter's input, alive until this step; only the
+                # converted scales are new here.
+                lifetimes.append((index[name], index[name], _scale_only_bytes(tensor_type, table, rows)))
+                lifetimes.append((index[name] + 1, last, size))
+            else:
+                lifetimes.append((index[name], last, size))
     return max(
         (
             sum(size for start, end, size in lifetimes if start <= step <= end)

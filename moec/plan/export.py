@@ -5,7 +5,8 @@ Top-level keys (pinned by tests/test_explain.py):
     moec_version  str
     spec          {name, hash}
     target        {device, arch, dtype, max_num_tokens}
-    device        {name, bandwidth_gbs, bf16_tflops, fp8_tflops, fp32_tflops, measured}
+    device        {name, bandwidth_gbs, bf16_tflops, fp8_tflops, fp32_tflops, memory_gib,
+                   measured}
     facts         resolved choices and per-rank dims
     stages        [{name, kind, backend, inputs, outputs, weights, params, fused, syncs_host,
                     graph_safe, note}]; inputs: [{tensor, from, as, type}], outputs/weights:

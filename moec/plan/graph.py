@@ -38,7 +38,19 @@ STAGE_ORDER = (
 
 
 # Order of a stage's inputs in its signature: data first, then routing, then extras.
-INPUT_ORDER = ("x", "a", "h", "g", "y", "logits", "topk_ids", "topk_weights", "routing", "shared")
+INPUT_ORDER = (
+    "x",
+    "a",
+    "h",
+    "g",
+    "y",
+    "logits",
+    "topk_ids",
+    "topk_weights",
+    "routing",
+    "exchange",
+    "shared",
+)
 
 
 @dataclass

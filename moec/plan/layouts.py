@@ -29,6 +29,9 @@ def masked_peak_bytes(facts: Facts, tokens: int) -> int:
 
     gate/up: input + its scales + [max_m, 2I] output; activation: [max_m, 2I] in + quantized
     [max_m, I] out; down: quantized input + [max_m, H] output. The largest phase, per expert row.
+    As seed 000's `_estimate_masked_standard_layout_peak_bytes`, whose token count is the rows
+    the runner receives: with expert parallelism an expert can receive the tokens of all ep
+    ranks, so max_m covers ep * tokens (DeepEP low-latency's [E/ep, ep * T, H] buffers).
     """
     hidden, inter = facts.hidden, facts.intermediate
     quantized = facts.routed.quantized
@@ -45,4 +48,4 @@ def masked_peak_bytes(facts: Facts, tokens: int) -> int:
         gate_up_row + down_in_row + down_scale,
         down_in_row + down_scale + hidden * out_bytes,
     )
-    return facts.grouped_experts * masked_max_m(tokens) * peak_row
+    return facts.grouped_experts * masked_max_m(tokens * facts.ep) * peak_row

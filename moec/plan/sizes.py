@@ -29,7 +29,9 @@ def symbols(facts: Facts, tokens: int) -> dict[str, int]:
 
 
 def dim(name: str, table: dict[str, int]) -> int:
-    """Value of a symbolic dim such as "H" or "H/128" (ceiling division)."""
+    """Value of a symbolic dim such as "H", "H/128" (ceiling division) or "T*K"."""
+    if "*" in name:
+        return math.prod(dim(part, table) for part in name.split("*"))
     if "/" in name:
         top, bottom = name.split("/")
         return math.ceil(table[top] / int(bottom))
@@ -37,14 +39,26 @@ def dim(name: str, table: dict[str, int]) -> int:
 
 
 def scale_bytes(tensor: TensorType, rows: int, cols: int) -> float:
+    """Bytes of the scales of `rows` x `cols` values: fp32 or UE8M0 bytes per group; UE8M0
+    packed four per int32 rounds each row's groups up to a multiple of 4; TMA-aligned
+    (MN-major) scales pad the rows so each group's column starts on 16 bytes."""
     scale = tensor.scale
     if scale is None:
         return 0.0
     if scale.granularity == "per-tensor":
         return 4.0
     group = int(scale.granularity.split("x")[1])
-    per_value = 1.0 if scale.dtype in (DType.ue8m0x4, DType.ue8m0) else 4.0
-    return rows * math.ceil(cols / group) * per_value
+    groups = math.ceil(cols / group)
+    if scale.dtype is DType.ue8m0x4:
+        row_bytes, element = math.ceil(groups / 4) * 4, 4
+    elif scale.dtype is DType.ue8m0:
+        row_bytes, element = groups, 1
+    else:
+        row_bytes, element = groups * 4, 4
+    if scale.tma_aligned:
+        unit = 16 // element
+        rows = math.ceil(rows / unit) * unit
+    return float(rows * row_bytes)
 
 
 def tensor_bytes(tensor: TensorType, table: dict[str, int], rows: int | None = None) -> float:
@@ -55,7 +69,7 @@ def tensor_bytes(tensor: TensorType, table: dict[str, int], rows: int | None = N
         lead = count // cols if cols else 0
         return count * tensor.dtype.bytes + scale_bytes(tensor, lead, cols)
     if len(tensor.shape) == 1:  # routing metadata: an int32 per row (M) or per expert (E)
-        return (rows or 0) * 4 if tensor.shape == ("M",) else table["E"] * 4
+        return (rows or 0) * 4 if tensor.shape == ("M",) else dim(tensor.shape[0], table) * 4
     cols = dim(tensor.shape[-1], table)
     used = rows if rows is not None else 0
     return used * cols * tensor.dtype.bytes + scale_bytes(tensor, used, cols)
@@ -67,11 +81,15 @@ def useful_rows(facts: Facts, tokens: int) -> int:
 
 
 def buffer_rows(facts: Facts, tokens: int, layout: str, block_m: int) -> int:
-    """Rows the grouped buffers are allocated with: the worst case of the layout."""
-    assignments = tokens * facts.grouped_top_k
+    """Rows the grouped buffers are allocated with: the worst case of the layout.
+
+    With expert parallelism a rank's experts can receive the tokens of all ep ranks (each
+    token at most once per expert, and at most min(k, local experts) rows per token)."""
+    arriving = tokens * facts.ep
     if layout == "masked":
-        return facts.grouped_experts * masked_max_m(tokens)
-    return compact_rows(assignments, facts.grouped_experts, block_m)
+        return facts.grouped_experts * masked_max_m(arriving)
+    per_token = min(facts.grouped_top_k, facts.grouped_experts)
+    return compact_rows(arriving * per_token, facts.grouped_experts, block_m)
 
 
 def weight_bytes(tensor: TensorType, table: dict[str, int], experts: float | None = None) -> float:

@@ -132,6 +132,7 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
             outputs={
                 "a": grouped_type(a_type.dtype, "H", layout, a_type.scale),
                 "routing": routing_type,
+                **({"exchange": TensorType(I32, ("T*K",))} if facts.dispatch != "local" else {}),
             },
             syncs_host=facts.dispatch in ("all2all", "deepep_normal"),
             graph_safe=facts.dispatch not in ("all2all", "deepep_normal"),
@@ -139,8 +140,6 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
     )
     plan.connect(expert_input, "dispatch", expert_tensor, "x")
     plan.connect("select", "dispatch", "topk_ids")
-    if facts.dispatch != "local":
-        plan.connect("select", "dispatch", "topk_weights")
 
     w13, w13_scale = weight_types(routed, "E", "2I", "H", dtype)
     w2, w2_scale = weight_types(routed, "E", "H", "I", dtype)
@@ -207,6 +206,8 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
     plan.connect("gemm_down", "combine", "y")
     plan.connect("select", "combine", "topk_weights")
     plan.connect("dispatch", "combine", "routing")
+    if facts.dispatch != "local":
+        plan.connect("dispatch", "combine", "exchange")
 
     plan.add_stage(
         Stage(

@@ -14,7 +14,7 @@ from typing import Any
 
 from moec.errors import MoecError, problem
 from moec.resources import shipped_schema_path
-from moec.spec.loader import check_raw, parse_override
+from moec.spec.loader import apply_overrides, check_raw
 
 _KNOWN_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 _TABLE_ORDER = ("model", "router", "quant", "activation", "experts", "parallel", "target")
@@ -46,15 +46,13 @@ def spec_from_hf(
             str(config_path),
             kind="usage",
         ) from None
-    raw = spec_data_from_config(config, name)
-    for item in overrides:
-        key, value = parse_override(item)
-        table, _, leaf = key.rpartition(".")
-        node = raw
-        for part in table.split(".") if table else []:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    check_raw(raw, str(config_path))  # raises with every problem if moec cannot run it
+    try:
+        raw = spec_data_from_config(config, name)
+    except MoecError as error:
+        raise MoecError(error.problems, str(config_path), kind=error.kind) from None
+    raw, set_paths = apply_overrides(raw, overrides, str(config_path))
+    # raises with every problem if moec cannot run it
+    check_raw(raw, str(config_path), set_paths=set_paths, overrides=tuple(overrides))
     schema = os.path.relpath(
         shipped_schema_path(),
         Path(schema_relative_to).resolve().parent if schema_relative_to else Path.cwd(),
@@ -64,6 +62,10 @@ def spec_from_hf(
 
 def spec_data_from_config(config: dict[str, Any], name: str | None = None) -> dict[str, Any]:
     """Spec data (as parsed from TOML) for a HF DeepSeek-family config dict."""
+    if not isinstance(config, dict):
+        raise MoecError(
+            [problem("--from-hf", "is not a JSON object", "a HF config.json")], kind="usage"
+        )
     model_type = config.get("model_type")
     if model_type not in _KNOWN_TYPES:
         raise MoecError(
@@ -137,6 +139,18 @@ def spec_data_from_config(config: dict[str, Any], name: str | None = None) -> di
 def _quant_from(quantization: dict[str, Any] | None) -> dict[str, Any]:
     if not quantization:
         return {"scheme": "bf16"}
+    if not isinstance(quantization, dict):
+        raise MoecError(
+            [
+                problem(
+                    "quantization_config",
+                    "is not a JSON object",
+                    '{"quant_method": "fp8", ...}',
+                    value=quantization,
+                )
+            ],
+            kind="usage",
+        )
     method = str(quantization.get("quant_method", ""))
     block = quantization.get("weight_block_size")
     if "mxfp8" in method:

@@ -62,6 +62,12 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
             str(path),
             kind="usage",
         ) from None
+    except UnicodeDecodeError as error:
+        line = path.read_bytes()[: error.start].count(b"\n") + 1
+        raise MoecError(
+            [Problem("", f"not UTF-8 text: {error.reason}", "a UTF-8 TOML file", line=line)],
+            str(path),
+        ) from None
     return parse_spec(text, str(path), overrides)
 
 
@@ -81,7 +87,7 @@ def parse_spec(
             source,
         ) from None
     lines = key_lines(text)
-    raw, set_paths = _apply_overrides(raw, overrides, source)
+    raw, set_paths = apply_overrides(raw, overrides, source)
     return check_raw(raw, source, text, lines, set_paths, tuple(overrides))
 
 
@@ -104,7 +110,7 @@ def check_raw(
         preset_name = preset
 
     def locate(found: Problem) -> Problem:
-        if found.path in set_paths:
+        if _from_set(found.path, set_paths, lines):
             return found.located(None, "--set")
         if found.path in from_preset:
             return found.located(line_of(lines, "model.preset"), f"from preset {preset_name}")
@@ -120,6 +126,17 @@ def check_raw(
     if found:
         raise MoecError(_sorted(found), source)
     return LoadedSpec(spec, source, text, overrides, lines)
+
+
+def _from_set(path: str, set_paths: set[str], lines: dict[str, int]) -> bool:
+    """Whether the value at `path` came from --set: a set key, a value inside one, or a table
+    that only --set wrote."""
+    for key in set_paths:
+        if path == key or path.startswith(key + "."):
+            return True
+        if key.startswith(path + ".") and path not in lines:
+            return True
+    return False
 
 
 def _sorted(found: list[Problem]) -> list[Problem]:
@@ -153,12 +170,14 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, parsed
 
 
-def _apply_overrides(
-    raw: dict[str, Any], overrides, source: str
-) -> tuple[dict[str, Any], set[str]]:
+def apply_overrides(raw: dict[str, Any], overrides, source: str) -> tuple[dict[str, Any], set[str]]:
+    """Set each `KEY=VALUE` of `overrides` in `raw`; return it and the key paths set."""
     paths: set[str] = set()
     for item in overrides:
-        key, value = parse_override(item)
+        try:
+            key, value = parse_override(item)
+        except MoecError as error:
+            raise MoecError(error.problems, source, kind=error.kind) from None
         parts = key.split(".")
         node = raw
         for part in parts[:-1]:
@@ -287,6 +306,8 @@ def _type_hint(kind_of: str, item: dict[str, Any]) -> str:
         return "an array, e.g. [128, 128]"
     if kind_of.startswith("string"):
         return "a string"
+    if kind_of == "finite_number":
+        return "a finite number"
     if kind_of in ("greater_than", "greater_than_equal"):
         return "a positive value" if item.get("ctx", {}).get("gt") == 0 else "a larger value"
     return ""

@@ -9,11 +9,23 @@ from __future__ import annotations
 
 import keyword
 import re
+import sys
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+
+SHADOWED = frozenset(sys.stdlib_module_names) | {
+    "torch",
+    "triton",
+    "numpy",
+    "safetensors",
+    "deep_gemm",
+    "deep_ep",
+    "moec",
+}
+"""Module names a generated package must not take: it would shadow them where it is imported."""
 
 Preset = Literal["deepseek-v3", "deepseek-r1", "deepseek-v2", "deepseek-v2-lite", "kimi-k2"]
 QuantScheme = Literal["bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"]
@@ -22,9 +34,18 @@ PositiveInt = Annotated[int, Field(gt=0)]
 
 
 class Table(BaseModel):
-    """Base of every spec table: frozen, unknown keys rejected, docstrings kept for the schema."""
+    """Base of every spec table: frozen, unknown keys rejected, docstrings kept for the schema.
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    Strict: TOML values are typed, so "256" or true is not taken for an integer; numbers are
+    finite (no inf or nan)."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        strict=True,
+        allow_inf_nan=False,
+    )
 
 
 class Model(Table):
@@ -171,7 +192,8 @@ class Spec(Table):
     """One DeepSeek-style MoE layer, as moec compiles it."""
 
     name: str
-    """ASCII identifier naming the generated package."""
+    """ASCII identifier naming the generated package; not a keyword, nor the name of a module
+    it would shadow (the standard library, torch, triton, ...)."""
     description: str = ""
     """Free text, copied into the generated package's docstring as a literal."""
     model: Model
@@ -189,5 +211,10 @@ class Spec(Table):
             raise ValueError(
                 "must be an ASCII Python identifier that is not a keyword "
                 "(letters, digits and _, not starting with a digit)"
+            )
+        if value in SHADOWED:
+            raise ValueError(
+                f"would shadow the Python module {value} wherever the generated package is "
+                f"imported (another name, e.g. {value}_moe)"
             )
         return value

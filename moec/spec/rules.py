@@ -250,7 +250,11 @@ def _checkpoint(spec: Spec) -> Iterator[Problem]:
             '"quantized"',
             value=quant.checkpoint,
         )
-    if quant.activation_scheme == "static" and quant.checkpoint == "bf16":
+    if (
+        quant.activation_scheme == "static"
+        and quant.scheme == "fp8_per_tensor"  # other schemes: reported by the rules above
+        and quant.checkpoint == "bf16"
+    ):
         yield problem(
             "quant.checkpoint",
             "static activation scales come from a quantized checkpoint (input_scale)",
@@ -482,7 +486,8 @@ def _masked_budget(spec: Spec) -> Iterator[Problem]:
 @rule("tp_within_experts")
 def _tp(spec: Spec) -> Iterator[Problem]:
     """Tensor parallelism splits each expert's intermediate: tp_size <= n_routed_experts (as
-    SGLang requires) and tp_size divides moe_intermediate_size."""
+    SGLang requires) and tp_size divides moe_intermediate_size (and so the shared experts'
+    n_shared_experts * moe_intermediate_size)."""
     parallel, model = spec.parallel, spec.model
     if parallel.tp_size > model.n_routed_experts:
         yield problem(
@@ -496,16 +501,6 @@ def _tp(spec: Spec) -> Iterator[Problem]:
             "parallel.tp_size",
             f"does not divide moe_intermediate_size = {model.moe_intermediate_size}",
             "a divisor of moe_intermediate_size",
-            value=parallel.tp_size,
-        )
-    if (
-        model.n_shared_experts
-        and (model.moe_intermediate_size * model.n_shared_experts) % parallel.tp_size
-    ):
-        yield problem(
-            "parallel.tp_size",
-            "does not divide the shared experts' intermediate size",
-            "a divisor of n_shared_experts * moe_intermediate_size",
             value=parallel.tp_size,
         )
 
@@ -548,6 +543,19 @@ def _dispatch_ep(spec: Spec) -> Iterator[Problem]:
             "moec shards the MoE layer by TP or by EP, not both",
             "tp_size = 1 with ep_size > 1",
             value=parallel.tp_size,
+        )
+
+
+@rule("ep_needs_group_scales")
+def _ep_scales(spec: Spec) -> Iterator[Problem]:
+    """Expert-parallel dispatch brings tokens of several ranks into one GEMM: their activation
+    scales must travel with each token (per-group scales), not be one per-tensor scale per rank."""
+    if spec.parallel.ep_size > 1 and spec.quant.scheme == "fp8_per_tensor":
+        yield problem(
+            "quant.scheme",
+            "per-tensor activation scales differ per rank, so expert-parallel ranks cannot share them",
+            '"fp8_block", "mxfp8" or "bf16", or ep_size = 1',
+            value="fp8_per_tensor",
         )
 
 

@@ -1,0 +1,30 @@
+"""Worker of tests/test_distributed.py: one rank of a gloo process group on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+
+def import_package(folder: str, name: str):
+    init = Path(folder) / "__init__.py"
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[folder])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_rank(rank: int, world: int, init_file: str, folder: str, name: str, x_all, split, out_file):
+    """Build the layer on this rank, run it on this rank's tokens, save the output."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        package = import_package(folder, name)
+        layer = package.MoELayer(group=torch.distributed.group.WORLD).random_(11)
+        x = x_all[split[rank] : split[rank + 1]]
+        torch.save(layer(x), f"{out_file}.{rank}")
+    finally:
+        torch.distributed.destroy_process_group()
