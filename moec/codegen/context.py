@@ -18,6 +18,13 @@ from moec.plan.types import TensorType
 from moec.spec.models import Spec
 
 BACKEND_FOLDER = {"torch": "torch", "triton": "triton", "torch.distributed": "dist"}
+KERNEL_SCHEME = {"fp8_per_tensor": "fp8_tensor"}
+KERNELS = (
+    "kernels/act_quant.py.j2",
+    "kernels/combine.py.j2",
+    "kernels/grouped_gemm.py.j2",
+    "kernels/permute_quant.py.j2",
+)
 FORMAT_CLASS = {
     "bf16": "Bf16",
     "fp8_per_tensor": "Fp8PerTensor",
@@ -69,6 +76,7 @@ def build_context(plan: Plan, spec: Spec, plan_json: str) -> dict[str, Any]:
     }
     act = spec.activation
     act_params = {k: v for k, v in act.model_dump().items() if k != "kind"}
+    uses_triton = plan.facts["gemm_backend"] == "triton"
     stages = [
         stage_context(plan, s, f, routed, shared)
         for s in plan.order()
@@ -100,8 +108,20 @@ def build_context(plan: Plan, spec: Spec, plan_json: str) -> dict[str, Any]:
         "any_quantized_checkpoint": any(fmt["checkpoint_quantized"] for fmt in formats),
         "uses_e2m1": any(fmt["scheme"] == "mxfp4" for fmt in formats),
         "parameters": parameters(plan),
-        "stage_imports": ["from . import quant"],
-        "uses_triton": plan.facts["gemm_backend"] == "triton",
+        "stage_imports": ["from . import kernels, quant"]
+        if uses_triton
+        else ["from . import quant"],
+        "uses_triton": uses_triton,
+        "uses_torch_matmul": any(
+            s["backend"] == "torch" and s["kind"] in ("gemm", "shared_expert", "quantize")
+            for s in stages
+        ),
+        "buckets": plan.facts.get("buckets", []),
+        "buckets_source": _decision(plan, "triton tiles"),
+        "elementwise": plan.facts.get("elementwise", {}),
+        "kernels": list(KERNELS),
+        "activation_kind": act.kind,
+        "activation_lines": list(lower(act.kind, act_params, "triton").lines),
         "plan_json": plan_json,
     }
 
@@ -121,6 +141,7 @@ def stage_context(plan: Plan, stage, f, routed, shared) -> dict[str, Any]:
         a_type = stage.outputs["a"]
         params["quantized"] = a_type.scale is not None
         params["per_tensor"] = a_type.scale is not None and a_type.scale.granularity == "per-tensor"
+        params.update(group=routed["group"], pow2=routed["pow2"], static=routed["static"])
     elif kind == "gemm":
         weight = next(name for name in stage.weights if not name.endswith("_scale"))
         fmt = routed
@@ -132,6 +153,8 @@ def stage_context(plan: Plan, stage, f, routed, shared) -> dict[str, Any]:
             scaled_weight=f"{weight}_scale" in stage.weights,
             weight=weight,
             rows=rows,
+            kernel_scheme=KERNEL_SCHEME.get(fmt["scheme"], fmt["scheme"]),
+            bucket_slot=2 if params["n"] == "2I" else 3,
             n_value=n_value,
             grouped_mm=cuda_bf16 and plan.facts["layout"] == "contiguous",
             batched=cuda_bf16 and plan.facts["layout"] == "masked",
@@ -150,6 +173,9 @@ def stage_context(plan: Plan, stage, f, routed, shared) -> dict[str, Any]:
             quantized=shared["quantized"],
             static=shared["static"],
             scaled_weight="shared_w13_scale" in stage.weights,
+            group=shared["group"],
+            pow2=shared["pow2"],
+            kernel_scheme=KERNEL_SCHEME.get(shared["scheme"], shared["scheme"]),
         )
     template = f"stages/{folder}/{kind}.py.j2"
     return {
@@ -159,6 +185,11 @@ def stage_context(plan: Plan, stage, f, routed, shared) -> dict[str, Any]:
         "template": template,
         "params": params,
     }
+
+
+def _decision(plan: Plan, what: str) -> str:
+    found = plan.decision(what)
+    return found.reason if found else ""
 
 
 def _select_summary(p: dict[str, Any]) -> str:

@@ -77,6 +77,16 @@ def make_plan(spec: Spec, env: Environment | None = None) -> Plan:
             "each expert's rows start on a GEMM tile boundary, so a tile never mixes experts"
             + ("; 128 is DeepGEMM's M alignment" if block_m else ""),
         )
+    if resolved.gemm_backend == "triton":
+        from moec.plan.tuning import elementwise_configs, gemm_buckets
+
+        buckets, source = gemm_buckets(facts)
+        plan.facts["buckets"] = buckets
+        plan.facts["elementwise"] = elementwise_configs(facts)
+        limits = ", ".join(
+            f"T<={b['max_tokens']}" if b["max_tokens"] else "larger" for b in buckets
+        )
+        plan.decide("triton tiles", f"{len(buckets)} token buckets ({limits})", source)
     plan.decide(
         "router and top-k",
         "torch",

@@ -139,7 +139,9 @@ def peak_bytes(plan: Plan, facts: Facts, tokens: int) -> float:
             if stage.kind == "convert":
                 # The values alias the converter's input, alive until this step; only the
                 # converted scales are new here.
-                lifetimes.append((index[name], index[name], _scale_only_bytes(tensor_type, table, rows)))
+                lifetimes.append(
+                    (index[name], index[name], _scale_only_bytes(tensor_type, table, rows))
+                )
                 lifetimes.append((index[name] + 1, last, size))
             else:
                 lifetimes.append((index[name], last, size))

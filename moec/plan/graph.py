@@ -113,7 +113,8 @@ class Plan:
 
         def key(name: str) -> str:
             stage = self.stage(name)
-            return f"{rank.get(stage.kind, len(rank)):02d}:{name}"
+            position = rank.get(name, rank.get(stage.kind, len(rank)))
+            return f"{position:02d}:{name}"
 
         return [self.stage(n) for n in nx.lexicographical_topological_sort(self.graph, key=key)]
 

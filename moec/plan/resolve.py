@@ -98,6 +98,9 @@ def _gemm_backend(spec: Spec, env: Environment, decide) -> str:
     if spec.quant.scheme != "bf16" and arch_number(spec) < 89:
         decide("gemm_backend", "torch", f"auto on {target.arch}: no fp8 tensor cores; {why_not}")
         return "torch"
+    if not env.has("triton"):
+        decide("gemm_backend", "torch", f"auto on cuda {target.arch}: {why_not}, nor is triton")
+        return "torch"
     decide("gemm_backend", "triton", f"auto on cuda {target.arch}: {why_not}")
     return "triton"
 

@@ -16,12 +16,25 @@ import tempfile
 from pathlib import Path
 
 import jinja2
+import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from moec.plan.activations import lower  # noqa: E402
+# Where the launchers run: "cpu" (the interpreter) or "cuda" (compiled; run the suite with
+# MOEC_KERNEL_DEVICE=cuda TRITON_INTERPRET=0). The tests build CPU tensors either way.
+DEVICE = os.environ.get("MOEC_KERNEL_DEVICE", "cpu")
 
 ROOT = Path(__file__).resolve().parents[2]
+try:
+    from moec.plan.activations import lower
+except ImportError:  # the GPU image lacks the spec layer's packages; activations.py needs none
+    _spec = importlib.util.spec_from_file_location(
+        "moec_activations", ROOT / "moec" / "plan" / "activations.py"
+    )
+    _activations = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = _activations  # dataclasses looks the module up while it runs
+    _spec.loader.exec_module(_activations)
+    lower = _activations.lower
+
 TEMPLATES = ROOT / "templates" / "kernels"
 HEADER = "import torch\nimport triton\nimport triton.language as tl\n"
 _TMP = Path(tempfile.mkdtemp(prefix="moec_kernels_"))
@@ -63,9 +76,37 @@ def load_lines(lines: tuple[str, ...]):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    return module
+    return module if DEVICE == "cpu" else OnDevice(module)
 
 
 def load(kind: str = "silu", params: dict[str, float] | None = None):
     """The kernels module for one activation."""
     return load_lines(activation_lines(kind, params))
+
+
+class OnDevice:
+    """The kernels module with each launcher run on DEVICE: tensor arguments are copied there and,
+    since launchers write their outputs in place, copied back into the caller's tensors."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        launcher = getattr(self._module, name)
+        if name.startswith("_") or not callable(launcher):
+            return launcher
+
+        def call(*args, **kwargs):
+            copies = []
+
+            def there(value):
+                if isinstance(value, torch.Tensor):
+                    copies.append((value, value.to(DEVICE)))
+                    return copies[-1][1]
+                return value
+
+            launcher(*map(there, args), **{k: there(v) for k, v in kwargs.items()})
+            for here, copy in copies:
+                here.copy_(copy.cpu())
+
+        return call

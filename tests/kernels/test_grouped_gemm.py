@@ -88,9 +88,11 @@ def check(out, a_deq, w_deq, expert_of_row, valid, k, block_k):
     assert is_nan(out[~valid]).all(), "a padding / skipped row was written"
 
 
-def run_contiguous(scheme, n=256, k=256, dtype=torch.bfloat16, config=CONFIG, num_rows=None):
+def run_contiguous(
+    scheme, n=256, k=256, dtype=torch.bfloat16, config=CONFIG, num_rows=None, block_m=None
+):
     kernels = load()
-    routing = route(tokens=16, topk=2, experts=4, block_m=config["BLOCK_M"])
+    routing = route(tokens=16, topk=2, experts=4, block_m=block_m or config["BLOCK_M"])
     rows = len(routing.m_indices)
     a, a_scale, w, w_scale, a_deq, w_deq = operands(scheme, rows, n, k, 4, dtype)
     out = poison(torch.empty(rows, n, dtype=dtype))
@@ -122,7 +124,9 @@ def test_masked(scheme):
     experts, n, k = 4, 256, 256
     routing = route(tokens=16, topk=2, experts=experts, block_m=32)
     max_m = routing.max_m
-    a, a_scale, w, w_scale, a_deq, w_deq = operands(scheme, experts * max_m, n, k, experts, torch.bfloat16)
+    a, a_scale, w, w_scale, a_deq, w_deq = operands(
+        scheme, experts * max_m, n, k, experts, torch.bfloat16
+    )
     a = a.view(experts, max_m, k)  # [E, max_m, K] and scales [E, max_m, K / G]
     if a_scale is not None and a_scale.dim() == 2:
         a_scale = a_scale.view(experts, max_m, -1)
@@ -168,9 +172,21 @@ def test_no_rows():
     w, w_scale = torch.zeros(4, 256, 128, dtype=E4M3), torch.ones(4, 2, 1)
     m_indices = torch.empty(0, dtype=torch.int32)
     kernels.grouped_gemm(
-        a, torch.empty(0, 1), w, w_scale, out, scheme="fp8_block", config=CONFIG, m_indices=m_indices
+        a,
+        torch.empty(0, 1),
+        w,
+        w_scale,
+        out,
+        scheme="fp8_block",
+        config=CONFIG,
+        m_indices=m_indices,
     )
     out = torch.empty(4, 0, 256, dtype=torch.bfloat16)
     masked_m = torch.zeros(4, dtype=torch.int32)
     a, w = a.view(4, 0, 128).bfloat16(), w.bfloat16()
     kernels.grouped_gemm(a, None, w, None, out, scheme="bf16", config=CONFIG, masked_m=masked_m)
+
+
+def test_block_m_below_alignment():
+    """BLOCK_M dividing the layout's row alignment: all-padding blocks return without work."""
+    run_contiguous("fp8_block", config=dict(CONFIG, BLOCK_M=16), block_m=64)

@@ -59,17 +59,17 @@ def test_group(layout, dtype, hidden, group, ue8m0):
     routing = route(tokens=12, topk=2, experts=4, block_m=16)
     token_of_row = routing.token_of_row if layout == "contiguous" else routing.masked_token_of_row
     x = make_x(12, hidden, dtype)
-    rows = len(token_of_row)
-    out = poison(torch.empty(rows, hidden, dtype=E4M3))
-    scale = poison(torch.empty(rows, -(-hidden // group)))
+    lead = (len(token_of_row),) if layout == "contiguous" else (4, routing.max_m)  # [E, max_m, .]
+    out = poison(torch.empty(*lead, hidden, dtype=E4M3))
+    scale = poison(torch.empty(*lead, -(-hidden // group)))
     config = dict(CONFIG, BLOCK_H=128)
     kernels.permute_quant(
         x, token_of_row, out, scale, quant="group", group_size=group, ue8m0=ue8m0, config=config
     )
     # Padding rows are zero rows quantized by the same definition (scale = 1e-10 / 448).
     q_ref, scale_ref = quant_group(gather(x, token_of_row), group, ue8m0)
-    assert same_bytes(out, q_ref)
-    assert torch.equal(scale, scale_ref)
+    assert same_bytes(out.view(-1, hidden), q_ref)
+    assert torch.equal(scale.view(len(token_of_row), -1), scale_ref)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

@@ -1,0 +1,61 @@
+"""combine against an fp64 weighted sum (numerics.md, Combine).
+
+Tolerance (fp32 accumulation of K products and the shared term, then one rounding):
+    |out - ref| <= u_out * |ref| + (2 * K + 2) * 2**-24 * (sum_k |w_k * y_k| + |shared|)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .harness import load
+from .reference import UNIT_ROUNDOFF, is_nan, poison, route
+
+CONFIG = {"BLOCK_T": 8, "BLOCK_H": 256, "num_warps": 4}
+HIDDEN = 256
+
+
+def reference(y, row_of, weights, shared):
+    """fp64 sum and the magnitude that bounds its fp32 accumulation error."""
+    rows = row_of.long()
+    terms = weights.double()[..., None] * y.double()[rows.clamp(min=0)]
+    terms[rows < 0] = 0.0
+    ref, magnitude = terms.sum(dim=1), terms.abs().sum(dim=1)
+    if shared is not None:
+        ref, magnitude = ref + shared.double(), magnitude + shared.double().abs()
+    return ref, magnitude
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("has_shared", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_combine(layout, has_shared, dtype):
+    kernels = load()
+    tokens, topk = 20, 3
+    routing = route(tokens=tokens, topk=topk, experts=8, block_m=16)
+    gen = torch.Generator().manual_seed(3)
+    if layout == "contiguous":
+        y = torch.randn(len(routing.m_indices), HIDDEN, generator=gen).to(dtype)
+        row_of = routing.row_of
+    else:
+        y = torch.randn(8, routing.max_m, HIDDEN, generator=gen).to(dtype)
+        row_of = routing.masked_row_of
+    row_of = row_of.clone()
+    row_of[3, 1] = -1  # an assignment without a local row adds nothing
+    weights = torch.rand(tokens, topk, generator=gen)
+    shared = torch.randn(tokens, HIDDEN, generator=gen).to(dtype) if has_shared else None
+    out = poison(torch.empty(tokens, HIDDEN, dtype=dtype))
+    kernels.combine(y, row_of, weights, out, shared, config=CONFIG)
+    ref, magnitude = reference(y.view(-1, HIDDEN), row_of, weights, shared)
+    assert not is_nan(out).any()
+    bound = UNIT_ROUNDOFF[dtype] * ref.abs() + (2 * topk + 2) * 2.0**-24 * magnitude
+    assert ((out.double() - ref).abs() <= bound).all()
+
+
+def test_no_tokens():
+    kernels = load()
+    y = torch.randn(32, HIDDEN).bfloat16()
+    out = torch.empty(0, HIDDEN, dtype=torch.bfloat16)
+    row_of, weights = torch.empty(0, 2, dtype=torch.int32), torch.empty(0, 2)
+    kernels.combine(y, row_of, weights, out, config=CONFIG)

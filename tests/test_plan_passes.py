@@ -1,0 +1,699 @@
+"""The planner's passes, each on its own: resolve `auto` (gemm backend, layout, dispatch),
+insert converters, fuse, CUDA-graph safety; and the decisions each example gets.
+
+Expected values are computed here by hand (seed 000's masked-layout estimate, the flip point of
+the layout choice), not by calling the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from moec.plan import Environment, make_plan
+from moec.plan.convert import conversion_steps
+from moec.plan.facts import facts_of
+from moec.plan.layouts import masked_peak_bytes
+from moec.plan.resolve import MASKED_BUDGET_FRACTION
+from moec.plan.types import DType, Layout, ScaleType, TensorType
+from moec.spec import load_spec
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+PLAIN = Environment(frozenset({"triton"}))
+FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
+NOTHING = Environment(frozenset())
+GIB = 2**30
+H200_GIB = 139.8  # the H200 row of moec's device table (moec/plan/devices.py)
+
+
+def spec_of(name: str, *overrides: str):
+    return load_spec(EXAMPLES / name, list(overrides)).spec
+
+
+def plan_of(name: str, *overrides: str, env: Environment = PLAIN):
+    return make_plan(spec_of(name, *overrides), env)
+
+
+def choices(plan) -> dict[str, str]:
+    return {d.what: d.choice for d in plan.decisions}
+
+
+# --- resolve: gemm backend ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "env", "choice", "reason"),
+    [
+        ("tiny-cpu.toml", ['experts.gemm_backend="auto"'], FULL, "torch", "CPU target"),
+        ("deepseek-v3-fp8.toml", [], PLAIN, "triton", "deep_gemm is not installed"),
+        ("deepseek-v3-fp8.toml", [], FULL, "deep_gemm", "deep_gemm is installed"),
+        ("deepseek-v3-bf16.toml", [], FULL, "deep_gemm", "deep_gemm is installed"),
+        # sm100 fp8_block: deep_gemm needs UE8M0 scales; the default (fp32) keeps it out
+        ("deepseek-v3-fp8.toml", ['target.arch="sm100"'], FULL, "triton", "does not run"),
+        (
+            "deepseek-v3-fp8.toml",
+            ['target.arch="sm100"', 'quant.scale_dtype="ue8m0"'],
+            FULL,
+            "deep_gemm",
+            "installed",
+        ),
+        # deep_gemm has no fused kernel for SiTU
+        (
+            "deepseek-v3-fp8.toml",
+            ['activation.kind="situ"', "activation.beta=1.0", "activation.linear_beta=1.0"],
+            FULL,
+            "triton",
+            "does not run this combination",
+        ),
+        ("deepseek-v4-style.toml", [], FULL, "triton", "does not run this combination"),
+        ("mxfp8-sm100.toml", [], FULL, "deep_gemm", "installed"),
+        # no fp8 tensor cores on sm80: the torch reference
+        ("deepseek-v3-fp8.toml", ['target.arch="sm80"'], FULL, "torch", "no fp8 tensor cores"),
+        ("deepseek-v3-fp8.toml", ['target.arch="sm89"'], FULL, "triton", "does not run"),
+        ("deepseek-v3-fp8.toml", ['experts.gemm_backend="torch"'], FULL, "torch", "set in"),
+        ("tiny-cpu-triton.toml", [], PLAIN, "triton", "set in the spec"),
+    ],
+)
+def test_resolve_gemm_backend(name, overrides, env, choice, reason):
+    plan = plan_of(name, *overrides, env=env)
+    decision = plan.decision("gemm_backend")
+    assert decision.choice == choice
+    assert reason in decision.reason
+    assert plan.facts["gemm_backend"] == choice
+    gemms = [s for s in plan.order() if s.kind == "gemm"]
+    assert [s.backend for s in gemms] == [choice, choice]
+
+
+def test_named_backend_that_is_not_installed_is_reported_missing():
+    plan = plan_of("deepseek-v3-fp8.toml", 'experts.gemm_backend="deep_gemm"', env=PLAIN)
+    assert plan.facts["requires"] == ["deep_gemm"]
+    assert plan.facts["missing"] == ["deep_gemm"]
+    plan = plan_of("deepseek-v3-fp8.toml", 'experts.gemm_backend="deep_gemm"', env=FULL)
+    assert plan.facts["missing"] == []
+
+
+def test_requires_lists_the_optional_modules_the_package_imports():
+    assert plan_of("deepseek-v3-fp8.toml", env=FULL).facts["requires"] == ["deep_gemm"]
+    assert plan_of("deepseek-v3-deepep-ll-ep8.toml", env=FULL).facts["requires"] == [
+        "deep_ep",
+        "deep_gemm",
+    ]
+    assert plan_of("deepseek-v3-fp8.toml", env=PLAIN).facts["requires"] == ["triton"]
+    assert plan_of("tiny-cpu.toml", env=FULL).facts["requires"] == []
+
+
+def test_environment_detect_only_names_optional_backends():
+    detected = Environment.detect()
+    assert detected.importable <= {"deep_gemm", "deep_ep", "triton"}
+    assert Environment(frozenset({"deep_gemm"})).has("deep_gemm")
+    assert not Environment(frozenset()).has("deep_gemm")
+
+
+def test_auto_never_picks_a_backend_that_is_not_importable():
+    plan = plan_of("deepseek-v3-fp8.toml", env=NOTHING)
+    assert plan.facts["missing"] == []
+    assert plan.decision("gemm_backend").choice == "torch"
+
+
+# --- resolve: layout ----------------------------------------------------------------------
+
+
+def seed_masked_peak_bytes(
+    tokens, experts, hidden, gateup, down_out, quantized, block_k=128, packed=False
+):
+    """Seed 000's `_estimate_masked_standard_layout_peak_bytes`, transcribed by hand:
+    gateup = w13.shape[1] (2I), down_out = w2.shape[1] (H), bf16 outputs."""
+    padded_m = (tokens // 256 + 1) * 256
+    act = 1 if quantized else 2
+    gateup_row = gateup * 2
+    down_output_row = down_out * 2
+    input_row = hidden * act
+    down_input_row = gateup // 2 * act
+    if quantized:
+        item = 1 if packed else 4
+        input_scale_row = math.ceil(hidden / block_k) * item
+        down_scale_row = math.ceil(gateup // 2 / block_k) * item
+    else:
+        input_scale_row = down_scale_row = 0
+    peak_row = max(
+        input_row + input_scale_row + gateup_row,
+        gateup_row + down_input_row + down_scale_row,
+        down_input_row + down_scale_row + down_output_row,
+    )
+    return experts * padded_m * peak_row
+
+
+def test_masked_peak_matches_seed_formula_by_hand_for_deepseek_v3_fp8():
+    facts = facts_of(spec_of("deepseek-v3-fp8.toml"))
+    # T = 4096: padded_m = 4352; rows: 7168 + 56*4 + 8192 = 15584, 8192 + 2048 + 16*4 = 10304,
+    # 2048 + 64 + 14336 = 16448 -> 16448 bytes per row, 256 experts
+    assert masked_peak_bytes(facts, 4096) == 256 * 4352 * 16448 == 18_324_914_176
+    assert masked_peak_bytes(facts, 4096) == seed_masked_peak_bytes(
+        4096, 256, 7168, 4096, 7168, quantized=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "seed_args"),
+    [
+        ("deepseek-v3-bf16.toml", [], (256, 7168, 4096, 7168, False)),
+        ("deepseek-v2-lite.toml", [], (64, 2048, 2816, 2048, False)),
+        ("kimi-k2.toml", [], (384, 7168, 4096, 7168, True)),
+        # UE8M0 scales are one byte each (seed: use_mxfp8 or DEEPGEMM_SCALE_UE8M0)
+        ("mxfp8-sm100.toml", [], (256, 7168, 4096, 7168, True, 32, True)),
+        (
+            "deepseek-v3-fp8.toml",
+            ['target.arch="sm100"', 'quant.scale_dtype="ue8m0"'],
+            (256, 7168, 4096, 7168, True, 128, True),
+        ),
+        # fused shared experts are extra local experts of the grouped GEMM
+        ("deepseek-v3-fp8.toml", ['experts.shared_experts="fused"'], (257, 7168, 4096, 7168, True)),
+    ],
+)
+@pytest.mark.parametrize("tokens", [1, 255, 256, 5000])
+def test_masked_peak_matches_seed_formula(name, overrides, seed_args, tokens):
+    facts = facts_of(spec_of(name, *overrides))
+    experts, hidden, gateup, down_out, quantized, *rest = seed_args
+    expected = seed_masked_peak_bytes(tokens, experts, hidden, gateup, down_out, quantized, *rest)
+    assert masked_peak_bytes(facts, tokens) == expected
+
+
+def test_masked_peak_with_expert_parallelism_covers_tokens_of_every_rank():
+    """An expert of one rank can receive every token of all ep ranks (DeepEP low-latency's
+    [E/ep, ep*T, H] buffers); seed 000 is given the received rows."""
+    facts = facts_of(spec_of("deepseek-v3-ep2-all2all.toml"))
+    assert facts.local_experts == 128 and facts.ep == 2
+    assert masked_peak_bytes(facts, 1000) == seed_masked_peak_bytes(
+        2000, 128, 7168, 4096, 7168, quantized=True
+    )
+
+
+def _layout_at(tokens: int, name="deepseek-v3-fp8.toml", *extra: str) -> str:
+    return plan_of(name, f"target.max_num_tokens={tokens}", *extra).facts["layout"]
+
+
+def _flip_point(row_bytes: int, experts: int, budget_bytes: float, ep: int = 1) -> int:
+    """Smallest max_num_tokens for which masked exceeds the budget (by hand)."""
+    padded_m_fits = int(budget_bytes // (experts * row_bytes)) // 256 * 256
+    # masked while (ep*T // 256 + 1) * 256 <= padded_m_fits, i.e. ep*T < padded_m_fits
+    return math.ceil(padded_m_fits / ep)
+
+
+def test_layout_flips_from_masked_to_contiguous_for_deepseek_v3_fp8():
+    budget = H200_GIB * MASKED_BUDGET_FRACTION * GIB  # 20% of the H200's memory
+    flip = _flip_point(16448, 256, budget)
+    assert flip == 6912  # 256 * 6912 * 16448 B = 27.1 GiB <= 27.96 GiB < 28.1 GiB at 7168
+    assert _layout_at(flip - 1) == "masked"
+    assert _layout_at(flip) == "contiguous"
+    assert _layout_at(1) == "masked"
+    assert _layout_at(16384) == "contiguous"
+
+
+def test_layout_flip_follows_the_budget_key():
+    budget = 10 * GIB
+    flip = _flip_point(16448, 256, budget)
+    assert flip == 2304
+    extra = "experts.masked_memory_budget_gib=10"
+    assert _layout_at(flip - 1, "deepseek-v3-fp8.toml", extra) == "masked"
+    assert _layout_at(flip, "deepseek-v3-fp8.toml", extra) == "contiguous"
+    decision = plan_of("deepseek-v3-fp8.toml", f"target.max_num_tokens={flip}", extra).decision(
+        "layout"
+    )
+    assert "over the budget 10.0 GiB (experts.masked_memory_budget_gib)" in decision.reason
+
+
+def test_layout_flip_with_expert_parallelism():
+    budget = H200_GIB * MASKED_BUDGET_FRACTION * GIB
+    flip = _flip_point(16448, 128, budget, ep=2)
+    assert flip == 7040
+    assert _layout_at(flip - 1, "deepseek-v3-ep2-all2all.toml") == "masked"
+    assert _layout_at(flip, "deepseek-v3-ep2-all2all.toml") == "contiguous"
+
+
+def test_layout_flips_once_as_max_num_tokens_grows():
+    layouts = [_layout_at(t) for t in (1, 256, 1024, 4096, 6911, 6912, 8192, 16384, 65536)]
+    assert layouts == ["masked"] * 5 + ["contiguous"] * 4
+
+
+def test_layout_reason_states_the_estimate_and_the_budget():
+    plan = plan_of("deepseek-v3-fp8.toml")
+    need = 256 * ((16384 // 256 + 1) * 256) * 16448 / GIB
+    reason = plan.decision("layout").reason
+    assert f"masked needs {need:.1f} GiB at T=16384" in reason
+    assert "over the budget 28.0 GiB (20% of the H200's 139.8 GiB)" in reason
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "layout", "reason"),
+    [
+        ("deepseek-v3-deepep-ll-ep8.toml", [], "masked", "low-latency"),
+        ("deepseek-v3-fp8.toml", ['experts.layout="masked"'], "masked", "set in the spec"),
+        ("tiny-cpu.toml", ['experts.layout="contiguous"'], "contiguous", "set in the spec"),
+        (
+            "deepseek-v3-fp8.toml",
+            ['parallel.dispatch="deepep_normal"', "parallel.ep_size=8", "target.max_num_tokens=1"],
+            "contiguous",
+            "DeepEP normal",
+        ),
+    ],
+)
+def test_layout_forced_or_set(name, overrides, layout, reason):
+    plan = plan_of(name, *overrides)
+    assert plan.facts["layout"] == layout
+    assert reason in plan.decision("layout").reason
+    assert plan.stage("dispatch").outputs["a"].layout is Layout(
+        "masked-grouped" if layout == "masked" else "contiguous-grouped"
+    )
+
+
+def test_contiguous_row_padding_decision():
+    assert (
+        "block_m = 128"
+        in choices(plan_of("deepseek-v3-fp8.toml", env=FULL))["contiguous row padding"]
+    )
+    assert plan_of("deepseek-v3-fp8.toml", env=FULL).facts["block_m"] == 128
+    assert (
+        "BLOCK_M per token bucket"
+        in choices(plan_of("deepseek-v3-fp8.toml"))["contiguous row padding"]
+    )
+    assert "contiguous row padding" not in choices(plan_of("tiny-cpu.toml"))  # masked
+
+
+# --- resolve: dispatch --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "choice", "dispatch_backend", "combine_backend"),
+    [
+        ("deepseek-v3-fp8.toml", "local (torch)", "triton", "triton"),
+        ("tiny-cpu.toml", "local (torch)", "torch", "torch"),
+        (
+            "deepseek-v3-ep2-all2all.toml",
+            "all2all (torch.distributed)",
+            "torch.distributed",
+            "torch.distributed",
+        ),
+        ("deepseek-v3-deepep-ll-ep8.toml", "deepep_low_latency (deep_ep)", "deep_ep", "deep_ep"),
+    ],
+)
+def test_dispatch_decision(name, choice, dispatch_backend, combine_backend):
+    plan = plan_of(name)
+    assert plan.decision("dispatch").choice == choice
+    assert plan.stage("dispatch").backend == dispatch_backend
+    assert plan.stage("combine").backend == combine_backend
+
+
+# --- convert ------------------------------------------------------------------------------
+
+
+def converters(plan):
+    return [s for s in plan.order() if s.kind == "convert"]
+
+
+def test_no_ue8m0_converter_for_deep_gemm_on_sm90():
+    plan = plan_of("deepseek-v3-fp8.toml", env=FULL)
+    found = converters(plan)
+    assert [s.name for s in found] == ["convert_a_for_gemm_gate_up", "convert_hq_for_gemm_down"]
+    for stage in found:
+        assert stage.backend == "torch"
+        assert stage.params["steps"] == [
+            "transpose scales to MN-major",
+            "pad scale columns to 16-byte TMA alignment",
+        ]
+        assert stage.params["pack_ue8m0"] is False
+        (out,) = stage.outputs.values()
+        assert out.scale == ScaleType("1x128", DType.float32, "MN", True, False)
+    assert DType.ue8m0x4 not in _scale_dtypes(plan)
+
+
+def _scale_dtypes(plan):
+    return {t.scale.dtype for s in plan.order() for t in s.outputs.values() if t.scale is not None}
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "granularity"),
+    [
+        ("deepseek-v3-fp8.toml", ['target.arch="sm100"', 'quant.scale_dtype="ue8m0"'], "1x128"),
+        ("mxfp8-sm100.toml", [], "1x32"),
+    ],
+)
+def test_ue8m0_converters_for_deep_gemm_on_sm100(name, overrides, granularity):
+    plan = plan_of(name, *overrides, env=FULL)
+    found = converters(plan)
+    assert [s.name for s in found] == ["convert_a_for_gemm_gate_up", "convert_hq_for_gemm_down"]
+    for stage in found:
+        assert "pack UE8M0 exponents four per int32" in stage.params["steps"]
+        assert stage.params["pack_ue8m0"] is True
+        # the producer already writes powers of two: no rounding step
+        assert "round scales up to powers of two" not in stage.params["steps"]
+        (out,) = stage.outputs.values()
+        assert out.scale == ScaleType(granularity, DType.ue8m0x4, "MN", True, True)
+    # the converter sits between the producer and the GEMM, and the decision says so
+    (producer, edge), _ = plan.inputs("gemm_gate_up")
+    assert producer == "convert_a_for_gemm_gate_up"
+    assert edge.type.scale.dtype is DType.ue8m0x4
+    decision = plan.decision("convert a for gemm_gate_up")
+    assert "pack UE8M0" in decision.choice
+    assert "ue8m0x4(int32) MN-major TMA-aligned" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("name", "env"),
+    [
+        ("deepseek-v3-fp8.toml", PLAIN),  # triton reads K-major fp32 scales as written
+        ("tiny-cpu.toml", FULL),  # torch
+        ("deepseek-v3-bf16.toml", FULL),  # deep_gemm, but nothing is scaled
+        ("deepseek-v2-lite.toml", FULL),
+        ("mxfp8-sm100.toml", PLAIN),
+    ],
+)
+def test_no_converters_where_types_agree(name, env):
+    plan = plan_of(name, env=env)
+    assert converters(plan) == []
+    assert not [d for d in plan.decisions if d.what.startswith("convert ")]
+
+
+def test_converter_is_inserted_only_on_the_edge_that_disagrees():
+    plan = plan_of("deepseek-v3-fp8.toml", env=FULL)
+    # routing still goes straight from dispatch to the GEMM
+    assert plan.graph.has_edge("dispatch", "gemm_gate_up")
+    tensors = [e.tensor for e in plan.graph.edges["dispatch", "gemm_gate_up"]["tensors"]]
+    assert tensors == ["routing"]
+    assert plan.graph.has_edge("dispatch", "convert_a_for_gemm_gate_up")
+    assert not plan.graph.has_edge("activation", "gemm_down")
+    # the converter is counted: it is a stage with a cost row
+    from moec.plan import cost, device_for
+
+    rows = cost(plan, plan.facts["facts"], device_for("cuda", "sm90"), 64).stages
+    assert "convert_a_for_gemm_gate_up" in [r.stage for r in rows]
+
+
+def test_no_backend_hides_a_scale_conversion():
+    """A GEMM's declared input type is what reaches it; its producer is a converter exactly
+    when the producer's own output differs."""
+    for env in (PLAIN, FULL):
+        for path in sorted(EXAMPLES.glob("*.toml")):
+            plan = make_plan(load_spec(path).spec, env)
+            for stage in plan.order():
+                if stage.kind != "gemm":
+                    continue
+                ((producer, edge),) = [(p, e) for p, e in plan.inputs(stage.name) if e.input == "a"]
+                assert edge.type == stage.accepts["a"]
+                if plan.stage(producer).kind == "convert":
+                    ((_, original),) = plan.inputs(producer)
+                    assert original.type != stage.accepts["a"]
+
+
+def test_conversion_steps():
+    have = TensorType(DType.e4m3, ("M", "H"), Layout.contiguous, ScaleType("1x128", DType.float32))
+    want = have.with_scale(ScaleType("1x128", DType.ue8m0x4, "MN", True, True))
+    assert conversion_steps(have, want) == [
+        "round scales up to powers of two",
+        "transpose scales to MN-major",
+        "pad scale columns to 16-byte TMA alignment",
+        "pack UE8M0 exponents four per int32",
+    ]
+    with pytest.raises(ValueError, match="planner bug"):
+        conversion_steps(have, TensorType(DType.bfloat16, ("M", "H"), Layout.contiguous))
+    with pytest.raises(ValueError, match="planner bug"):
+        conversion_steps(have, have.with_scale(ScaleType("1x32", DType.float32)))
+
+
+# --- fuse ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fused"),
+    [
+        ([], True),  # fp8_block
+        (['quant.scheme="fp8_per_tensor"'], True),
+        (['quant.scheme="mxfp8"'], True),
+        (['quant.scheme="mxfp4"', "target.max_num_tokens=64"], True),
+        (['quant.scheme="bf16"'], False),
+    ],
+)
+@pytest.mark.parametrize("env", [PLAIN, FULL], ids=["plain", "deep_gemm"])
+def test_activation_and_quant_fused_for_fp8_schemes_only(overrides, fused, env):
+    plan = plan_of("deepseek-v3-fp8.toml", *overrides, env=env)
+    activation = plan.stage("activation")
+    assert not plan.has("quantize_down")
+    (out,) = activation.outputs.values()
+    if fused:
+        assert activation.fused == ["quantize"]
+        assert out.dtype is DType.e4m3 and out.scale is not None
+        assert plan.decision("fuse activation + quantize").choice == "yes"
+    else:
+        assert activation.fused == []
+        assert out.dtype is DType.bfloat16 and out.scale is None
+        assert plan.decision("fuse activation + quantize") is None
+
+
+@pytest.mark.parametrize(
+    ("factor", "choice"), [(2.5, "x2.5 folded into the top-k weights"), (1.0, "none")]
+)
+def test_routed_scaling_folded_into_topk_weights(factor, choice):
+    plan = plan_of("deepseek-v3-fp8.toml", f"router.routed_scaling_factor={factor}")
+    assert plan.stage("select").params["weight_scale"] == factor
+    assert "routed_scaling_factor" not in plan.stage("combine").params
+    assert plan.decision("routed scaling").choice == choice
+
+
+def test_finalize_fused_into_combine_with_shared_add():
+    plan = plan_of("deepseek-v3-fp8.toml")
+    assert not plan.has("finalize")
+    combine = plan.stage("combine")
+    assert combine.fused == ["finalize"]
+    assert combine.params["add_shared"] is True
+    assert ("shared_expert", "shared") in [(p, e.tensor) for p, e in plan.inputs("combine")]
+    assert list(combine.outputs) == ["out"]
+    assert [p for p, _ in plan.inputs("output")] == ["combine"]
+    assert plan.decision("fuse finalize into combine").choice == "yes"
+
+
+def test_finalize_stays_a_stage_for_tensor_parallel_all_reduce():
+    plan = plan_of("deepseek-v3-fp8.toml", "parallel.tp_size=2")
+    finalize = plan.stage("finalize")
+    assert finalize.backend == "torch.distributed"
+    assert finalize.params["all_reduce"] is True
+    assert finalize.params["add_shared"] is False
+    assert plan.stage("combine").params["add_shared"] is True
+    assert [p for p, _ in plan.inputs("finalize")] == ["combine"]
+    assert "shared_expert" in [p for p, _ in plan.inputs("combine")]
+    assert plan.decision("fuse finalize into combine").choice == "partly"
+    assert plan.facts["facts"].intermediate == 1024
+
+
+def test_fused_shared_experts_have_no_stage_and_keep_weight_one():
+    plan = plan_of("deepseek-v3-fp8.toml", 'experts.shared_experts="fused"')
+    assert not plan.has("shared_expert")
+    assert plan.stage("select").params["fused_shared"] == 1
+    assert plan.stage("combine").params["add_shared"] is False
+    assert "fused shared experts keep weight 1" in plan.decision("routed scaling").reason
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "env", "fused"),
+    [
+        ("deepseek-v3-fp8.toml", [], PLAIN, True),  # triton, local
+        ("tiny-cpu-triton.toml", [], PLAIN, True),
+        ("deepseek-v3-fp8.toml", [], FULL, False),  # deep_gemm: torch permute
+        ("tiny-cpu.toml", [], PLAIN, False),  # torch
+        ("deepseek-v3-ep2-all2all.toml", [], PLAIN, False),  # exchange between ranks
+        ("deepseek-v3-bf16.toml", [], PLAIN, False),  # nothing to quantize
+    ],
+)
+def test_quantize_fused_into_dispatch_for_triton_local(name, overrides, env, fused):
+    plan = plan_of(name, *overrides, env=env)
+    quantized = plan.facts["facts"].routed.quantized
+    assert plan.has("quantize") == (quantized and not fused)
+    assert (plan.stage("dispatch").fused == ["quantize"]) == fused
+    assert (plan.decision("fuse quantize + dispatch") is not None) == fused
+
+
+# --- CUDA graph safety --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "env", "safe", "syncing"),
+    [
+        ("deepseek-v3-fp8.toml", PLAIN, "yes", []),
+        ("deepseek-v3-fp8.toml", FULL, "yes", []),
+        ("deepseek-v3-deepep-ll-ep8.toml", FULL, "yes", []),
+        ("tiny-cpu.toml", PLAIN, "no", ["gemm_gate_up", "gemm_down"]),
+        ("deepseek-v3-ep2-all2all.toml", PLAIN, "no", ["dispatch", "combine"]),
+    ],
+)
+def test_cuda_graph_safety(name, env, safe, syncing):
+    plan = plan_of(name, env=env)
+    decision = plan.decision("CUDA graph")
+    assert decision.choice == safe
+    found = [s.name for s in plan.order() if s.syncs_host or not s.graph_safe]
+    assert found == syncing
+    for stage in syncing:
+        assert stage in decision.reason
+
+
+# --- the decisions of every example -------------------------------------------------------
+
+COMMON = {
+    "router and top-k": "torch",
+    "fuse finalize into combine": "yes",
+}
+EXPECTED = {
+    # example: (environment, decisions, decisions that must be absent)
+    "deepseek-v2-lite": (
+        PLAIN,
+        {
+            "gemm_backend": "triton",
+            "layout": "masked",
+            "dispatch": "local (torch)",
+            "routed scaling": "none",
+            "CUDA graph": "yes",
+        },
+        ["fuse activation + quantize", "fuse quantize + dispatch", "contiguous row padding"],
+    ),
+    "deepseek-v3-bf16": (
+        FULL,
+        {
+            "gemm_backend": "deep_gemm",
+            "layout": "contiguous",
+            "contiguous row padding": "block_m = 128",
+            "routed scaling": "x2.5 folded into the top-k weights",
+            "CUDA graph": "yes",
+        },
+        ["fuse activation + quantize", "convert a for gemm_gate_up"],
+    ),
+    "deepseek-v3-deepep-ll-ep8": (
+        FULL,
+        {
+            "gemm_backend": "deep_gemm",
+            "layout": "masked",
+            "dispatch": "deepep_low_latency (deep_ep)",
+            "fuse activation + quantize": "yes",
+            "convert a for gemm_gate_up": "transpose scales to MN-major; "
+            "pad scale columns to 16-byte TMA alignment",
+            "convert hq for gemm_down": "transpose scales to MN-major; "
+            "pad scale columns to 16-byte TMA alignment",
+            "CUDA graph": "yes",
+        },
+        ["fuse quantize + dispatch"],
+    ),
+    "deepseek-v3-ep2-all2all": (
+        PLAIN,
+        {
+            "gemm_backend": "triton",
+            "layout": "masked",
+            "dispatch": "all2all (torch.distributed)",
+            "fuse activation + quantize": "yes",
+            "CUDA graph": "no",
+        },
+        ["fuse quantize + dispatch"],
+    ),
+    "deepseek-v3-fp8": (
+        PLAIN,
+        {
+            "gemm_backend": "triton",
+            "layout": "contiguous",
+            "dispatch": "local (torch)",
+            "fuse activation + quantize": "yes",
+            "fuse quantize + dispatch": "yes",
+            "routed scaling": "x2.5 folded into the top-k weights",
+            "CUDA graph": "yes",
+        },
+        ["convert a for gemm_gate_up"],
+    ),
+    "deepseek-v4-style": (
+        FULL,
+        {
+            "gemm_backend": "triton",
+            "layout": "contiguous",
+            "fuse activation + quantize": "yes",
+            "fuse quantize + dispatch": "yes",
+            "routed scaling": "x1.5 folded into the top-k weights",
+            "CUDA graph": "yes",
+        },
+        ["convert a for gemm_gate_up"],
+    ),
+    "kimi-k2": (
+        FULL,
+        {
+            "gemm_backend": "deep_gemm",
+            "layout": "contiguous",
+            "routed scaling": "x2.827 folded into the top-k weights",
+            "fuse activation + quantize": "yes",
+            "convert a for gemm_gate_up": "transpose scales to MN-major; "
+            "pad scale columns to 16-byte TMA alignment",
+        },
+        ["fuse quantize + dispatch"],
+    ),
+    "mxfp8-sm100": (
+        FULL,
+        {
+            "gemm_backend": "deep_gemm",
+            "layout": "masked",
+            "fuse activation + quantize": "yes",
+            "convert a for gemm_gate_up": "transpose scales to MN-major; pad scale columns to "
+            "16-byte TMA alignment; pack UE8M0 exponents four per int32",
+            "convert hq for gemm_down": "transpose scales to MN-major; pad scale columns to "
+            "16-byte TMA alignment; pack UE8M0 exponents four per int32",
+            "CUDA graph": "yes",
+        },
+        [],
+    ),
+    "tiny-cpu-bf16": (
+        FULL,
+        {
+            "gemm_backend": "torch",
+            "layout": "masked",
+            "routed scaling": "none",
+            "CUDA graph": "no",
+        },
+        ["fuse activation + quantize"],
+    ),
+    "tiny-cpu-triton": (
+        PLAIN,
+        {
+            "gemm_backend": "triton",
+            "layout": "masked",
+            "fuse activation + quantize": "yes",
+            "fuse quantize + dispatch": "yes",
+            "CUDA graph": "yes",
+        },
+        [],
+    ),
+    "tiny-cpu": (
+        FULL,
+        {
+            "gemm_backend": "torch",
+            "layout": "masked",
+            "fuse activation + quantize": "yes",
+            "routed scaling": "x2.5 folded into the top-k weights",
+            "CUDA graph": "no",
+        },
+        ["fuse quantize + dispatch"],
+    ),
+}
+
+
+def test_every_example_has_expected_decisions():
+    assert sorted(EXPECTED) == sorted(p.stem for p in EXAMPLES.glob("*.toml"))
+
+
+@pytest.mark.parametrize("example", sorted(EXPECTED))
+def test_decisions_of_examples(example):
+    env, expected, absent = EXPECTED[example]
+    plan = plan_of(f"{example}.toml", env=env)
+    found = choices(plan)
+    for what, choice in {**COMMON, **expected}.items():
+        assert found.get(what) == choice, what
+    for what in absent:
+        assert what not in found
+    # every decision has a reason, and is made once
+    whats = [d.what for d in plan.decisions]
+    assert len(whats) == len(set(whats))
+    assert all(d.reason for d in plan.decisions)
+    # resolve's decisions come first, the graph-safety verdict last
+    assert whats[:3] == ["gemm_backend", "layout", "dispatch"]
+    assert whats[-1] == "CUDA graph"
