@@ -36,6 +36,12 @@ def spec_from_hf(
             str(config_path),
             kind="usage",
         ) from None
+    except UnicodeDecodeError as error:
+        raise MoecError(
+            [problem("--from-hf", f"not UTF-8 text: {error.reason}", "a config.json")],
+            str(config_path),
+            kind="usage",
+        ) from None
     except json.JSONDecodeError as error:
         raise MoecError(
             [
@@ -190,6 +196,11 @@ def _to_toml(raw: dict[str, Any], config_name: str, model_type: str, schema: str
         f"# Written by `moec init --from-hf` from {json.dumps(config_name)} (model_type {model_type}).",
         f"name = {_value(raw['name'])}",
     ]
+    out.extend(  # top-level keys other than name and the tables: from --set (description)
+        f"{key} = {_value(value)}"
+        for key, value in raw.items()
+        if key != "name" and not isinstance(value, dict)
+    )
     for table in _TABLE_ORDER:
         if table in raw:
             out.append("")
@@ -205,4 +216,6 @@ def _value(value: Any) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_value(v) for v in value) + "]"
-    return json.dumps(str(value))
+    # JSON string escapes are TOML's, except that TOML has no surrogate pairs: keep non-ASCII
+    # as it is, and escape the one control character JSON leaves raw.
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")

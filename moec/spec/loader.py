@@ -148,7 +148,8 @@ def _sorted(found: list[Problem]) -> list[Problem]:
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """`KEY=VALUE` with a TOML value; a bare word that is not TOML is taken as a string."""
+    """`KEY=VALUE` with one TOML value; a bare word that is not TOML is taken as a string, but a
+    value that starts like a TOML string, array or table must be one."""
     key, sep, value = item.partition("=")
     key = key.strip()
     if not sep or not key or not all(part.isidentifier() for part in key.split(".")):
@@ -163,11 +164,28 @@ def parse_override(item: str) -> tuple[str, Any]:
             ],
             kind="usage",
         )
+    text = value.strip()
     try:
-        parsed = tomli.loads(f"value = {value.strip()}")["value"]
-    except tomli.TOMLDecodeError:
-        parsed = value.strip()
-    return key, parsed
+        document = tomli.loads(f"value = {text}")
+    except tomli.TOMLDecodeError as error:
+        if text[:1] not in ('"', "'", "[", "{") and "\n" not in text:
+            return key, text
+        reason = error.msg if hasattr(error, "msg") else str(error)
+    else:
+        if list(document) == ["value"]:
+            return key, document["value"]
+        reason = "more than one value"
+    raise MoecError(
+        [
+            problem(
+                "--set",
+                f"the value of {key} is not one TOML value: {reason}",
+                'e.g. --set description="two words" or --set quant.weight_block=[128, 128]',
+                value=item,
+            )
+        ],
+        kind="usage",
+    )
 
 
 def apply_overrides(raw: dict[str, Any], overrides, source: str) -> tuple[dict[str, Any], set[str]]:
@@ -281,7 +299,10 @@ def _unknown_key(loc: list[str], value: Any, kind: str | None) -> Problem:
                 f"{kind} takes {', '.join(accepted)}",
                 value=value,
             )
-    known = _fields_at(table)
+    if table == ["activation"] and kind is not None:
+        known = list(_ACTIVATION_KINDS[kind].model_fields)
+    else:
+        known = _fields_at(table)
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     where = f"[{'.'.join(table)}]" if table else "the top level"
     hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(known)}"

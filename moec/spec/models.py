@@ -98,8 +98,8 @@ class Quant(Table):
     """dynamic: activation scales computed per forward; static: fixed scales from the
     checkpoint (`input_scale`), fp8_per_tensor only."""
     scale_dtype: Literal["fp32", "ue8m0"] | None = None
-    """Scale format: fp32, or UE8M0 (powers of two). Default: ue8m0 for mxfp8 / mxfp4, fp32
-    otherwise."""
+    """Scale format: fp32, or UE8M0 (powers of two). Default: ue8m0 for mxfp8 / mxfp4 and for
+    fp8_block on deep_gemm sm100, fp32 otherwise."""
     checkpoint: Literal["bf16", "quantized"] = "quantized"
     """Format of the checkpoint `load_weights` reads: bf16 (quantized on load) or already
     quantized in this scheme (with `weight_scale_inv`). Ignored for scheme = bf16."""
@@ -112,12 +112,14 @@ class Silu(Table):
     """SwiGLU: silu(gate) * up."""
 
     kind: Literal["silu"] = "silu"
+    """Which gated activation; the other keys of [activation] depend on it."""
 
 
 class SiluClamped(Table):
     """SwiGLU with gate clamped to at most swiglu_limit and up to [-limit, limit]."""
 
     kind: Literal["silu_clamped"]
+    """Which gated activation; the other keys of [activation] depend on it."""
     swiglu_limit: Annotated[float, Field(gt=0)]
     """Clamp bound (DeepSeek-V4 uses 10.0)."""
 
@@ -126,6 +128,7 @@ class OaiSwiglu(Table):
     """GPT-OSS SwiGLU: (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)."""
 
     kind: Literal["oai_swiglu"]
+    """Which gated activation; the other keys of [activation] depend on it."""
     alpha: Annotated[float, Field(gt=0)] = 1.702
     """Slope inside the sigmoid (`gemm1_alpha`)."""
     limit: Annotated[float, Field(gt=0)] = 7.0
@@ -136,6 +139,7 @@ class Situ(Table):
     """SiTU: beta*tanh(gate/beta)*sigmoid(gate) * linear_beta*tanh(up/linear_beta)."""
 
     kind: Literal["situ"]
+    """Which gated activation; the other keys of [activation] depend on it."""
     beta: Annotated[float, Field(gt=0)]
     """Soft cap of the gate branch."""
     linear_beta: Annotated[float, Field(gt=0)]

@@ -21,7 +21,7 @@ def normalize(spec: Spec) -> Spec:
     if quant.weight_block is None and quant.scheme in BLOCK_DEFAULTS:
         quant_update["weight_block"] = list(BLOCK_DEFAULTS[quant.scheme])
     if quant.scale_dtype is None and quant.scheme != "bf16":
-        quant_update["scale_dtype"] = "ue8m0" if quant.scheme in MX_SCHEMES else "fp32"
+        quant_update["scale_dtype"] = "ue8m0" if _ue8m0_scales(spec) else "fp32"
     if quant.shared_scheme is None:
         quant_update["shared_scheme"] = "fp8_block" if quant.scheme == "mxfp4" else quant.scheme
     if quant.scheme == "bf16" and quant.checkpoint != "bf16":
@@ -38,3 +38,16 @@ def normalize(spec: Spec) -> Spec:
     if target_update:
         update["target"] = target.model_copy(update=target_update)
     return spec.model_copy(update=update) if update else spec
+
+
+def _ue8m0_scales(spec: Spec) -> bool:
+    """MX schemes have UE8M0 scales; so does fp8_block on DeepGEMM for sm100 and newer (its
+    Blackwell recipe), where fp32 scales are rejected."""
+    if spec.quant.scheme in MX_SCHEMES:
+        return True
+    return (
+        spec.quant.scheme == "fp8_block"
+        and spec.experts.gemm_backend == "deep_gemm"
+        and spec.target.device == "cuda"
+        and spec.target.arch in ("sm100", "sm120")
+    )

@@ -190,3 +190,33 @@ def test_no_rows():
 def test_block_m_below_alignment():
     """BLOCK_M dividing the layout's row alignment: all-padding blocks return without work."""
     run_contiguous("fp8_block", config=dict(CONFIG, BLOCK_M=16), block_m=64)
+
+
+TMA_CONFIG = dict(CONFIG, TMA=True, PROGRAMS=3)  # 3 programs: each walks several tiles
+
+
+@pytest.mark.parametrize("scheme", ["bf16", "fp8_tensor", "fp8_block"])
+def test_tma_persistent_contiguous(scheme):
+    run_contiguous(scheme, config=TMA_CONFIG)
+    run_contiguous(scheme, config=TMA_CONFIG, num_rows=40)
+
+
+@pytest.mark.parametrize("scheme", ["bf16", "fp8_block"])
+def test_tma_persistent_masked(scheme):
+    kernels = load()
+    experts, n, k = 4, 256, 256
+    routing = route(tokens=16, topk=2, experts=experts, block_m=32)
+    max_m = routing.max_m
+    a, a_scale, w, w_scale, a_deq, w_deq = operands(
+        scheme, experts * max_m, n, k, experts, torch.bfloat16
+    )
+    a = a.view(experts, max_m, k)
+    if a_scale is not None:
+        a_scale = a_scale.view(experts, max_m, -1)
+    out = poison(torch.empty(experts, max_m, n, dtype=torch.bfloat16))
+    kernels.grouped_gemm(
+        a, a_scale, w, w_scale, out, scheme=scheme, config=TMA_CONFIG, masked_m=routing.masked_m
+    )
+    valid = (torch.arange(max_m)[None, :] < routing.masked_m[:, None]).flatten()
+    expert_of_row = torch.arange(experts).repeat_interleave(max_m)
+    check(out.view(-1, n), a_deq, w_deq, expert_of_row, valid, k, CONFIG["BLOCK_K"])

@@ -1,0 +1,137 @@
+"""Time the generated DeepSeek-V3 layer on the GPU, beside the torch backend and the floors.
+
+For T in {1, 16, 64, 256, 1024, 4096, 16384}: a fresh random input, routing from the layer's
+random router weights, median of CUDA-event timings (eager, and replaying a CUDA graph where
+the plan says the layer is graph safe), the torch backend on the same weights (its output is
+also the correctness reference: max relative error reported), the plan's floor (uniform
+routing, all bytes the plan moves) and DESIGN.md's floor (the experts this input actually
+touches, FLOPs at the H200 fp8 / bf16 rate). Prints a table; writes JSON.
+
+    python benchmarks/bench_moe.py --scheme fp8_block --tuned moec/plan/tuned/h200.json --out $OUT/bench_fp8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from common import (
+    DEVICE,
+    TOKENS,
+    apply_buckets,
+    design_floor_ms,
+    dump,
+    graphed,
+    import_package,
+    layer_flops,
+    median_ms,
+)
+
+PACKAGES = {
+    "fp8_block": ("bench_v3_fp8_triton", "bench_v3_fp8_torch"),
+    "bf16": ("bench_v3_bf16_triton", "bench_v3_bf16_torch"),
+    "mxfp8": ("bench_small_mxfp8_triton", "bench_small_mxfp8_torch"),
+    "mxfp4": ("bench_small_mxfp4_triton", "bench_small_mxfp4_torch"),
+}
+
+
+def expert_bytes(package) -> float:
+    """Bytes of one routed expert's weights (values and scales) in this package."""
+    layer_dims = package.PLAN["facts"]["dims"]
+    hidden, inter = layer_dims["hidden"], layer_dims["intermediate"]
+    scheme = layer_dims["routed"]["scheme"]
+    values = 3 * hidden * inter * (0.5 if scheme == "mxfp4" else 2 if scheme == "bf16" else 1)
+    scales = {
+        "fp8_block": 3 * hidden * inter / 128**2 * 4,
+        "mxfp8": 3 * hidden * inter / 32 * 4,
+        "mxfp4": 3 * hidden * inter / 32 * 4,
+    }
+    return values + scales.get(scheme, 0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scheme", default="fp8_block", choices=sorted(PACKAGES))
+    parser.add_argument("--tuned", default=None, help="tuned bucket table (JSON) to apply")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--torch-max-tokens", type=int, default=16384)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    fast_name, slow_name = PACKAGES[args.scheme]
+    fast, slow = import_package(fast_name), import_package(slow_name)
+    dims = fast.PLAN["facts"]["dims"]
+    key = f"{args.scheme}/H{dims['hidden']}/I{dims['intermediate']}/E{dims['local_experts']}/K{dims['top_k']}"
+    if args.tuned and Path(args.tuned).exists():
+        table = json.loads(Path(args.tuned).read_text()).get(key)
+        if table:
+            apply_buckets(fast, table)
+            print(f"applied tuned buckets for {key}")
+    layer = fast.MoELayer(device=DEVICE).random_(0)
+    reference = slow.MoELayer(device=DEVICE).random_(0)
+    graph_safe = fast.PLAN["decisions"] and any(
+        d["what"] == "CUDA graph" and d["choice"] == "yes" for d in fast.PLAN["decisions"]
+    )
+    plan_floor = {row["tokens"]: row["floor_ms"] for row in fast.PLAN["cost"]}
+    fp8 = args.scheme != "bf16"
+    rows = []
+    for tokens in map(int, args.tokens.split(",")):
+        start = time.time()
+        x = torch.randn(tokens, dims["hidden"], device=DEVICE).bfloat16()
+        out = layer(x)
+        eager = median_ms(partial(layer, x))
+        graph = None
+        if graph_safe and tokens <= 1024 and DEVICE == "cuda":
+            static = x.clone()
+            replay = graphed(partial(layer, static))
+            graph = median_ms(replay)
+        torch_ms, error = None, None
+        if tokens <= args.torch_max_tokens:
+            expected = reference(x)
+            error = (
+                (out.float() - expected.float()).abs().max() / expected.float().abs().max()
+            ).item()
+            repeats = 20 if tokens <= 1024 else 3
+            torch_ms = median_ms(partial(reference, x), warmup=1, repeats=repeats)
+        floor, hit = design_floor_ms(fast, layer, x, expert_bytes(fast), fp8)
+        best = min(t for t in (eager, graph) if t is not None)
+        row = {
+            "tokens": tokens,
+            "triton_ms": round(eager, 4),
+            "triton_graph_ms": None if graph is None else round(graph, 4),
+            "torch_ms": None if torch_ms is None else round(torch_ms, 4),
+            "design_floor_ms": round(floor, 4),
+            "plan_floor_ms": plan_floor.get(tokens),
+            "experts_hit": hit,
+            "ratio_to_floor": round(best / floor, 3),
+            "tflops": round(layer_flops(fast, tokens) / best / 1e9, 1),
+            "max_rel_error_vs_torch": error,
+        }
+        rows.append(row)
+        print(json.dumps(row), f"({time.time() - start:.0f} s)", flush=True)
+    dump(
+        Path(args.out),
+        {
+            "scheme": args.scheme,
+            "package": fast_name,
+            "tuned": args.tuned,
+            "rows": rows,
+            "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
+            "torch": torch.__version__,
+            "triton": __import__("triton").__version__,
+        },
+    )
+    print(
+        f"\n{args.scheme}: T | triton ms | graph ms | torch ms | floor ms | x floor | TFLOP/s | err"
+    )
+    for r in rows:
+        print(
+            f"{r['tokens']:>6} | {r['triton_ms']:>9} | {r['triton_graph_ms']} | {r['torch_ms']} | {r['design_floor_ms']} | {r['ratio_to_floor']} | {r['tflops']} | {r['max_rel_error_vs_torch']}"
+        )
+
+
+if __name__ == "__main__":
+    main()

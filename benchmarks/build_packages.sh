@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Build the packages the GPU benchmarks import into benchmarks/.packages (carried to the GPU,
+# whose image has torch and triton but not moec's own dependencies).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MOEC=${MOEC:-.venv/bin/moec}
+OUT=benchmarks/.packages
+mkdir -p "$OUT"
+for backend in triton torch; do
+  $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_fp8_$backend \
+    --set quant.scheme=fp8_block --set experts.gemm_backend=$backend
+  $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_bf16_$backend \
+    --set quant.scheme=bf16 --set experts.gemm_backend=$backend
+  $MOEC build benchmarks/specs/small.toml -o "$OUT" --set name=bench_small_mxfp8_$backend \
+    --set quant.scheme=mxfp8 --set quant.checkpoint=bf16 --set experts.gemm_backend=$backend
+  $MOEC build benchmarks/specs/small.toml -o "$OUT" --set name=bench_small_mxfp4_$backend \
+    --set quant.scheme=mxfp4 --set quant.checkpoint=quantized --set experts.gemm_backend=$backend
+done

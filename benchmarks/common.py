@@ -1,0 +1,121 @@
+"""Shared pieces of the GPU benchmarks: importing built packages, routing, floors, timing.
+
+Runs where only torch and triton are installed (the GPU image has no moec dependencies): the
+layer packages are built beforehand with `make bench-packages` and carried to the GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+PACKAGES = Path(
+    os.environ.get("MOEC_BENCH_PACKAGES", Path(__file__).resolve().parent / ".packages")
+)
+DEVICE = os.environ.get("MOEC_BENCH_DEVICE", "cuda")  # "cpu": a dry run under TRITON_INTERPRET=1
+TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
+BANDWIDTH = 4274e9  # B/s, H200 copy bandwidth measured (read + write)
+FP8_RATE = 1414e12  # FLOP/s, DeepGEMM grouped fp8 on the H200
+BF16_RATE = 688e12  # FLOP/s, bf16 dense matmul on the H200
+
+
+def import_package(name: str):
+    """Import a generated package from benchmarks/.packages/<name>."""
+    folder = PACKAGES / name
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def stages_of(package):
+    return sys.modules[f"{package.__name__}.stages"]
+
+
+def apply_buckets(package, table: list[dict]) -> None:
+    """Use a tuned bucket table in an already built package (what a rebuild would embed)."""
+    stages = stages_of(package)
+    stages.BUCKETS = tuple((b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in table)
+
+
+def design_floor_ms(
+    package, layer, x, weight_bytes_per_expert: float, fp8: bool
+) -> tuple[float, int]:
+    """DESIGN.md's floor: max(bytes of the experts actually touched (routed hit + shared) plus
+    the router weight / bandwidth, FLOPs / matmul rate), from this input's real routing."""
+    stages = stages_of(package)
+    logits = stages.router(x, layer.gate_weight)
+    args = (logits, layer.gate_bias) if hasattr(layer, "gate_bias") else (logits,)
+    _, ids = stages.select(*args)
+    plan = package.PLAN["facts"]["dims"]
+    routed = plan["routed_experts"]
+    hit = int(torch.unique(ids[ids < routed]).numel())
+    shared = plan["n_shared"]
+    bytes_moved = (hit + shared) * weight_bytes_per_expert + layer.gate_weight.numel() * 4
+    tokens = x.shape[0]
+    hidden, inter = plan["hidden"], plan["intermediate"]
+    flops = 2 * tokens * hidden * routed + 6 * tokens * hidden * inter * (plan["top_k"] + shared)
+    rate = FP8_RATE if fp8 else BF16_RATE
+    return max(bytes_moved / BANDWIDTH, flops / rate) * 1e3, hit
+
+
+def layer_flops(package, tokens: int) -> float:
+    plan = package.PLAN["facts"]["dims"]
+    hidden, inter = plan["hidden"], plan["intermediate"]
+    return 2 * tokens * hidden * plan["routed_experts"] + 6 * tokens * hidden * inter * (
+        plan["top_k"] + plan["n_shared"]
+    )
+
+
+def median_ms(fn, warmup: int = 3, repeats: int = 20) -> float:
+    """Median of CUDA-event timings of fn() (host timer without CUDA, for dry runs)."""
+    for _ in range(warmup):
+        fn()
+    if not torch.cuda.is_available():
+        import time
+
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return sorted(times)[len(times) // 2]
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def graphed(fn):
+    """Capture fn() in a CUDA graph; return a function replaying it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def dump(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")

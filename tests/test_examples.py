@@ -1,0 +1,64 @@
+"""Every shipped example (`examples/*.toml`) validates, starts with the schema directive that
+editors follow, and names a package of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from moec.cli import main
+from moec.spec import load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
+DIRECTIVE = "#:schema ../schemas/moec-spec.schema.json"
+
+
+def test_there_are_examples():
+    assert len(EXAMPLES) >= 5
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
+def test_example_validates(example: Path, capsys):
+    assert main(["validate", str(example)]) == 0
+    assert capsys.readouterr() == ("ok\n", "")
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
+def test_example_starts_with_the_schema_directive(example: Path):
+    first = example.read_text(encoding="utf-8").splitlines()[0]
+    assert first == DIRECTIVE
+    target = (example.parent / first.removeprefix("#:schema ")).resolve()
+    assert target == (ROOT / "schemas" / "moec-spec.schema.json").resolve()
+    assert target.is_file()
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
+def test_example_is_described(example: Path):
+    """A comment under the directive says what the example is."""
+    second = example.read_text(encoding="utf-8").splitlines()[1]
+    assert second.startswith("# ") and len(second) > 10
+
+
+def test_examples_validate_together(capsys):
+    assert main(["validate", *map(str, EXAMPLES)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.splitlines() == [f"{example}: ok" for example in EXAMPLES]
+
+
+def test_example_names_are_distinct():
+    """Each example builds into out/<name>/: two examples must not share a package."""
+    names = [load_spec(example).spec.name for example in EXAMPLES]
+    assert len(names) == len(set(names))
+
+
+def test_example_hash_ignores_formatting():
+    """The content hash is of the normalized spec: comments and key order do not change it."""
+    example = ROOT / "examples" / "tiny-cpu.toml"
+    loaded = load_spec(example)
+    text = "\n".join(line for line in loaded.text.splitlines() if not line.startswith("#")).replace(
+        "[model]", "# the layer\n[model]"
+    )
+    assert parse_spec(text).content_hash == loaded.content_hash

@@ -1,0 +1,334 @@
+"""`moec init --from-hf`: specs from the published config.json of DeepSeek-V2, V2-Lite, V3/R1
+and Kimi-K2 (written here, no network), and configs moec cannot run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moec.cli import main
+from moec.resources import shipped_schema_path
+from moec.spec import load_spec
+from moec.spec.presets import PRESETS
+
+FP8 = {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "weight_block_size": [128, 128],
+}
+
+# The MoE keys of each model's published config.json (and a few of the keys around them).
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_act": "silu",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "n_group": 8,
+    "topk_group": 4,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "num_hidden_layers": 61,
+    "torch_dtype": "bfloat16",
+    "quantization_config": FP8,
+}
+DEEPSEEK_R1 = {**DEEPSEEK_V3, "_name_or_path": "deepseek-ai/DeepSeek-R1"}
+DEEPSEEK_V2 = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "hidden_act": "silu",
+    "hidden_size": 5120,
+    "intermediate_size": 12288,
+    "moe_intermediate_size": 1536,
+    "n_routed_experts": 160,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 6,
+    "n_group": 8,
+    "topk_group": 3,
+    "topk_method": "group_limited_greedy",
+    "scoring_func": "softmax",
+    "norm_topk_prob": False,
+    "routed_scaling_factor": 16.0,
+    "torch_dtype": "bfloat16",
+}
+DEEPSEEK_V2_LITE = {
+    **DEEPSEEK_V2,
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "n_routed_experts": 64,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "greedy",
+    "routed_scaling_factor": 1.0,
+}
+KIMI_K2 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "kimi_k2",
+    "hidden_act": "silu",
+    "hidden_size": 7168,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 384,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.827,
+    "torch_dtype": "bfloat16",
+    "quantization_config": FP8,
+}
+
+# config, the preset with the same model/router values, the name init gives it, its quant scheme
+MODELS = {
+    "deepseek-v3": (DEEPSEEK_V3, "deepseek-v3", "deepseek_v3", "fp8_block"),
+    "deepseek-r1": (DEEPSEEK_R1, "deepseek-r1", "deepseek_r1", "fp8_block"),
+    "deepseek-v2": (DEEPSEEK_V2, "deepseek-v2", "deepseek_v2", "bf16"),
+    "deepseek-v2-lite": (DEEPSEEK_V2_LITE, "deepseek-v2-lite", "deepseek_v2", "bf16"),
+    "kimi-k2": (KIMI_K2, "kimi-k2", "kimi_k2", "fp8_block"),
+}
+
+
+def write_config(folder: Path, config: Any) -> Path:
+    path = folder / "config.json"
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return path
+
+
+def init(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["init", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_init_writes_a_valid_spec_with_the_model_values(model, tmp_path, capsys):
+    config, preset, name, scheme = MODELS[model]
+    spec_path = tmp_path / "spec.toml"
+    code, out, err = init(
+        capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path)
+    )
+    assert (code, err) == (0, "")
+    assert out == f"wrote {spec_path}\n"
+
+    spec = load_spec(spec_path).spec
+    assert spec.name == name
+    assert spec.model.model_dump(exclude={"preset"}) == PRESETS[preset]["model"]
+    assert spec.router.model_dump() == PRESETS[preset]["router"]
+    assert spec.quant.scheme == scheme
+    if scheme == "fp8_block":
+        assert spec.quant.weight_block == [128, 128]
+        assert spec.quant.checkpoint == "quantized"
+        assert spec.quant.activation_scheme == "dynamic"
+        assert spec.quant.scale_dtype == "fp32"
+    assert spec.activation.kind == "silu"
+    assert (spec.target.device, spec.target.dtype) == ("cuda", "bfloat16")
+    assert main(["validate", str(spec_path)]) == 0
+
+
+def test_init_v3_values_spelled_out(tmp_path, capsys):
+    """The V3 numbers themselves, not only through the preset table."""
+    spec_path = tmp_path / "v3.toml"
+    init(capsys, "--from-hf", str(write_config(tmp_path, DEEPSEEK_V3)), "-o", str(spec_path))
+    spec = load_spec(spec_path).spec
+    model, router = spec.model, spec.router
+    assert (model.hidden_size, model.moe_intermediate_size) == (7168, 2048)
+    assert (model.n_routed_experts, model.num_experts_per_tok, model.n_shared_experts) == (
+        256,
+        8,
+        1,
+    )
+    assert (router.n_group, router.topk_group, router.routed_scaling_factor) == (8, 4, 2.5)
+    assert (router.scoring_func, router.topk_method, router.norm_topk_prob) == (
+        "sigmoid",
+        "noaux_tc",
+        True,
+    )
+
+
+def test_init_spec_starts_with_a_schema_directive_that_resolves(tmp_path, capsys):
+    out_dir = tmp_path / "specs"
+    out_dir.mkdir()
+    spec_path = out_dir / "kimi.toml"
+    init(capsys, "--from-hf", str(write_config(tmp_path, KIMI_K2)), "-o", str(spec_path))
+    first = spec_path.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("#:schema ")
+    target = (spec_path.parent / first.removeprefix("#:schema ")).resolve()
+    assert target == shipped_schema_path().resolve()
+
+
+def test_init_to_stdout(tmp_path, capsys):
+    code, out, err = init(capsys, "--from-hf", str(write_config(tmp_path, DEEPSEEK_V2_LITE)))
+    assert (code, err) == (0, "")
+    assert out.startswith("#:schema ")
+    assert 'name = "deepseek_v2"' in out
+    assert "[router]" in out and 'topk_method = "greedy"' in out
+
+
+def test_init_name_and_set(tmp_path, capsys):
+    spec_path = tmp_path / "spec.toml"
+    code, _, err = init(
+        capsys,
+        "--from-hf",
+        str(write_config(tmp_path, DEEPSEEK_V3)),
+        "-o",
+        str(spec_path),
+        "--name",
+        "v3_cpu",
+        "--set",
+        "target.device=cpu",
+        "--set",
+        "experts.gemm_backend=torch",
+        "--set",
+        "quant.checkpoint=bf16",
+    )
+    assert (code, err) == (0, "")
+    spec = load_spec(spec_path).spec
+    assert spec.name == "v3_cpu"
+    assert (spec.target.device, spec.target.arch) == ("cpu", None)
+    assert spec.experts.gemm_backend == "torch"
+    assert spec.quant.checkpoint == "bf16"
+
+
+def test_init_swiglu_limit_becomes_silu_clamped(tmp_path, capsys):
+    config = {**DEEPSEEK_V3, "swiglu_limit": 10.0}
+    spec_path = tmp_path / "spec.toml"
+    init(capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path))
+    activation = load_spec(spec_path).spec.activation
+    assert (activation.kind, activation.swiglu_limit) == ("silu_clamped", 10.0)
+
+
+def test_init_per_tensor_fp8(tmp_path, capsys):
+    config = {
+        **DEEPSEEK_V2_LITE,
+        "quantization_config": {"quant_method": "fp8", "activation_scheme": "static"},
+    }
+    spec_path = tmp_path / "spec.toml"
+    assert (
+        init(capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path))[0] == 0
+    )
+    quant = load_spec(spec_path).spec.quant
+    assert (quant.scheme, quant.activation_scheme, quant.checkpoint) == (
+        "fp8_per_tensor",
+        "static",
+        "quantized",
+    )
+
+
+# --- configs moec cannot run: exit 2, one message naming the key, no spec written -------------
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"hidden_act": "gelu"}, 'hidden_act = "gelu"'),
+        ({"model_type": "llama"}, 'model_type = "llama"'),
+        ({"model_type": None}, "model_type = None"),
+        ({"hidden_size": None}, "hidden_size: is missing"),
+        ({"quantization_config": {"quant_method": "awq"}}, "quantization_config.quant_method"),
+        ({"quantization_config": "fp8"}, "quantization_config"),
+        ({"n_group": 7}, "router.n_group = 7"),
+        ({"scoring_func": "softmax"}, 'router.scoring_func = "softmax"'),
+        ({"num_experts_per_tok": 300}, "model.num_experts_per_tok = 300"),
+        ({"hidden_size": "7168"}, 'model.hidden_size = "7168"'),
+        ({"routed_scaling_factor": -1.0}, "router.routed_scaling_factor = -1.0"),
+        (
+            {"quantization_config": {**FP8, "weight_block_size": [128, 128, 128]}},
+            "quant.weight_block",
+        ),
+    ],
+    ids=lambda value: json.dumps(value)[:40] if isinstance(value, dict) else None,
+)
+def test_init_rejects_what_moec_cannot_run(change, key, tmp_path, capsys):
+    config_path = write_config(tmp_path, {**DEEPSEEK_V3, **change})
+    spec_path = tmp_path / "spec.toml"
+    code, out, err = init(capsys, "--from-hf", str(config_path), "-o", str(spec_path))
+    assert code == 2
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.startswith(f"{config_path}")
+    assert key in err
+    assert not spec_path.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "is not a JSON object"),
+    ],
+)
+def test_init_rejects_bad_files(content, message, tmp_path, capsys):
+    config_path = tmp_path / "config.json"
+    config_path.write_text(content, encoding="utf-8")
+    code, _, err = init(capsys, "--from-hf", str(config_path))
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_init_missing_config(tmp_path, capsys):
+    code, _, err = init(capsys, "--from-hf", str(tmp_path / "nope.json"))
+    assert code == 2
+    assert "cannot read" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        (["--name", "class"], 'name = "class"'),
+        (["--name", "x; import os"], 'name = "x; import os"'),
+        (["--set", "name.x=1"], "name.x = 1: name is not a table"),
+        (["--set", "quant.schme=bf16"], "did you mean scheme?"),
+        (["--set", "nothing"], '--set = "nothing"'),
+        (["--set", "parallel.ep_size=3"], "(--set): parallel.ep_size = 3"),
+    ],
+)
+def test_init_rejects_bad_name_and_set(extra, key, tmp_path, capsys):
+    config_path = write_config(tmp_path, DEEPSEEK_V3)
+    code, out, err = init(capsys, "--from-hf", str(config_path), *extra)
+    assert code == 2
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.startswith(str(config_path))
+    assert key in err
+
+
+def test_init_keeps_top_level_set_values(tmp_path, capsys):
+    """A --set description reaches the written spec, non-ASCII and control characters included,
+    as valid TOML."""
+    text = "DeepSeek-V3 😀 «MoE»\tlayer\x7f"
+    code, out, err = init(
+        capsys,
+        "--from-hf",
+        str(write_config(tmp_path, DEEPSEEK_V3)),
+        "--set",
+        'description="DeepSeek-V3 😀 «MoE»\\tlayer\\u007f"',
+    )
+    assert (code, err) == (0, "")
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(out, encoding="utf-8")
+    assert load_spec(spec_path).spec.description == text
+
+
+def test_init_not_utf8(tmp_path, capsys):
+    config_path = tmp_path / "config.json"
+    config_path.write_bytes(b'{"model_type": "deepseek_v3\xff"}')
+    code, _, err = init(capsys, "--from-hf", str(config_path))
+    assert code == 2
+    assert err.startswith(f"{config_path}: --from-hf: not UTF-8 text")
