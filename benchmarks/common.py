@@ -119,3 +119,38 @@ def graphed(fn):
 
 def dump(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def stage_times_ms(package, layer, x, repeats: int = 5) -> dict[str, float]:
+    """Median time of each stage of one forward: every stage function of the package is wrapped
+    to synchronize and time itself (so stages do not overlap, as they would not anyway)."""
+    stages = stages_of(package)
+    names = [
+        stage["name"]
+        for stage in package.PLAN["stages"]
+        if stage["kind"] not in ("input", "output")
+    ]
+    original = {name: getattr(stages, name) for name in names}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+
+    def timed(name, fn):
+        def run(*args):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = fn(*args)
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end))
+            return result
+
+        return run
+
+    try:
+        for name in names:
+            setattr(stages, name, timed(name, original[name]))
+        for _ in range(repeats + 1):
+            layer(x)
+    finally:
+        for name in names:
+            setattr(stages, name, original[name])
+    return {name: round(sorted(v[1:])[len(v[1:]) // 2], 4) for name, v in samples.items()}

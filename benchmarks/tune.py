@@ -30,7 +30,9 @@ def candidates(tokens: int, experts: int, top_k: int) -> list[dict]:
     if rows_per_expert <= 2:
         grid = [(16, bn, 4, stages, False) for bn in (64, 128) for stages in (3, 4, 5)]
     elif rows_per_expert <= 40:
-        grid = [(bm, bn, 4, 3, tma) for bm in (16, 32, 64) for bn in (64, 128) for tma in (False, True)]
+        grid = [
+            (bm, bn, 4, 3, tma) for bm in (16, 32, 64) for bn in (64, 128) for tma in (False, True)
+        ]
     else:
         grid = [(64, 128, 4, 3, tma) for tma in (False, True)]
         grid += [(128, 128, 8, stages, tma) for stages in (3, 4) for tma in (False, True)]
