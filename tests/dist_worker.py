@@ -20,7 +20,9 @@ def import_package(folder: str, name: str):
 
 def run_rank(rank: int, world: int, init_file: str, folder: str, name: str, x_all, split, out_file):
     """Build the layer on this rank, run it on this rank's tokens, save the output."""
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+    )
     try:
         package = import_package(folder, name)
         layer = package.MoELayer(group=torch.distributed.group.WORLD).random_(11)

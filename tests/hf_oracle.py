@@ -15,10 +15,10 @@ MOE_LAYER = 1
 PREFIX = f"model.layers.{MOE_LAYER}.mlp."
 
 
-def _common(**moe) -> dict:
+def _common(hidden: int = 64, **moe) -> dict:
     return dict(
         vocab_size=64,
-        hidden_size=64,
+        hidden_size=hidden,
         intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=2,
@@ -34,12 +34,13 @@ def _common(**moe) -> dict:
     )
 
 
-def deepseek_v3(n_shared: int = 1) -> object:
+def deepseek_v3(n_shared: int = 1, hidden: int = 64, intermediate: int = 32) -> object:
     from transformers import DeepseekV3Config
 
     return DeepseekV3Config(
         **_common(
-            moe_intermediate_size=32,
+            hidden,
+            moe_intermediate_size=intermediate,
             n_routed_experts=16,
             num_experts_per_tok=4,
             n_shared_experts=n_shared,

@@ -39,7 +39,9 @@ def quantize_groups(x: torch.Tensor, group: int | None, pow2: bool) -> torch.Ten
     """x (float64 [rows, cols]) after e4m3 quantization with per-group (or per-tensor) scales."""
     if group is None:
         scale = (x.abs().max().clamp(min=1e-10) / E4M3_MAX).float().double()
-        return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).float().to(torch.float8_e4m3fn).double() * scale
+        return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).float().to(
+            torch.float8_e4m3fn
+        ).double() * scale
     rows, cols = x.shape
     g = x.view(rows, cols // group, group)
     scale = (g.abs().amax(-1, keepdim=True).clamp(min=1e-10) / E4M3_MAX).float().double()

@@ -7,11 +7,10 @@ differ only by summation order (relative error <= 1e-5).
 
 from __future__ import annotations
 
+import dist_worker
 import pytest
 import torch
 import torch.multiprocessing as mp
-
-import dist_worker
 
 SPEC = """
 name = "parallel"
@@ -88,7 +87,11 @@ def test_tensor_parallel_equals_one_rank(load_layer, tmp_path):
         start_method="spawn",
     )
     first, second = (torch.load(f"{out_file}.{rank}") for rank in range(2))
-    expected = load_layer(SPEC, "quant.scheme=fp8_block", "quant.checkpoint=bf16").MoELayer().random_(11)(x)
+    expected = (
+        load_layer(SPEC, "quant.scheme=fp8_block", "quant.checkpoint=bf16")
+        .MoELayer()
+        .random_(11)(x)
+    )
     assert torch.equal(first, second)
     # TP ranks quantize their own halves of the intermediate: 1x128 groups that do not cross
     # the split, so the same values are quantized the same way; only summation order differs.

@@ -19,12 +19,15 @@ from moec.cli import main
 from moec.errors import MoecError
 from moec.plan import Environment, make_plan
 from moec.plan import export as export_module
+from moec.plan.resolve import GENERATED
 from moec.spec import parse_spec
+
+PLANNED_ALL = GENERATED | {"deep_gemm", "deep_ep"}  # plan deep_gemm / deep_ep as if rendered
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 V3_FP8 = str(EXAMPLES / "deepseek-v3-fp8.toml")
 PLAIN = Environment(frozenset({"triton"}))
-FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
+FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}), PLANNED_ALL)
 
 
 @pytest.fixture(autouse=True)

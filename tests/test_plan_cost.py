@@ -17,12 +17,15 @@ import pytest
 from moec.plan import Environment, Plan, Stage, cost, device_for, make_plan
 from moec.plan.cost import experts_hit, peak_bytes
 from moec.plan.devices import H200
+from moec.plan.resolve import GENERATED
 from moec.plan.types import DType, ScaleType, TensorType
 from moec.spec import load_spec
 
+PLANNED_ALL = GENERATED | {"deep_gemm", "deep_ep"}  # plan deep_gemm / deep_ep as if rendered
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PLAIN = Environment(frozenset({"triton"}))
-FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
+FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}), PLANNED_ALL)
 
 H, I, E, K = 7168, 2048, 256, 8  # noqa: E741 (the paper's names)
 BANDWIDTH = 4274e9  # B/s, the default H200 ceilings

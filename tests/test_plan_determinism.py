@@ -13,11 +13,14 @@ import pytest
 
 from moec.plan import Environment, device_for, make_plan
 from moec.plan.export import plan_data
+from moec.plan.resolve import GENERATED
 from moec.spec import load_spec, parse_spec
+
+PLANNED_ALL = GENERATED | {"deep_gemm", "deep_ep"}  # plan deep_gemm / deep_ep as if rendered
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
+FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}), PLANNED_ALL)
 TOKENS = [1, 64, 4096]
 
 V3_FP8 = """
@@ -129,8 +132,11 @@ import json, sys
 from moec.plan import Environment, device_for, make_plan
 from moec.plan.export import plan_data
 from moec.spec import load_spec
+from moec.plan.resolve import GENERATED
+
+PLANNED_ALL = GENERATED | {"deep_gemm", "deep_ep"}  # plan deep_gemm / deep_ep as if rendered
 spec = load_spec(sys.argv[1]).spec
-plan = make_plan(spec, Environment(frozenset({"triton", "deep_gemm", "deep_ep"})))
+plan = make_plan(spec, Environment(frozenset({"triton", "deep_gemm", "deep_ep"}), PLANNED_ALL))
 device = device_for(spec.target.device, spec.target.arch)
 sys.stdout.write(json.dumps(plan_data(plan, spec, device, [1, 64, 4096]), indent=2))
 """

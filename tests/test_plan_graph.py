@@ -14,13 +14,16 @@ import pytest
 
 from moec.plan import Environment, Plan, make_plan
 from moec.plan.graph import STAGE_ORDER
+from moec.plan.resolve import GENERATED
 from moec.plan.types import DType, Layout, ScaleType, TensorType
 from moec.spec import load_spec
+
+PLANNED_ALL = GENERATED | {"deep_gemm", "deep_ep"}  # plan deep_gemm / deep_ep as if rendered
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.toml"))
 PLAIN = Environment(frozenset({"triton"}))
-FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
+FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}), PLANNED_ALL)
 
 _CACHE: dict[tuple[str, tuple[str, ...], Environment], Plan] = {}
 

@@ -16,13 +16,16 @@ from moec.plan import Environment, make_plan
 from moec.plan.convert import conversion_steps
 from moec.plan.facts import facts_of
 from moec.plan.layouts import masked_peak_bytes
-from moec.plan.resolve import MASKED_BUDGET_FRACTION
+from moec.plan.resolve import GENERATED, MASKED_BUDGET_FRACTION
 from moec.plan.types import DType, Layout, ScaleType, TensorType
 from moec.spec import load_spec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PLAIN = Environment(frozenset({"triton"}))
-FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
+# deep_gemm installed, and planned as if its code were rendered (the planner's deep_gemm logic)
+FULL = Environment(
+    frozenset({"triton", "deep_gemm", "deep_ep"}), GENERATED | {"deep_gemm", "deep_ep"}
+)
 NOTHING = Environment(frozenset())
 GIB = 2**30
 H200_GIB = 139.8  # the H200 row of moec's device table (moec/plan/devices.py)

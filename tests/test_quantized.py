@@ -13,10 +13,9 @@ bf16 weights: the unquantized reference differs only by bf16 roundings: 2**-6.
 
 from __future__ import annotations
 
+import numerics_ref as ref
 import pytest
 import torch
-
-import numerics_ref as ref
 
 SPEC = """
 name = "quantized"
@@ -111,7 +110,9 @@ def test_routed_experts_match_float64_reference(load_layer, scheme):
 )
 def test_activations_match_float64_reference(load_layer, kind, params):
     sets = [f"activation.kind={kind}"] + [f"activation.{k}={v}" for k, v in params.items()]
-    package = load_layer(SPEC, "quant.scheme=fp8_block", "quant.checkpoint=bf16", "model.n_shared_experts=0", *sets)
+    package = load_layer(
+        SPEC, "quant.scheme=fp8_block", "quant.checkpoint=bf16", "model.n_shared_experts=0", *sets
+    )
     stages = __import__(f"{package.__name__}.stages", fromlist=["stages"])
     layer = package.MoELayer().random_(5)
     x = (4 * torch.randn(24, 256, generator=torch.Generator().manual_seed(6))).bfloat16()
@@ -123,7 +124,11 @@ def test_activations_match_float64_reference(load_layer, kind, params):
 def test_fused_shared_experts_equal_separate(load_layer):
     """Fused shared experts (extra experts of weight 1) compute the same layer as separate."""
     separate = load_layer(SPEC, "model.n_shared_experts=2").MoELayer().random_(7)
-    fused = load_layer(SPEC, "model.n_shared_experts=2", "experts.shared_experts=fused").MoELayer().random_(7)
+    fused = (
+        load_layer(SPEC, "model.n_shared_experts=2", "experts.shared_experts=fused")
+        .MoELayer()
+        .random_(7)
+    )
     x = torch.randn(16, 256, generator=torch.Generator().manual_seed(8)).bfloat16()
     a, b = separate(x).double(), fused(x).double()
     assert (a - b).norm() / a.norm() <= 2**-7  # the same math, summed in another order

@@ -11,13 +11,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from moec import __version__
 from moec.codegen.context import build_context
 from moec.codegen.render import environment, render
 from moec.codegen.write import write_package
 from moec.errors import MoecError, problem
 from moec.plan import device_for, make_plan
 from moec.plan.export import plan_data
-from moec.plan.resolve import INSTALL_HINTS, Environment
+from moec.plan.resolve import GENERATED, INSTALL_HINTS, Environment
 from moec.spec import LoadedSpec, load_spec
 
 PLAN_TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
@@ -64,11 +65,37 @@ def render_package(loaded: LoadedSpec, env: Environment | None = None) -> dict[s
             loaded.source,
             kind="backend",
         )
+    not_generated = [
+        backend
+        for backend in (plan.facts["gemm_backend"], plan.facts["dispatch_backend"])
+        if backend not in GENERATED
+    ]
+    if not_generated:
+        raise MoecError(
+            [
+                problem(
+                    "experts.gemm_backend" if backend == "deep_gemm" else "parallel.dispatch",
+                    f"moec {__version__} plans {backend} (see `moec explain`) but does not "
+                    "generate its code yet",
+                    'experts.gemm_backend = "triton"'
+                    if backend == "deep_gemm"
+                    else 'parallel.dispatch = "all2all"',
+                    value=backend,
+                )
+                for backend in not_generated
+            ],
+            loaded.source,
+            kind="backend",
+        )
     device = device_for(spec.target.device, spec.target.arch)
     plan_json = json.dumps(plan_data(plan, spec, device, list(PLAN_TOKENS)), indent=2) + "\n"
     context = build_context(plan, spec, plan_json)
     jinja = environment()
-    sources = {name: render(jinja, template, context) for name, template in PYTHON_FILES.items()}
+    sources = {
+        name: render(jinja, template, context)
+        for name, template in PYTHON_FILES.items()
+        if name != "quant.py" or context["uses_quant"]
+    }
     if context["uses_triton"]:
         sources["kernels.py"] = render(jinja, "package/kernels.py.j2", context)
     files = {name: data.encode() for name, data in format_python(sources).items()}

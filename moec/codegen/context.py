@@ -82,6 +82,11 @@ def build_context(plan: Plan, spec: Spec, plan_json: str) -> dict[str, Any]:
         for s in plan.order()
         if s.kind not in ("input", "output")
     ]
+    uses_quant = any(fmt["quantized"] for fmt in formats)
+    uses_torch_matmul = any(
+        s["backend"] == "torch" and s["kind"] in ("gemm", "shared_expert", "quantize")
+        for s in stages
+    )
     return {
         "version": __version__,
         "name": spec.name,
@@ -108,14 +113,10 @@ def build_context(plan: Plan, spec: Spec, plan_json: str) -> dict[str, Any]:
         "any_quantized_checkpoint": any(fmt["checkpoint_quantized"] for fmt in formats),
         "uses_e2m1": any(fmt["scheme"] == "mxfp4" for fmt in formats),
         "parameters": parameters(plan),
-        "stage_imports": ["from . import kernels, quant"]
-        if uses_triton
-        else ["from . import quant"],
+        "stage_imports": [_imports(uses_triton, uses_torch_matmul and uses_quant)],
+        "uses_quant": uses_quant,
         "uses_triton": uses_triton,
-        "uses_torch_matmul": any(
-            s["backend"] == "torch" and s["kind"] in ("gemm", "shared_expert", "quantize")
-            for s in stages
-        ),
+        "uses_torch_matmul": uses_torch_matmul,
         "buckets": plan.facts.get("buckets", []),
         "buckets_source": _decision(plan, "triton tiles"),
         "elementwise": plan.facts.get("elementwise", {}),
@@ -185,6 +186,11 @@ def stage_context(plan: Plan, stage, f, routed, shared) -> dict[str, Any]:
         "template": template,
         "params": params,
     }
+
+
+def _imports(kernels: bool, quant: bool) -> str:
+    names = [name for name, used in (("kernels", kernels), ("quant", quant)) if used]
+    return f"from . import {', '.join(names)}" if names else ""
 
 
 def _decision(plan: Plan, what: str) -> str:

@@ -20,6 +20,11 @@ GIB = 1024**3
 MASKED_BUDGET_FRACTION = 0.2
 """Share of the device's memory the masked layout may take when the spec sets no budget."""
 
+GENERATED = frozenset({"torch", "triton", "torch.distributed"})
+"""Backends the codegen renders. The planner plans deep_gemm and deep_ep (types, converters,
+cost) but no template emits their calls yet: `auto` never picks them and `moec build` of a spec
+that names one stops with a message."""
+
 INSTALL_HINTS = {
     "deep_gemm": "build DeepGEMM from https://github.com/deepseek-ai/DeepGEMM on the CUDA host "
     "(PyPI's deep-gemm 1.0.0 is a broken upload)",
@@ -31,9 +36,10 @@ INSTALL_HINTS = {
 
 @dataclass(frozen=True)
 class Environment:
-    """What the machine that builds the package can import."""
+    """What the machine that builds the package can import, and what moec can render."""
 
     importable: frozenset[str]
+    renderable: frozenset[str] = GENERATED
 
     @classmethod
     def detect(cls) -> Environment:
@@ -87,14 +93,15 @@ def _gemm_backend(spec: Spec, env: Environment, decide) -> str:
             "auto on a CPU target: Triton kernels run on a CPU only interpreted (slow)",
         )
         return "torch"
-    if env.has("deep_gemm") and _deep_gemm_fits(spec):
+    if env.has("deep_gemm") and _deep_gemm_fits(spec) and "deep_gemm" in env.renderable:
         decide("gemm_backend", "deep_gemm", f"auto on cuda {target.arch}: deep_gemm is installed")
         return "deep_gemm"
-    why_not = (
-        "deep_gemm is not installed here"
-        if not env.has("deep_gemm")
-        else "deep_gemm does not run this combination"
-    )
+    if not env.has("deep_gemm"):
+        why_not = "deep_gemm is not installed here"
+    elif not _deep_gemm_fits(spec):
+        why_not = "deep_gemm does not run this combination"
+    else:
+        why_not = "deep_gemm is installed, but moec does not generate deep_gemm code yet"
     if spec.quant.scheme != "bf16" and arch_number(spec) < 89:
         decide("gemm_backend", "torch", f"auto on {target.arch}: no fp8 tensor cores; {why_not}")
         return "torch"

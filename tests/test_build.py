@@ -1,0 +1,260 @@
+"""`moec build`: the generated package's files, determinism, atomic writes, golden files, inert
+spec strings, generated-code hygiene and build time."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import EXAMPLES
+
+import moec
+from moec.cli import main
+from moec.codegen import build, render_package
+from moec.spec import load_spec, parse_spec
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN_EXAMPLES = ("tiny-cpu.toml", "tiny-cpu-triton.toml")
+
+
+def test_build_writes_the_package(tmp_path, capsys):
+    assert main(["build", str(EXAMPLES / "tiny-cpu.toml"), "-o", str(tmp_path)]) == 0
+    package = tmp_path / "tiny_cpu"
+    names = sorted(p.name for p in package.iterdir())
+    assert names == [
+        "__init__.py",
+        "layer.py",
+        "plan.json",
+        "quant.py",
+        "spec.json",
+        "spec.toml",
+        "stages.py",
+        "weights.py",
+    ]
+    spec_hash = load_spec(EXAMPLES / "tiny-cpu.toml").content_hash
+    for name in ("__init__.py", "layer.py", "quant.py", "stages.py", "weights.py"):
+        header = (package / name).read_text().splitlines()[0]
+        assert f"moec {moec.__version__}" in header and spec_hash in header
+    assert "written" in capsys.readouterr().out
+
+
+def test_kernels_only_when_the_plan_uses_triton(tmp_path):
+    build(EXAMPLES / "tiny-cpu-triton.toml", tmp_path)
+    assert (tmp_path / "tiny_cpu_triton" / "kernels.py").exists()
+    assert not (tmp_path / "x").exists()
+
+
+def test_rebuild_is_byte_identical(tmp_path):
+    first = render_package(load_spec(EXAMPLES / "tiny-cpu.toml"))
+    second = render_package(load_spec(EXAMPLES / "tiny-cpu.toml"))
+    assert first == second
+    result = build(EXAMPLES / "tiny-cpu.toml", tmp_path)
+    assert result.written
+    again = build(EXAMPLES / "tiny-cpu.toml", tmp_path)
+    assert not again.written  # same bytes: nothing rewritten
+
+
+def test_spec_formatting_does_not_change_the_code(tmp_path):
+    text = (EXAMPLES / "tiny-cpu.toml").read_text()
+    reordered = (
+        "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+        + "\n# a comment\n"
+    )
+    a = render_package(load_spec(EXAMPLES / "tiny-cpu.toml"))
+    b = render_package(parse_spec(reordered, "other.toml"))
+    assert {k: v for k, v in a.items() if k != "spec.toml"} == {
+        k: v for k, v in b.items() if k != "spec.toml"
+    }
+
+
+def test_interrupted_build_leaves_the_previous_package_whole(tmp_path, monkeypatch):
+    build(EXAMPLES / "tiny-cpu.toml", tmp_path)
+    package = tmp_path / "tiny_cpu"
+    before = {p.name: p.read_bytes() for p in package.iterdir()}
+    calls = []
+
+    def failing_write(self, data):
+        calls.append(self.name)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # interrupted in the middle of writing the new files
+        return original(self, data)
+
+    original = Path.write_bytes
+    monkeypatch.setattr(Path, "write_bytes", failing_write)
+    with pytest.raises(KeyboardInterrupt):
+        build(EXAMPLES / "tiny-cpu.toml", tmp_path, ["router.routed_scaling_factor=3.0"])
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in package.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny_cpu"]  # no staging folder left
+
+
+def test_golden_files(tmp_path):
+    """The generated code of two examples, committed: a template change shows up in review.
+    Regenerate with MOEC_UPDATE_GOLDEN=1 after checking the difference is intended."""
+    for example in GOLDEN_EXAMPLES:
+        files = render_package(load_spec(EXAMPLES / example))
+        folder = GOLDEN / example.removesuffix(".toml")
+        if os.environ.get("MOEC_UPDATE_GOLDEN"):
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            for name, data in files.items():
+                if name.endswith(".py"):
+                    (folder / name).write_bytes(data)
+        for name, data in files.items():
+            if name.endswith(".py"):
+                assert (folder / name).read_bytes() == data, (
+                    f"{example}: {name} differs from tests/golden"
+                )
+
+
+SPECS_FOR_HYGIENE = [
+    ("tiny-cpu.toml", []),
+    ("tiny-cpu-triton.toml", []),
+    ("tiny-cpu-bf16.toml", []),
+    (
+        "tiny-cpu.toml",
+        [
+            "experts.layout=contiguous",
+            "quant.scheme=mxfp4",
+            "quant.checkpoint=quantized",
+            "quant.shared_scheme=mxfp4",
+            "experts.shared_experts=fused",
+        ],
+    ),
+    (
+        "tiny-cpu.toml",
+        [
+            "quant.scheme=fp8_per_tensor",
+            "quant.activation_scheme=static",
+            "quant.checkpoint=quantized",
+            "activation.kind=situ",
+            "activation.beta=1.0",
+            "activation.linear_beta=1.0",
+        ],
+    ),
+    ("tiny-cpu.toml", ["parallel.dispatch=all2all", "parallel.ep_size=2"]),
+    ("tiny-cpu.toml", ["parallel.tp_size=2", "model.moe_intermediate_size=256"]),
+    ("deepseek-v3-fp8.toml", []),
+    ("deepseek-v3-bf16.toml", ["experts.gemm_backend=torch"]),
+]
+
+
+@pytest.mark.parametrize("example, overrides", SPECS_FOR_HYGIENE)
+def test_generated_code_parses_and_passes_ruff(tmp_path, example, overrides):
+    files = render_package(load_spec(EXAMPLES / example, overrides))
+    for name, data in files.items():
+        if name.endswith(".py"):
+            ast.parse(data, filename=name)
+            (tmp_path / name).write_bytes(data)
+    ruff = [sys.executable, "-m", "ruff"]
+    check = subprocess.run(
+        [*ruff, "check", "--isolated", "--select", "E,F,W,B", "--ignore", "E501", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout
+    fmt = subprocess.run(
+        [*ruff, "format", "--isolated", "--line-length", "100", "--check", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert fmt.returncode == 0, fmt.stdout
+    assert "import moec" not in "".join(d.decode() for n, d in files.items() if n.endswith(".py"))
+    layer = files["layer.py"].decode()
+    assert "T tokens" in layer and "H = " in layer and "K = " in layer  # the shape legend
+
+
+def test_spec_strings_are_inert(tmp_path, load_layer):
+    """A description trying to break out of its string is rendered as a literal: the package
+    parses, imports, runs nothing extra, and keeps the text."""
+    marker = tmp_path / "pwned"
+    payload = (
+        f'x"""\nimport os; os.system("touch {marker}")\n"""\' + __import__("os").getcwd() + \''
+    )
+    text = (
+        (EXAMPLES / "tiny-cpu.toml")
+        .read_text()
+        .replace(
+            'name = "tiny_cpu"', f'name = "tiny_cpu_inert"\ndescription = {toml_string(payload)}'
+        )
+    )
+    package = load_layer(text)
+    assert package.DESCRIPTION == payload
+    assert not marker.exists()
+    layer = package.MoELayer().random_(0)
+    layer(torch.randn(3, 256).bfloat16())
+    assert not marker.exists()
+
+
+def toml_string(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def test_injected_names_are_rejected(capsys):
+    for name in ("x; import os", "__import__('os')", "os.system", "class", "ｍｏｅ"):
+        text = f'name = "{name}"\n[model]\npreset = "deepseek-v3"\n'
+        with pytest.raises(moec.MoecError) as error:
+            parse_spec(text)
+        assert error.value.problems[0].path == "name"
+
+
+def test_build_time_of_an_example(tmp_path):
+    start = time.perf_counter()
+    build(EXAMPLES / "deepseek-v3-fp8.toml", tmp_path)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 2.0, f"moec build took {elapsed:.2f} s"
+
+
+def test_load_builds_once_and_imports(cache_dir):
+    first = moec.load(str(EXAMPLES / "tiny-cpu.toml"), cache_dir=cache_dir)
+    second = moec.load(str(EXAMPLES / "tiny-cpu.toml"), cache_dir=cache_dir)
+    assert first is second
+    assert first.SPEC["name"] == "tiny_cpu" and first.PLAN["spec"]["name"] == "tiny_cpu"
+    other = moec.load(
+        str(EXAMPLES / "tiny-cpu.toml"), ["router.routed_scaling_factor=3.0"], cache_dir=cache_dir
+    )
+    assert other is not first and other.SPEC["router"]["routed_scaling_factor"] == 3.0
+
+
+def test_missing_optional_backend_fails_at_build(tmp_path, capsys):
+    from moec.plan.resolve import Environment
+
+    loaded = load_spec(EXAMPLES / "deepseek-v3-fp8.toml", ["experts.gemm_backend=deep_gemm"])
+    with pytest.raises(moec.MoecError) as error:
+        render_package(loaded, Environment(frozenset({"triton"})))
+    assert error.value.kind == "backend"
+    assert "deep_gemm" in str(error.value) and "not installed" in str(error.value)
+    code = main(["build", str(EXAMPLES / "deepseek-v3-deepep-ll-ep8.toml"), "-o", str(tmp_path)])
+    assert code == 2
+    assert "deep_ep" in capsys.readouterr().err
+
+
+def test_generated_package_imports_without_moec(tmp_path):
+    """The package runs in a Python that cannot import moec (only torch)."""
+    build(EXAMPLES / "tiny-cpu.toml", tmp_path)
+    code = (
+        "import sys; sys.modules['moec'] = None\n"
+        "import torch, tiny_cpu\n"
+        "layer = tiny_cpu.MoELayer().random_(0)\n"
+        "print(layer(torch.randn(2, 256).bfloat16()).shape)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "torch.Size([2, 256])" in result.stdout
+
+
+def test_run_command(capsys):
+    assert main(["run", str(EXAMPLES / "tiny-cpu.toml"), "--tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "checksum" in out and "ms per forward" in out
+    assert main(["run", str(EXAMPLES / "deepseek-v3-fp8.toml")]) == 2 or torch.cuda.is_available()
