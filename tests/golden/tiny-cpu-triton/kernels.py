@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+
 # --------------------------------------------------------------------------------------------------
 # act_quant: gated activation of the gate/up GEMM output, optionally quantized to e4m3.
 #
@@ -518,6 +519,7 @@ def _grouped_gemm_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,  # producer/consumer warps for the K loop (8 warps only)
 ):
     """The same GEMM with TMA tile loads and a persistent grid: NUM_PROGRAMS programs walk the
     tiles; a tile with no valid row is skipped. Every expert's N rows of W start on a BLOCK_N
@@ -558,7 +560,7 @@ def _grouped_gemm_tma_kernel(
             n0 = pid_n * BLOCK_N
             offs_n = n0 + tl.arange(0, BLOCK_N)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
+            for k0 in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
                 a = a_desc.load([row0, k0])
                 w = w_desc.load([expert * N + n0, k0])  # [BLOCK_N, BLOCK_K]
                 if SCHEME == "bf16":
@@ -744,6 +746,7 @@ def _grouped_gemm_tma(
         BLOCK_K=config["BLOCK_K"],
         GROUP_SIZE_M=config["GROUP_SIZE_M"],
         NUM_PROGRAMS=programs,
+        WARP_SPECIALIZE=config.get("WARP_SPECIALIZE", False),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
