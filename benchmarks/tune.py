@@ -25,20 +25,33 @@ PACKAGES = {"fp8_block": "bench_v3_fp8_triton", "bf16": "bench_v3_bf16_triton"}
 
 
 def candidates(tokens: int, experts: int, top_k: int) -> list[dict]:
-    """Configs worth timing at this T: small M tiles for decode, large tiles for prefill."""
+    """Configs worth timing at this T: small M tiles for decode (plain, or TMA with one program
+    per tile), large tiles for prefill (TMA persistent, with and without warp specialization)."""
     rows_per_expert = tokens * top_k / experts
+    grid = []  # (BLOCK_M, BLOCK_N, warps, stages, extra)
     if rows_per_expert <= 2:
-        grid = [(16, bn, 4, stages, False) for bn in (64, 128) for stages in (3, 4, 5)]
-    elif rows_per_expert <= 40:
-        grid = [
-            (bm, bn, 4, 3, tma) for bm in (16, 32, 64) for bn in (64, 128) for tma in (False, True)
+        grid += [(16, bn, 4, stages, {}) for bn in (32, 64, 128) for stages in (4, 6)]
+        grid += [
+            (16, bn, 4, stages, {"TMA": True, "PROGRAMS": 4096})
+            for bn in (32, 64)
+            for stages in (4, 6)
         ]
+    elif rows_per_expert <= 40:
+        grid += [(bm, bn, 4, 3, {}) for bm in (16, 32, 64) for bn in (64, 128)]
+        grid += [(bm, 128, 4, 4, {"TMA": True}) for bm in (16, 32, 64)]
+        grid += [(bm, 64, 4, 4, {"TMA": True, "PROGRAMS": 8192}) for bm in (16, 32)]
     else:
-        grid = [(64, 128, 4, 3, tma) for tma in (False, True)]
-        grid += [(128, 128, 8, stages, tma) for stages in (3, 4) for tma in (False, True)]
-        grid += [(128, 256, 8, 3, tma) for tma in (False, True)]
+        grid += [
+            (64, 128, 4, 3, {}),
+            (64, 128, 4, 3, {"TMA": True}),
+            (64, 128, 4, 4, {"TMA": True}),
+        ]
+        grid += [(128, 128, 8, 3, {}), (128, 128, 8, 4, {})]
+        grid += [(128, 128, 8, stages, {"TMA": True}) for stages in (3, 4)]
+        grid += [(128, 128, 8, stages, {"TMA": True, "WARP_SPECIALIZE": True}) for stages in (3, 4)]
+        grid += [(64, 128, 8, 4, {"TMA": True, "WARP_SPECIALIZE": True})]
     configs = []
-    for bm, bn, warps, stages, tma in grid:
+    for bm, bn, warps, stages, extra in grid:
         config = {
             "BLOCK_M": bm,
             "BLOCK_N": bn,
@@ -46,9 +59,8 @@ def candidates(tokens: int, experts: int, top_k: int) -> list[dict]:
             "GROUP_SIZE_M": 8,
             "num_warps": warps,
             "num_stages": stages,
+            **extra,
         }
-        if tma:
-            config["TMA"] = True
         configs.append(config)
     return configs
 
