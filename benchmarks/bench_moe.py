@@ -34,6 +34,7 @@ from common import (
 
 PACKAGES = {
     "fp8_block": ("bench_v3_fp8_triton", "bench_v3_fp8_torch"),
+    "fp8_block_fused": ("bench_v3_fp8fused_triton", "bench_v3_fp8fused_torch"),
     "bf16": ("bench_v3_bf16_triton", "bench_v3_bf16_torch"),
     "mxfp8": ("bench_small_mxfp8_triton", "bench_small_mxfp8_torch"),
     "mxfp4": ("bench_small_mxfp4_triton", "bench_small_mxfp4_torch"),
@@ -65,7 +66,8 @@ def main() -> None:
     fast_name, slow_name = PACKAGES[args.scheme]
     fast, slow = import_package(fast_name), import_package(slow_name)
     dims = fast.PLAN["facts"]["dims"]
-    key = f"{args.scheme}/H{dims['hidden']}/I{dims['intermediate']}/E{dims['local_experts']}/K{dims['top_k']}"
+    scheme = dims["routed"]["scheme"]
+    key = f"{scheme}/H{dims['hidden']}/I{dims['intermediate']}/E{dims['local_experts']}/K{dims['top_k']}"
     if args.tuned and Path(args.tuned).exists():
         table = json.loads(Path(args.tuned).read_text()).get(key)
         if table:
@@ -77,7 +79,7 @@ def main() -> None:
         d["what"] == "CUDA graph" and d["choice"] == "yes" for d in fast.PLAN["decisions"]
     )
     plan_floor = {row["tokens"]: row["floor_ms"] for row in fast.PLAN["cost"]}
-    fp8 = args.scheme != "bf16"
+    fp8 = scheme != "bf16"
     rows = []
     for tokens in map(int, args.tokens.split(",")):
         start = time.time()

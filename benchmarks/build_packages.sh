@@ -9,6 +9,8 @@ mkdir -p "$OUT"
 for backend in triton torch; do
   $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_fp8_$backend \
     --set quant.scheme=fp8_block --set experts.gemm_backend=$backend
+  $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_fp8fused_$backend \
+    --set quant.scheme=fp8_block --set experts.gemm_backend=$backend --set experts.shared_experts=fused
   $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_bf16_$backend \
     --set quant.scheme=bf16 --set experts.gemm_backend=$backend
   $MOEC build benchmarks/specs/small.toml -o "$OUT" --set name=bench_small_mxfp8_$backend \

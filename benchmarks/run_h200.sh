@@ -14,7 +14,7 @@ case "${STEP:-bench}" in
     ;;
   bench)
     TUNED=${TUNED:-../moec/plan/tuned/h200.json}
-    for scheme in ${SCHEMES:-fp8_block bf16}; do
+    for scheme in ${SCHEMES:-fp8_block bf16 fp8_block_fused}; do
       python3 bench_moe.py --scheme "$scheme" --tuned "$TUNED" --out "$OUT/bench_$scheme.json" 2>&1 | tee "$OUT/bench_$scheme.log"
     done
     for scheme in ${SMALL:-mxfp8 mxfp4}; do

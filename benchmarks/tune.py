@@ -12,6 +12,7 @@ once was). Both GEMMs of a bucket share BLOCK_M (the layout's row padding).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import time
@@ -148,6 +149,61 @@ def tune_gemm(kernels, scheme, tokens, n, k, experts, top_k, block_m, configs, d
     return results
 
 
+def tune_elementwise(kernels, scheme, hidden, inter, device, tokens=4096, top_k=8):
+    """Tile sizes of the memory-bound kernels, timed at T = 4096 (T*K rows), where they cost
+    most; each candidate checked against the first candidate's bytes."""
+    rows = tokens * top_k
+    x = torch.randn(tokens, hidden, device=device).bfloat16()
+    token_of_row = torch.randint(0, tokens, (rows,), device=device, dtype=torch.int32)
+    h = torch.randn(rows, 2 * inter, device=device).bfloat16()
+    y = torch.randn(rows, hidden, device=device).bfloat16()
+    row_of = torch.randperm(rows, device=device).view(tokens, top_k).to(torch.int32)
+    weights = torch.rand(tokens, top_k, device=device)
+    quantized = scheme != "bf16"
+    a = torch.empty(
+        rows, hidden, device=device, dtype=torch.float8_e4m3fn if quantized else torch.bfloat16
+    )
+    a_scale = torch.empty(rows, hidden // 128, device=device)
+    g = torch.empty(rows, inter, device=device, dtype=a.dtype)
+    g_scale = torch.empty(rows, inter // 128, device=device)
+    out = torch.empty(tokens, hidden, device=device, dtype=torch.bfloat16)
+    quant = "group" if quantized else "none"
+    launches = {
+        "permute": lambda c: kernels.permute_quant(
+            x, token_of_row, a, a_scale if quantized else None, quant=quant, config=c
+        ),
+        "act": lambda c: kernels.act_quant(
+            h, g, g_scale if quantized else None, quant=quant, config=c
+        ),
+        "combine": lambda c: kernels.combine(y, row_of, weights, out, x, config=c),
+    }
+    outputs = {"permute": a, "act": g, "combine": out}
+    widths = {"permute": "BLOCK_H", "act": "BLOCK_I", "combine": "BLOCK_H"}
+    rows_key = {"permute": "BLOCK_M", "act": "BLOCK_M", "combine": "BLOCK_T"}
+    best = {}
+    for name, launch in launches.items():
+        results, reference = [], None
+        for block_rows, block_cols, warps in itertools.product(
+            (1, 2, 4, 8), (512, 1024, 2048), (4, 8)
+        ):
+            config = {rows_key[name]: block_rows, widths[name]: block_cols, "num_warps": warps}
+            try:
+                launch(config)
+                result = outputs[name].float().clone()
+                if reference is None:
+                    reference = result
+                elif not torch.equal(result, reference):
+                    results.append((float("inf"), config))
+                    continue
+                results.append((median_ms(partial(launch, config), warmup=2, repeats=10), config))
+            except Exception:
+                results.append((float("inf"), config))
+        ms, config = min(results, key=lambda r: r[0])
+        print(f"{scheme} {name}: {ms:.4f} ms with {config}", flush=True)
+        best[name] = config
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -219,6 +275,7 @@ def main() -> None:
         buckets[-1]["max_tokens"] = None  # the last bucket takes every larger T
         key = f"{scheme}/H{hidden}/I{inter}/E{experts}/K{top_k}"
         table[key] = buckets
+        table[f"elementwise/{key}"] = tune_elementwise(kernels, scheme, hidden, inter, device)
     Path(args.out).write_text(json.dumps(table, indent=2) + "\n")
     Path(args.out).with_suffix(".log.json").write_text(json.dumps(log) + "\n")
 

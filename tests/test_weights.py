@@ -224,6 +224,8 @@ def test_random_weights_are_realistic(saved, load_layer):
     layer = load_layer(spec).MoELayer().random_(1)
     assert layer.gate_bias.abs().max() > 0  # the router bias is random too
     again = load_layer(spec).MoELayer().random_(1)
-    assert all(torch.equal(a, b) for a, b in zip(layer.parameters(), again.parameters(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(layer.parameters(), again.parameters(), strict=True)
+    )
     other = load_layer(spec).MoELayer().random_(2)
     assert not torch.equal(layer.w13, other.w13)

@@ -24,6 +24,7 @@ KERNELS = (
     "kernels/combine.py.j2",
     "kernels/grouped_gemm.py.j2",
     "kernels/permute_quant.py.j2",
+    "kernels/route.py.j2",
 )
 FORMAT_CLASS = {
     "bf16": "Bf16",

@@ -87,11 +87,19 @@ def make_plan(spec: Spec, env: Environment | None = None) -> Plan:
             f"T<={b['max_tokens']}" if b["max_tokens"] else "larger" for b in buckets
         )
         plan.decide("triton tiles", f"{len(buckets)} token buckets ({limits})", source)
-    plan.decide(
-        "router and top-k",
-        "torch",
-        "an [T, H] x [H, E] fp32 GEMM and elementwise top-k: a few percent of the layer's bytes",
-    )
+    if resolved.gemm_backend == "triton":
+        plan.decide(
+            "router and top-k",
+            "fp32 GEMM in torch; top-k and routing indices in Triton",
+            "the router GEMM is one cuBLAS call; selection and the layout's indices are two "
+            "Triton launches instead of ~30 small torch kernels on the decode critical path",
+        )
+    else:
+        plan.decide(
+            "router and top-k",
+            "torch",
+            "an [T, H] x [H, E] fp32 GEMM and elementwise top-k: a few percent of the layer's bytes",
+        )
     fuse(plan, facts)
     insert_converters(plan)
     _decide_graph_safety(plan)

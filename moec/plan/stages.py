@@ -76,7 +76,7 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
         Stage(
             "select",
             "select",
-            "torch",
+            "triton" if gemm == "triton" else "torch",
             params={
                 "scoring_func": router.scoring_func,
                 "topk_method": router.topk_method,

@@ -57,9 +57,10 @@ def _interpreted(facts: Facts) -> list[dict[str, Any]]:
 
 
 def table_key(facts: Facts) -> str:
+    """Key of a layer's GEMM shapes (fused shared experts share the routed experts' table)."""
     return (
         f"{facts.routed.scheme}/H{facts.hidden}/I{facts.intermediate}/"
-        f"E{facts.grouped_experts}/K{facts.grouped_top_k}"
+        f"E{facts.local_experts}/K{facts.top_k}"
     )
 
 
@@ -80,6 +81,12 @@ def gemm_buckets(facts: Facts) -> tuple[list[dict[str, Any]], str]:
 
 # Memory-bound kernels: rows x columns tiles.
 def elementwise_configs(facts: Facts) -> dict[str, dict[str, int]]:
+    device = _ARCH_DEVICE.get(facts.arch or "")
+    path = TUNED_DIR / f"{device}.json" if device else None
+    if facts.device == "cuda" and path and path.exists():
+        tuned = json.loads(path.read_text()).get(f"elementwise/{table_key(facts)}")
+        if tuned:
+            return tuned
     if facts.device == "cpu":
         return {
             "permute": {"BLOCK_M": 16, "BLOCK_H": 256, "num_warps": 4},

@@ -1,0 +1,161 @@
+"""select_topk and route_layout against plain torch (the torch backend's select and route).
+
+The chosen expert sets, their weights (fp32: equal up to the order of an 8-term sum) and every
+index of the layout (row_of, token_of_row, m_indices, counts, starts, num_rows) must match; the
+layout is deterministic (token order within an expert), so indices match exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .harness import load
+
+
+def torch_select(logits, bias, scoring, method, n_group, topk_group, top_k, normalize, scale):
+    if scoring == "softmax":
+        scores = logits.softmax(-1)
+    elif scoring == "sigmoid":
+        scores = logits.sigmoid()
+    else:
+        scores = torch.nn.functional.softplus(logits).sqrt()
+    choice = scores + bias if bias is not None else scores
+    tokens, experts = logits.shape
+    if method != "greedy" and n_group > 1:
+        grouped = choice.view(tokens, n_group, experts // n_group)
+        if method == "noaux_tc":
+            group_scores = grouped.topk(2, -1).values.sum(-1)
+        else:
+            group_scores = grouped.amax(-1)
+        kept = group_scores.topk(topk_group, -1).indices
+        mask = torch.zeros_like(group_scores).scatter_(1, kept, 1.0)
+        mask = mask.unsqueeze(-1).expand(-1, -1, experts // n_group).reshape(tokens, experts)
+        choice = choice.masked_fill(mask == 0, float("-inf"))
+    ids = choice.topk(top_k, -1).indices
+    weights = scores.gather(1, ids)
+    if normalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scale, ids
+
+
+CASES = [
+    ("sigmoid", "noaux_tc", 8, 4, 8, True, 2.5, True),  # DeepSeek-V3 shape of routing
+    ("softmax", "greedy", 1, 1, 6, False, 1.0, False),  # V2-Lite
+    ("softmax", "group_limited_greedy", 8, 3, 6, False, 16.0, False),  # V2
+    ("sqrtsoftplus", "noaux_tc", 1, 1, 6, True, 1.5, True),  # V4-style, no groups
+]
+
+
+@pytest.mark.parametrize(
+    "scoring, method, n_group, topk_group, top_k, normalize, scale, bias", CASES
+)
+@pytest.mark.parametrize("experts", [64, 160])
+def test_select_topk(scoring, method, n_group, topk_group, top_k, normalize, scale, bias, experts):
+    kernels = load()
+    gen = torch.Generator().manual_seed(experts)
+    logits = torch.randn(37, experts, generator=gen)
+    b = 0.1 * torch.randn(experts, generator=gen) if bias else None
+    ids = torch.full((37, top_k + 1), -7, dtype=torch.int32)
+    weights = torch.full((37, top_k + 1), float("nan"))
+    kernels.select_topk(
+        logits,
+        b,
+        ids,
+        weights,
+        scoring=scoring,
+        method=method,
+        n_group=n_group,
+        topk_group=topk_group,
+        top_k=top_k,
+        normalize=normalize,
+        weight_scale=scale,
+        fused_shared=1,
+    )
+    expected_w, expected_ids = torch_select(
+        logits, b, scoring, method, n_group, topk_group, top_k, normalize, scale
+    )
+    ours = ids[:, :top_k].long()
+    assert torch.equal(ours.sort(-1).values, expected_ids.sort(-1).values)
+    order, expected_order = ours.argsort(-1), expected_ids.argsort(-1)
+    got = weights[:, :top_k].gather(1, order)
+    want = expected_w.gather(1, expected_order)
+    assert torch.allclose(got, want, rtol=8 * 2**-24, atol=0)
+    assert (ids[:, top_k] == experts).all() and (weights[:, top_k] == 1.0).all()  # fused shared
+
+
+def torch_route(topk_ids, experts, layout, block_m):
+    tokens, top_k = topk_ids.shape
+    flat = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    sorted_experts = flat[order]
+    counts = torch.bincount(flat, minlength=experts)
+    first = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(flat.numel()) - first[sorted_experts]
+    if layout == "contiguous":
+        padded = (counts + block_m - 1) // block_m * block_m
+        starts = torch.cumsum(padded, 0) - padded
+        nonempty = min(flat.numel(), experts)
+        rows = block_m * (nonempty + (flat.numel() - nonempty) // block_m)
+        sorted_rows = starts[sorted_experts] + rank
+        m_indices = torch.full((rows,), -1, dtype=torch.int32)
+        m_indices[sorted_rows] = sorted_experts.to(torch.int32)
+        extra = (m_indices, starts, padded.sum().reshape(1).to(torch.int32))
+    else:
+        max_m = (tokens // 256 + 1) * 256
+        rows = experts * max_m
+        sorted_rows = sorted_experts * max_m + rank
+        extra = (max_m,)
+    row_of = torch.empty_like(flat)
+    row_of[order] = sorted_rows
+    token_of_row = torch.full((rows,), -1, dtype=torch.int32)
+    token_of_row[sorted_rows] = (order // top_k).to(torch.int32)
+    return row_of.view(tokens, top_k).to(torch.int32), token_of_row, counts.to(torch.int32), extra
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+@pytest.mark.parametrize(
+    "tokens, experts, top_k", [(1, 16, 4), (37, 16, 4), (300, 40, 3), (0, 8, 2)]
+)
+def test_route_layout(layout, tokens, experts, top_k):
+    kernels = load()
+    gen = torch.Generator().manual_seed(tokens)
+    ids = (
+        torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+        if tokens
+        else torch.zeros(0, top_k, dtype=torch.long)
+    )
+    ids = ids.to(torch.int32)
+    block_m = 16
+    row_of, token_of_row, counts, extra = torch_route(ids, experts, layout, block_m)
+    got_row_of = torch.full_like(row_of, -7)
+    got_token = torch.full_like(token_of_row, -7)
+    got_counts = torch.full((experts,), -7, dtype=torch.int32)
+    if layout == "contiguous":
+        got_m = torch.full_like(extra[0], -7)
+        got_starts = torch.full((experts,), -7, dtype=torch.int64)
+        got_rows = torch.full((1,), -7, dtype=torch.int32)
+        kernels.route_layout(
+            ids,
+            got_row_of,
+            got_token,
+            got_counts,
+            layout=layout,
+            experts=experts,
+            m_indices=got_m,
+            starts=got_starts,
+            num_rows=got_rows,
+            block_m=block_m,
+        )
+        assert (
+            torch.equal(got_m, extra[0])
+            and torch.equal(got_starts, extra[1])
+            and torch.equal(got_rows, extra[2])
+        )
+    else:
+        kernels.route_layout(
+            ids, got_row_of, got_token, got_counts, layout=layout, experts=experts, max_m=extra[0]
+        )
+    assert torch.equal(got_row_of, row_of)
+    assert torch.equal(got_token, token_of_row)
+    assert torch.equal(got_counts, counts)
