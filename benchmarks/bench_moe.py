@@ -69,9 +69,10 @@ def main() -> None:
     scheme = dims["routed"]["scheme"]
     key = f"{scheme}/H{dims['hidden']}/I{dims['intermediate']}/E{dims['local_experts']}/K{dims['top_k']}"
     if args.tuned and Path(args.tuned).exists():
-        table = json.loads(Path(args.tuned).read_text()).get(key)
+        tuned = json.loads(Path(args.tuned).read_text())
+        table = tuned.get(key)
         if table:
-            apply_buckets(fast, table)
+            apply_buckets(fast, table, tuned.get(f"elementwise/{key}"))
             print(f"applied tuned buckets for {key}")
     layer = fast.MoELayer(device=DEVICE).random_(0)
     reference = slow.MoELayer(device=DEVICE).random_(0)

@@ -9,6 +9,12 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 case "${STEP:-bench}" in
+  all)
+    python3 tune.py --out "$OUT/h200.json" --schemes "${SCHEMES:-fp8_block,bf16}" 2>&1 | tee "$OUT/tune.log"
+    for scheme in fp8_block bf16 fp8_block_fused; do
+      python3 bench_moe.py --scheme "$scheme" --tuned "$OUT/h200.json" --out "$OUT/bench_$scheme.json" 2>&1 | tee "$OUT/bench_$scheme.log"
+    done
+    ;;
   tune)
     python3 tune.py --out "$OUT/h200.json" --schemes "${SCHEMES:-fp8_block,bf16}" 2>&1 | tee "$OUT/tune.log"
     ;;
