@@ -42,10 +42,14 @@ def stages_of(package):
     return sys.modules[f"{package.__name__}.stages"]
 
 
-def apply_buckets(package, table: list[dict]) -> None:
-    """Use a tuned bucket table in an already built package (what a rebuild would embed)."""
+def apply_buckets(package, table: list[dict], elementwise: dict | None = None) -> None:
+    """Use a tuned table in an already built package (what a rebuild would embed)."""
     stages = stages_of(package)
     stages.BUCKETS = tuple((b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in table)
+    if elementwise:
+        stages.PERMUTE_CONFIG = elementwise["permute"]
+        stages.ACT_CONFIG = elementwise["act"]
+        stages.COMBINE_CONFIG = elementwise["combine"]
 
 
 def design_floor_ms(

@@ -183,9 +183,7 @@ def tune_elementwise(kernels, scheme, hidden, inter, device, tokens=4096, top_k=
     best = {}
     for name, launch in launches.items():
         results, reference = [], None
-        for block_rows, block_cols, warps in itertools.product(
-            (1, 2, 4, 8), (512, 1024, 2048), (4, 8)
-        ):
+        for block_rows, block_cols, warps in itertools.product((1, 4, 8), (1024, 2048), (4, 8)):
             config = {rows_key[name]: block_rows, widths[name]: block_cols, "num_warps": warps}
             try:
                 launch(config)
