@@ -32,6 +32,7 @@ def candidates(tokens: int, experts: int, top_k: int) -> list[dict]:
     grid = []  # (BLOCK_M, BLOCK_N, warps, stages, extra)
     if rows_per_expert <= 2:
         grid += [(16, bn, 4, stages, {}) for bn in (32, 64, 128) for stages in (4, 6)]
+        grid += [(16, bn, 4, stages, {"SWAP_AB": True}) for bn in (64, 128) for stages in (4, 6)]
         grid += [
             (16, bn, 4, stages, {"TMA": True, "PROGRAMS": 4096})
             for bn in (32, 64)
@@ -39,6 +40,12 @@ def candidates(tokens: int, experts: int, top_k: int) -> list[dict]:
         ]
     elif rows_per_expert <= 40:
         grid += [(bm, bn, 4, 3, {}) for bm in (16, 32, 64) for bn in (64, 128)]
+        grid += [
+            (bm, bn, 4, stages, {"SWAP_AB": True})
+            for bm in (16, 32)
+            for bn in (64, 128)
+            for stages in (3, 4)
+        ]
         grid += [(bm, 128, 4, 4, {"TMA": True}) for bm in (16, 32, 64)]
         grid += [(bm, 64, 4, 4, {"TMA": True, "PROGRAMS": 8192}) for bm in (16, 32)]
     else:

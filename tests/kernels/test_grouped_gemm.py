@@ -220,3 +220,10 @@ def test_tma_persistent_masked(scheme):
     valid = (torch.arange(max_m)[None, :] < routing.masked_m[:, None]).flatten()
     expert_of_row = torch.arange(experts).repeat_interleave(max_m)
     check(out.view(-1, n), a_deq, w_deq, expert_of_row, valid, k, CONFIG["BLOCK_K"])
+
+
+@pytest.mark.parametrize("scheme", ["bf16", "fp8_tensor", "fp8_block"])
+def test_swap_ab(scheme):
+    """W A^T tiles (the expert's weight rows as the MMA's M): the same output."""
+    run_contiguous(scheme, config=dict(CONFIG, SWAP_AB=True, BLOCK_M=16), block_m=16)
+    run_contiguous(scheme, config=dict(CONFIG, SWAP_AB=True), num_rows=40)

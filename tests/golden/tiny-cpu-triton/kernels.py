@@ -386,6 +386,7 @@ def _grouped_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
+    SWAP_AB: tl.constexpr,  # bf16 / fp8: compute W A^T (small row counts per expert)
 ):
     # Program -> (pid_m, pid_n), grouped along M for L2 reuse (Triton matmul tutorial).
     blocks_per_expert = tl.cdiv(M, BLOCK_M)
@@ -424,13 +425,22 @@ def _grouped_gemm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     w_expert = w_ptr + expert.to(tl.int64) * stride_we
     ws_expert = w_scale_ptr + expert.to(tl.int64) * stride_wse
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:  # out^T = W A^T: the expert's weight rows fill the MMA's M, few tokens its N
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
-        a_mask = valid[:, None] & (k < K)[None, :]
-        a = tl.load(
-            a_ptr + rows[:, None] * stride_am + k[None, :] * stride_ak, mask=a_mask, other=0.0
-        )
+        if SWAP_AB:  # A^T tile [BLOCK_K, BLOCK_M]
+            a_mask = (k < K)[:, None] & valid[None, :]
+            a = tl.load(
+                a_ptr + rows[None, :] * stride_am + k[:, None] * stride_ak, mask=a_mask, other=0.0
+            )
+        else:
+            a_mask = valid[:, None] & (k < K)[None, :]
+            a = tl.load(
+                a_ptr + rows[:, None] * stride_am + k[None, :] * stride_ak, mask=a_mask, other=0.0
+            )
         if SCHEME == "mxfp8" or SCHEME == "mxfp4":
             # Dequantize both tiles with their 1 x 32 scales: value x 2**e is exact in bf16, and
             # so is each product in fp32. W is handled as [BLOCK_N, BLOCK_K] and transposed.
@@ -458,6 +468,22 @@ def _grouped_gemm_kernel(
                 a = a.to(tl.bfloat16)
                 w = w.to(tl.bfloat16)
             acc = tl.dot(a, w, acc)
+        elif SWAP_AB:
+            w_ptrs = w_expert + offs_n[:, None] * stride_wn + k[None, :] * stride_wk  # W tile
+            w = tl.load(w_ptrs, mask=(offs_n < N)[:, None] & (k < K)[None, :], other=0.0)
+            if SCHEME == "bf16":
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    w = w.to(tl.float32)
+                acc = tl.dot(w, a, acc, input_precision="ieee")
+            elif SCHEME == "fp8_tensor":
+                acc += tl.dot(w, a)
+            else:  # "fp8_block"
+                a_s_ptrs = a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask
+                w_s_ptrs = ws_expert + (offs_n // 128) * stride_wsn + (k0 // 128) * stride_wsk
+                a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
+                w_s = tl.load(w_s_ptrs, mask=offs_n < N, other=0.0)
+                acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
         else:
             w_ptrs = w_expert + offs_n[None, :] * stride_wn + k[:, None] * stride_wk  # W^T tile
             w = tl.load(w_ptrs, mask=(k < K)[:, None] & (offs_n < N)[None, :], other=0.0)
@@ -474,6 +500,8 @@ def _grouped_gemm_kernel(
                 a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
                 w_s = tl.load(w_s_ptrs, mask=offs_n < N, other=0.0)
                 acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
+    if SWAP_AB:
+        acc = tl.trans(acc)
     if SCHEME == "fp8_tensor":
         acc = acc * (tl.load(a_scale_ptr) * tl.load(ws_expert))
 
@@ -622,6 +650,8 @@ def grouped_gemm(
     num_experts, n, k = w.shape[0], w.shape[1], a.shape[-1]
     if scheme == "fp8_block" and 128 % config["BLOCK_K"]:
         raise ValueError(f"fp8_block needs BLOCK_K dividing 128, got {config['BLOCK_K']}")
+    if config.get("SWAP_AB") and scheme in ("mxfp8", "mxfp4"):
+        raise ValueError(f"SWAP_AB takes bf16 / fp8 schemes, not {scheme}")
     if scheme in ("mxfp8", "mxfp4") and (config["BLOCK_K"] % 32 or k % 32):
         raise ValueError(
             f"{scheme} needs BLOCK_K and K multiples of 32, got {config['BLOCK_K']}, {k}"
@@ -690,6 +720,7 @@ def grouped_gemm(
         BLOCK_N=config["BLOCK_N"],
         BLOCK_K=config["BLOCK_K"],
         GROUP_SIZE_M=config["GROUP_SIZE_M"],
+        SWAP_AB=config.get("SWAP_AB", False),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
@@ -933,3 +964,258 @@ def permute_quant(
         **meta,
     )
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# route: top-k expert selection and the grouped layout's indices, in two launches.
+#
+# select_topk   one program per token: scores from fp32 logits (SCORING softmax | sigmoid |
+#               sqrtsoftplus), choice = scores (+ correction bias), expert groups (METHOD
+#               group_limited_greedy: best expert per group; noaux_tc: sum of the top-2), top-k by
+#               repeated argmax, weights = scores of the chosen experts (renormalized, scaled),
+#               then FUSED_SHARED extra experts E.. with weight 1.
+# route_layout  one program per expert: rows of the grouped layout for its assignments, in token
+#               order (a running cumulative count, no atomics: the same indices on every run);
+#               counts from a histogram of all topk_ids; contiguous: each expert's rows padded to
+#               BLOCK_M (m_indices -1 on padding), the last program writes num_rows and fills the
+#               unused tail; masked: expert e owns rows e * max_m .. + max_m.
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _select_topk_kernel(
+    # pointers
+    logits_ptr,  # [T, E] fp32
+    bias_ptr,  # [E] fp32 (HAS_BIAS)
+    ids_ptr,  # [T, TOP_K + FUSED_SHARED] int32 out
+    weights_ptr,  # [T, TOP_K + FUSED_SHARED] fp32 out
+    # dims
+    E,
+    # strides
+    stride_lt,
+    stride_it,
+    stride_wt,
+    # meta-parameters
+    SCORING: tl.constexpr,
+    METHOD: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    N_GROUP: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
+    TOP_K: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    WEIGHT_SCALE: tl.constexpr,
+    FUSED_SHARED: tl.constexpr,
+    BLOCK_E: tl.constexpr,  # power of two >= E
+):
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    valid = e < E
+    logits = tl.load(logits_ptr + t * stride_lt + e, mask=valid, other=float("-inf"))
+    if SCORING == "softmax":
+        shifted = tl.exp(logits - tl.max(logits, axis=0))
+        scores = shifted / tl.sum(shifted, axis=0)
+    elif SCORING == "sigmoid":
+        scores = tl.sigmoid(logits)
+    else:  # sqrt(softplus(x)), softplus(x) = max(x, 0) + log(1 + exp(-|x|))
+        scores = tl.sqrt(tl.maximum(logits, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(logits))))
+    scores = tl.where(valid, scores, 0.0)
+    choice = scores
+    if HAS_BIAS:
+        choice = choice + tl.load(bias_ptr + e, mask=valid, other=0.0)
+    choice = tl.where(valid, choice, float("-inf"))
+    if METHOD != "greedy" and N_GROUP > 1:
+        per_group = E // N_GROUP
+        group = tl.where(valid, e // per_group, N_GROUP)
+        g = tl.arange(0, N_GROUP)
+        group_scores = tl.zeros((N_GROUP,), dtype=tl.float32)
+        for index in tl.static_range(N_GROUP):
+            members = tl.where(group == index, choice, float("-inf"))
+            best = tl.max(members, axis=0)
+            if METHOD == "noaux_tc":  # sum of the group's top-2 scores
+                first = tl.argmax(members, axis=0)
+                best = best + tl.max(tl.where(e == first, float("-inf"), members), axis=0)
+            group_scores = tl.where(g == index, best, group_scores)
+        kept = tl.zeros((N_GROUP,), dtype=tl.int1)
+        for _ in tl.static_range(TOPK_GROUP):
+            top = tl.argmax(tl.where(kept, float("-inf"), group_scores), axis=0)
+            kept = kept | (g == top)
+        keep_expert = tl.sum(tl.where(kept[None, :] & (g[None, :] == group[:, None]), 1, 0), axis=1)
+        choice = tl.where(keep_expert > 0, choice, float("-inf"))
+    total = 0.0
+    for k in tl.static_range(TOP_K):
+        top = tl.argmax(choice, axis=0)
+        weight = tl.sum(tl.where(e == top, scores, 0.0), axis=0)
+        tl.store(ids_ptr + t * stride_it + k, top.to(tl.int32))
+        tl.store(weights_ptr + t * stride_wt + k, weight)
+        total += weight
+        choice = tl.where(e == top, float("-inf"), choice)
+    if NORMALIZE or WEIGHT_SCALE != 1.0:  # as the torch backend: w / (sum + 1e-20) * scale
+        for k in tl.static_range(TOP_K):
+            weight = tl.load(weights_ptr + t * stride_wt + k)
+            if NORMALIZE:
+                weight = weight / (total + 1e-20)
+            tl.store(weights_ptr + t * stride_wt + k, weight * WEIGHT_SCALE)
+    for k in tl.static_range(FUSED_SHARED):
+        tl.store(ids_ptr + t * stride_it + TOP_K + k, (E + k).to(tl.int32))
+        tl.store(weights_ptr + t * stride_wt + TOP_K + k, 1.0)
+
+
+@triton.jit
+def _route_layout_kernel(
+    # pointers
+    ids_ptr,  # [A] int32, A = T * K assignments
+    row_of_ptr,  # [A] int32 out
+    token_of_row_ptr,  # [M] int32 out
+    m_indices_ptr,  # [M] int32 out (contiguous)
+    counts_ptr,  # [E] int32 out
+    starts_ptr,  # [E] int64 out (contiguous)
+    num_rows_ptr,  # [1] int32 out (contiguous)
+    # dims
+    A,
+    K,
+    E,
+    M,  # rows of the layout (contiguous: worst case; masked: E * max_m)
+    MAX_M,  # masked: rows per expert
+    # meta-parameters
+    LAYOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # contiguous row padding
+    BLOCK_A: tl.constexpr,
+    BLOCK_E: tl.constexpr,  # power of two > E
+):
+    expert = tl.program_id(0)
+    bins = tl.arange(0, BLOCK_E)
+    counts = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    for a0 in range(0, A, BLOCK_A):
+        offs = a0 + tl.arange(0, BLOCK_A)
+        ids = tl.load(ids_ptr + offs, mask=offs < A, other=BLOCK_E - 1)
+        counts += tl.histogram(tl.where(offs < A, ids, BLOCK_E - 1), BLOCK_E)
+    counts = tl.where(bins < E, counts, 0)
+    if LAYOUT == "contiguous":
+        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        start = tl.sum(tl.where(bins < expert, padded, 0), axis=0)
+        total = tl.sum(padded, axis=0)
+    else:
+        start = expert * MAX_M
+        total = E * MAX_M
+    if expert == E:  # the extra program: unused rows past the last expert, and num_rows
+        if LAYOUT == "contiguous":
+            tl.store(num_rows_ptr, total)
+            for r0 in range(total, M, BLOCK_A):
+                rows = r0 + tl.arange(0, BLOCK_A)
+                tl.store(token_of_row_ptr + rows, -1, mask=rows < M)
+                tl.store(m_indices_ptr + rows, -1, mask=rows < M)
+    else:
+        count = tl.sum(tl.where(bins == expert, counts, 0), axis=0)
+        tl.store(counts_ptr + expert, count)
+        if LAYOUT == "contiguous":
+            tl.store(starts_ptr + expert, start.to(tl.int64))
+        seen = 0
+        for a0 in range(0, A, BLOCK_A):
+            offs = a0 + tl.arange(0, BLOCK_A)
+            mine = tl.load(ids_ptr + offs, mask=offs < A, other=-1) == expert
+            rank = seen + tl.cumsum(mine.to(tl.int32), axis=0) - 1
+            rows = start + rank
+            tl.store(row_of_ptr + offs, rows, mask=mine)
+            tl.store(token_of_row_ptr + rows, (offs // K).to(tl.int32), mask=mine)
+            if LAYOUT == "contiguous":
+                tl.store(m_indices_ptr + rows, expert, mask=mine)
+            seen += tl.sum(mine.to(tl.int32), axis=0)
+        if LAYOUT == "contiguous":
+            end = start + tl.sum(tl.where(bins == expert, padded, 0), axis=0)
+        else:
+            end = start + MAX_M
+        for r0 in range(start + count, end, BLOCK_A):  # this expert's padding rows
+            rows = r0 + tl.arange(0, BLOCK_A)
+            tl.store(token_of_row_ptr + rows, -1, mask=rows < end)
+            if LAYOUT == "contiguous":
+                tl.store(m_indices_ptr + rows, -1, mask=rows < end)
+
+
+def select_topk(
+    logits,
+    bias,
+    ids,
+    weights,
+    *,
+    scoring,
+    method,
+    n_group,
+    topk_group,
+    top_k,
+    normalize,
+    weight_scale,
+    fused_shared,
+):
+    """Top-k selection for every token: writes ids [T, K'] int32 and weights [T, K'] fp32,
+    K' = top_k + fused_shared; see the comment above. Returns (weights, ids)."""
+    tokens, experts = logits.shape
+    if tokens:
+        _select_topk_kernel[(tokens,)](
+            # pointers
+            logits,
+            bias if bias is not None else logits,
+            ids,
+            weights,
+            # dims
+            experts,
+            # strides
+            logits.stride(0),
+            ids.stride(0),
+            weights.stride(0),
+            # meta-parameters
+            SCORING=scoring,
+            METHOD=method,
+            HAS_BIAS=bias is not None,
+            N_GROUP=n_group,
+            TOPK_GROUP=topk_group,
+            TOP_K=top_k,
+            NORMALIZE=normalize,
+            WEIGHT_SCALE=weight_scale,
+            FUSED_SHARED=fused_shared,
+            BLOCK_E=triton.next_power_of_2(experts),
+            num_warps=4,
+        )
+    return weights, ids
+
+
+def route_layout(
+    topk_ids,
+    row_of,
+    token_of_row,
+    counts,
+    *,
+    layout,
+    experts,
+    m_indices=None,
+    starts=None,
+    num_rows=None,
+    block_m=1,
+    max_m=0,
+):
+    """Indices of the grouped layout for topk_ids [T, K] (int32), written in place:
+    row_of [T, K], token_of_row [M], counts [E]; contiguous also m_indices [M], starts [E]
+    (int64) and num_rows [1]. See the comment above."""
+    assignments = topk_ids.numel()
+    dummy = counts
+    _route_layout_kernel[(experts + 1,)](
+        # pointers
+        topk_ids,
+        row_of,
+        token_of_row,
+        m_indices if m_indices is not None else dummy,
+        counts,
+        starts if starts is not None else dummy,
+        num_rows if num_rows is not None else dummy,
+        # dims
+        assignments,
+        topk_ids.shape[1] if topk_ids.dim() == 2 else 1,
+        experts,
+        token_of_row.numel(),
+        max_m,
+        # meta-parameters
+        LAYOUT=layout,
+        BLOCK_M=block_m,
+        BLOCK_A=1024,
+        BLOCK_E=triton.next_power_of_2(experts + 1),
+        num_warps=4,
+    )

@@ -27,34 +27,6 @@ class Routing(NamedTuple):
     max_m: int  # rows per expert in the [E, max_m, *] buffers
 
 
-def route(topk_ids: torch.Tensor) -> Routing:
-    """Sort the T*K assignments by expert (stable: token order within an expert)."""
-    tokens, top_k = topk_ids.shape
-    experts = 8
-    flat = topk_ids.reshape(-1).long()  # [T*K]
-    order = torch.argsort(flat, stable=True)  # assignment index, grouped by expert
-    sorted_experts = flat[order]
-    # [E] rows per expert; scatter_add, not bincount, which syncs with the host on CUDA
-    counts = torch.zeros(experts, dtype=torch.int64, device=flat.device).scatter_add_(
-        0, flat, torch.ones_like(flat)
-    )
-    first = torch.cumsum(counts, 0) - counts  # first sorted position of each expert
-    rank = torch.arange(flat.numel(), device=flat.device) - first[sorted_experts]
-    max_m = masked_max_m(tokens)
-    rows = experts * max_m
-    sorted_rows = sorted_experts * max_m + rank
-    row_of = torch.empty_like(flat)
-    row_of[order] = sorted_rows
-    token_of_row = torch.full((rows,), -1, dtype=torch.int32, device=flat.device)
-    token_of_row[sorted_rows] = (order // top_k).to(torch.int32)
-    return Routing(
-        row_of.view(tokens, top_k).to(torch.int32),
-        token_of_row,
-        counts.to(torch.int32),
-        max_m,
-    )
-
-
 def masked_max_m(tokens: int) -> int:
     """Rows per expert of the masked layout: every token could pick the same expert."""
     return (tokens // 256 + 1) * 256
@@ -97,27 +69,48 @@ def bucket(tokens: int) -> tuple:
     return BUCKETS[-1]
 
 
+def route(topk_ids: torch.Tensor) -> Routing:
+    """The masked layout's indices for the T*K assignments, by one Triton launch
+    (token order within each expert, as the torch backend's stable sort)."""
+    tokens, top_k = topk_ids.shape
+    experts = 8
+    device = topk_ids.device
+    max_m = masked_max_m(tokens)
+    rows = experts * max_m
+    row_of = torch.empty((tokens, top_k), dtype=torch.int32, device=device)
+    token_of_row = torch.empty(rows, dtype=torch.int32, device=device)
+    counts = torch.empty(experts, dtype=torch.int32, device=device)
+    kernels.route_layout(
+        topk_ids, row_of, token_of_row, counts, layout="masked", experts=experts, max_m=max_m
+    )
+    return Routing(row_of, token_of_row, counts, max_m)
+
+
 def router(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
     """Router logits in fp32, as the checkpoint's fp32 router computes them."""
     return F.linear(x.float(), gate_weight)  # [T, E]
 
 
 def select(logits: torch.Tensor, gate_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-2 of 8 experts: sigmoid scores, choice biased by e_score_correction_bias, 1 of 2 groups kept, weights renormalized, x2.5."""
+    """Top-2 of 8 experts: sigmoid scores, choice biased by e_score_correction_bias, 1 of 2 groups kept, weights renormalized, x2.5; one Triton program per token."""
     tokens = logits.shape[0]
-    scores = logits.sigmoid()  # [T, E]
-    choice = scores + gate_bias  # [T, E], the bias steers the choice, not the weights
-    grouped = choice.view(tokens, 2, 4)  # [T, G, E/G]
-    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, G]: sum of each top-2
-    kept = group_scores.topk(1, dim=-1, sorted=False).indices  # [T, topk_group]
-    group_mask = torch.zeros_like(group_scores).scatter_(1, kept, 1.0)  # [T, G]
-    expert_mask = group_mask.unsqueeze(-1).expand(-1, -1, 4).reshape(tokens, 8)
-    choice = choice.masked_fill(expert_mask == 0, float("-inf"))
-    topk_ids = choice.topk(2, dim=-1, sorted=False).indices  # [T, K]
-    topk_weights = scores.gather(1, topk_ids)  # [T, K]
-    topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
-    topk_weights = topk_weights * 2.5  # routed_scaling_factor
-    return topk_weights, topk_ids.to(torch.int32)
+    width = 2  # top-k
+    ids = torch.empty((tokens, width), dtype=torch.int32, device=logits.device)
+    weights = torch.empty((tokens, width), dtype=torch.float32, device=logits.device)
+    return kernels.select_topk(
+        logits,
+        gate_bias,
+        ids,
+        weights,
+        scoring="sigmoid",
+        method="noaux_tc",
+        n_group=2,
+        topk_group=1,
+        top_k=2,
+        normalize=True,
+        weight_scale=2.5,
+        fused_shared=0,
+    )
 
 
 def dispatch(x: torch.Tensor, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Routing]:
