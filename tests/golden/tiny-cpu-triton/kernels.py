@@ -975,8 +975,8 @@ def permute_quant(
 #               repeated argmax, weights = scores of the chosen experts (renormalized, scaled),
 #               then FUSED_SHARED extra experts E.. with weight 1.
 # route_layout  one program per expert: rows of the grouped layout for its assignments, in token
-#               order (a running cumulative count, no atomics: the same indices on every run);
-#               counts from a histogram of all topk_ids; contiguous: each expert's rows padded to
+#               order (a running cumulative count: the same indices on every run); the counts
+#               come first from integer atomic adds (exact); contiguous: each expert's rows padded to
 #               BLOCK_M (m_indices -1 on padding), the last program writes num_rows and fills the
 #               unused tail; masked: expert e owns rows e * max_m .. + max_m.
 # --------------------------------------------------------------------------------------------------
@@ -1061,9 +1061,22 @@ def _select_topk_kernel(
 
 
 @triton.jit
+def _route_count_kernel(
+    ids_ptr,  # [A] int32
+    counts_ptr,  # [BLOCK_E] int32, zeroed: assignments per expert (integer atomics: exact)
+    A,
+    BLOCK_A: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK_A + tl.arange(0, BLOCK_A)
+    ids = tl.load(ids_ptr + offs, mask=offs < A, other=0)
+    tl.atomic_add(counts_ptr + ids, 1, mask=offs < A)
+
+
+@triton.jit
 def _route_layout_kernel(
     # pointers
     ids_ptr,  # [A] int32, A = T * K assignments
+    all_counts_ptr,  # [BLOCK_E] int32: assignments per expert (from the count kernel)
     row_of_ptr,  # [A] int32 out
     token_of_row_ptr,  # [M] int32 out
     m_indices_ptr,  # [M] int32 out (contiguous)
@@ -1084,12 +1097,7 @@ def _route_layout_kernel(
 ):
     expert = tl.program_id(0)
     bins = tl.arange(0, BLOCK_E)
-    counts = tl.zeros((BLOCK_E,), dtype=tl.int32)
-    for a0 in range(0, A, BLOCK_A):
-        offs = a0 + tl.arange(0, BLOCK_A)
-        ids = tl.load(ids_ptr + offs, mask=offs < A, other=BLOCK_E - 1)
-        counts += tl.histogram(tl.where(offs < A, ids, BLOCK_E - 1), BLOCK_E)
-    counts = tl.where(bins < E, counts, 0)
+    counts = tl.load(all_counts_ptr + bins, mask=bins < E, other=0)
     if LAYOUT == "contiguous":
         padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         start = tl.sum(tl.where(bins < expert, padded, 0), axis=0)
@@ -1106,7 +1114,7 @@ def _route_layout_kernel(
                 tl.store(m_indices_ptr + rows, -1, mask=rows < M)
     else:
         count = tl.sum(tl.where(bins == expert, counts, 0), axis=0)
-        tl.store(counts_ptr + expert, count)
+        tl.store(counts_ptr + expert, count)  # the layout's own [E] int32 copy
         if LAYOUT == "contiguous":
             tl.store(starts_ptr + expert, start.to(tl.int64))
         seen = 0
@@ -1197,9 +1205,16 @@ def route_layout(
     (int64) and num_rows [1]. See the comment above."""
     assignments = topk_ids.numel()
     dummy = counts
+    block_e = triton.next_power_of_2(experts + 1)
+    histogram = torch.zeros(block_e, dtype=torch.int32, device=topk_ids.device)
+    if assignments:
+        _route_count_kernel[(triton.cdiv(assignments, 1024),)](
+            topk_ids, histogram, assignments, BLOCK_A=1024, num_warps=4
+        )
     _route_layout_kernel[(experts + 1,)](
         # pointers
         topk_ids,
+        histogram,
         row_of,
         token_of_row,
         m_indices if m_indices is not None else dummy,
@@ -1216,6 +1231,6 @@ def route_layout(
         LAYOUT=layout,
         BLOCK_M=block_m,
         BLOCK_A=1024,
-        BLOCK_E=triton.next_power_of_2(experts + 1),
+        BLOCK_E=block_e,
         num_warps=4,
     )
