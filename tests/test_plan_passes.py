@@ -541,8 +541,12 @@ def test_cuda_graph_safety(name, env, safe, syncing):
 # --- the decisions of every example -------------------------------------------------------
 
 COMMON = {
-    "router and top-k": "torch",
     "fuse finalize into combine": "yes",
+}
+ROUTER = {  # the top-k runs where the GEMMs run: Triton kernels with the triton backend
+    "triton": "fp32 GEMM in torch; top-k and routing indices in Triton",
+    "torch": "torch",
+    "deep_gemm": "torch",
 }
 EXPECTED = {
     # example: (environment, decisions, decisions that must be absent)
@@ -689,7 +693,8 @@ def test_decisions_of_examples(example):
     env, expected, absent = EXPECTED[example]
     plan = plan_of(f"{example}.toml", env=env)
     found = choices(plan)
-    for what, choice in {**COMMON, **expected}.items():
+    router = {"router and top-k": ROUTER[plan.facts["gemm_backend"]]}
+    for what, choice in {**COMMON, **router, **expected}.items():
         assert found.get(what) == choice, what
     for what in absent:
         assert what not in found

@@ -13,7 +13,7 @@ from moec import __version__
 from moec.plan import Plan, facts
 from moec.plan.activations import lower
 from moec.plan.facts import QuantFormat
-from moec.plan.sizes import dim
+from moec.plan.sizes import dim, symbols
 from moec.plan.types import TensorType
 from moec.spec.models import Spec
 
@@ -148,7 +148,6 @@ def stage_context(plan: Plan, stage, f, routed, shared) -> dict[str, Any]:
         weight = next(name for name in stage.weights if not name.endswith("_scale"))
         fmt = routed
         n_value = 2 * f.intermediate if params["n"] == "2I" else f.hidden
-        cuda_bf16 = f.device == "cuda" and fmt["scheme"] == "bf16" and f.dtype.value == "bfloat16"
         params.update(
             quantized=fmt["quantized"],
             per_tensor=fmt["quantized"] and fmt["group"] is None,
@@ -158,8 +157,8 @@ def stage_context(plan: Plan, stage, f, routed, shared) -> dict[str, Any]:
             kernel_scheme=KERNEL_SCHEME.get(fmt["scheme"], fmt["scheme"]),
             bucket_slot=2 if params["n"] == "2I" else 3,
             n_value=n_value,
-            grouped_mm=cuda_bf16 and plan.facts["layout"] == "contiguous",
-            batched=cuda_bf16 and plan.facts["layout"] == "masked",
+            grouped_mm=params.get("torch_kernel") == "grouped_mm",
+            batched=params.get("torch_kernel") == "bmm",
         )
     elif kind == "activation":
         params.update(
@@ -238,19 +237,13 @@ def forward_calls(plan: Plan) -> list[str]:
 def parameters(plan: Plan) -> list[dict[str, Any]]:
     """(name, shape, dtype) of every weight, with this rank's sizes."""
     f = facts(plan)
-    table = {
-        "H": f.hidden,
-        "I": f.intermediate,
-        "2I": 2 * f.intermediate,
-        "Is": f.shared_intermediate,
-        "2Is": 2 * f.shared_intermediate,
-        "1": 1,
-    }
     rows = []
     for stage in plan.order():
-        grouped = stage.kind == "gemm"
+        table = symbols(f, 0)
+        # "E" of the grouped GEMMs' weights is this rank's experts (with fused shared experts);
+        # elsewhere (the router) it is every routed expert.
+        table["E"] = f.grouped_experts if stage.kind == "gemm" else f.routed_experts
         for name, tensor_type in stage.weights.items():
-            table["E"] = f.grouped_experts if grouped else f.routed_experts
             shape = [dim(d, table) for d in tensor_type.shape]
             rows.append({"name": name, "shape": shape, "dtype": tensor_type.dtype.torch})
     return rows

@@ -147,7 +147,7 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
         plan,
         "gemm_gate_up",
         gemm,
-        facts.arch,
+        facts,
         routed,
         "h",
         "2I",
@@ -186,9 +186,7 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
         plan.connect("activation", "quantize_down", "g")
         down_input = ("quantize_down", "hq")
 
-    _gemm(
-        plan, "gemm_down", gemm, facts.arch, routed, "y", "H", layout, dtype, ("w2", w2, w2_scale)
-    )
+    _gemm(plan, "gemm_down", gemm, facts, routed, "y", "H", layout, dtype, ("w2", w2, w2_scale))
     plan.connect(down_input[0], "gemm_down", down_input[1], "a")
     plan.connect("dispatch", "gemm_down", "routing")
 
@@ -235,7 +233,26 @@ def _layout_enum(layout: str) -> str:
     return Layout.masked.value if layout == "masked" else Layout.contiguous.value
 
 
-def _gemm(plan, name, backend, arch, fmt, out_name, n, layout, dtype, weight) -> None:
+# How the torch backend runs a grouped GEMM, and what it costs the host: (note, syncs host).
+TORCH_GEMM = {
+    "loop": (
+        "per-expert loop over the rows each expert received (host sync for the counts)",
+        True,
+    ),
+    "grouped_mm": ("torch._grouped_mm over the padded groups: one launch, no host sync", False),
+    "bmm": ("torch.bmm over all experts of the masked layout: one launch, no host sync", False),
+}
+
+
+def torch_gemm_kernel(device: str, fmt: QuantFormat, dtype: DType, layout: str) -> str:
+    """The torch backend's grouped GEMM: torch's own grouped kernels for bf16 on CUDA, else a
+    per-expert loop (which dequantizes fp8 / mx weights one expert at a time)."""
+    if device == "cuda" and not fmt.quantized and dtype is DType.bfloat16:
+        return "grouped_mm" if layout == "contiguous" else "bmm"
+    return "loop"
+
+
+def _gemm(plan, name, backend, facts, fmt, out_name, n, layout, dtype, weight) -> None:
     attr, w_type, scale_type = weight
     weights = {attr: w_type}
     if scale_type is not None:
@@ -243,22 +260,25 @@ def _gemm(plan, name, backend, arch, fmt, out_name, n, layout, dtype, weight) ->
     a_scale = fmt.activation_scale()
     a_dtype = DType.e4m3 if fmt.quantized else dtype
     k = "H" if n != "H" else "I"
+    params = {"format": fmt.scheme, "layout": layout, "n": n, "k": k}
+    note, syncs = "", False
+    if backend == "torch":
+        params["torch_kernel"] = torch_gemm_kernel(facts.device, fmt, dtype, layout)
+        note, syncs = TORCH_GEMM[params["torch_kernel"]]
     plan.add_stage(
         Stage(
             name,
             "gemm",
             backend,
-            params={"format": fmt.scheme, "layout": layout, "n": n, "k": k},
-            accepts={"a": grouped_type(a_dtype, k, layout, accepted_scale(backend, arch, a_scale))},
+            params=params,
+            accepts={
+                "a": grouped_type(a_dtype, k, layout, accepted_scale(backend, facts.arch, a_scale))
+            },
             outputs={out_name: grouped_type(dtype, n, layout)},
             weights=weights,
-            graph_safe=backend != "torch",
-            syncs_host=backend == "torch",
-            note=(
-                "per-expert loop over the rows each expert received (host sync for the counts)"
-                if backend == "torch"
-                else ""
-            ),
+            graph_safe=not syncs,
+            syncs_host=syncs,
+            note=note,
         )
     )
 

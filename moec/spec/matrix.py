@@ -10,6 +10,7 @@ from typing import Any
 from moec.spec import rules
 from moec.spec.models import Spec
 from moec.spec.normalize import normalize
+from moec.spec.presets import PRESETS
 
 TARGETS = ("cpu", "sm80", "sm89", "sm90", "sm100")
 SCHEMES = ("bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4")
@@ -27,13 +28,7 @@ LAYOUTS = ("contiguous", "masked", "auto")
 def _base(target: str) -> dict[str, Any]:
     data: dict[str, Any] = {
         "name": "matrix",
-        "model": {
-            "hidden_size": 7168,
-            "moe_intermediate_size": 2048,
-            "n_routed_experts": 256,
-            "num_experts_per_tok": 8,
-            "n_shared_experts": 1,
-        },
+        "model": dict(PRESETS["deepseek-v3"]["model"]),
         "router": {
             "scoring_func": "sigmoid",
             "topk_method": "noaux_tc",

@@ -227,3 +227,8 @@ def test_swap_ab(scheme):
     """W A^T tiles (the expert's weight rows as the MMA's M): the same output."""
     run_contiguous(scheme, config=dict(CONFIG, SWAP_AB=True, BLOCK_M=16), block_m=16)
     run_contiguous(scheme, config=dict(CONFIG, SWAP_AB=True), num_rows=40)
+
+
+def test_tma_warp_specialized():
+    """The warp-specialized K loop (a GPU schedule) computes the same GEMM."""
+    run_contiguous("fp8_block", config=dict(TMA_CONFIG, WARP_SPECIALIZE=True, num_warps=8))
