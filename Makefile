@@ -23,6 +23,7 @@ demo: $(STAMP)
 	$(BIN)/moec validate examples/*.toml
 	$(BIN)/moec explain examples/tiny-cpu.toml --tokens 1,64
 	$(BIN)/moec run examples/tiny-cpu.toml --tokens 16
+	TRITON_INTERPRET=1 $(BIN)/moec run examples/tiny-cpu-triton.toml --tokens 8
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -x --durations=15
