@@ -122,9 +122,9 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from moec.codegen import build_file
+    from moec.codegen import build
 
-    result = build_file(args.spec, args.out, args.overrides)
+    result = build(args.spec, args.out, args.overrides)
     print(f"{result.package_dir}: {result.summary}")
     return 0
 

@@ -152,7 +152,3 @@ def build(
     target = Path(out_dir or "out") / loaded.spec.name
     written = write_package(target, files)
     return BuildResult(target, written, time.perf_counter() - start, tuple(sorted(files)))
-
-
-def build_file(path: str, out_dir: str | None, overrides) -> BuildResult:
-    return build(path, out_dir, overrides)

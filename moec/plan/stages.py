@@ -118,7 +118,9 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
 
     a_type = plan.stage(expert_input).outputs[expert_tensor]
     routing_type = TensorType(
-        I32, ("M",) if layout == "contiguous" else ("E",), Layout(_layout_enum(layout))
+        I32,
+        ("M",) if layout == "contiguous" else ("E",),
+        Layout.masked if layout == "masked" else Layout.contiguous,
     )
     dispatch_backend = resolved.dispatch_backend
     if facts.dispatch == "local" and gemm == "triton":
@@ -227,10 +229,6 @@ def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
     plan.add_stage(Stage("output", "output", "-"))
     plan.connect("finalize", "output", "out")
     return plan
-
-
-def _layout_enum(layout: str) -> str:
-    return Layout.masked.value if layout == "masked" else Layout.contiguous.value
 
 
 # How the torch backend runs a grouped GEMM, and what it costs the host: (note, syncs host).
