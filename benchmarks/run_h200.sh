@@ -11,7 +11,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 case "${STEP:-bench}" in
   all)
     python3 tune.py --out "$OUT/h200.json" --schemes "${SCHEMES:-fp8_block,bf16}" 2>&1 | tee "$OUT/tune.log"
-    for scheme in fp8_block bf16 fp8_block_fused; do
+    for scheme in ${BENCH:-fp8_block bf16 fp8_block_fused}; do
       python3 bench_moe.py --scheme "$scheme" --tuned "$OUT/h200.json" --out "$OUT/bench_$scheme.json" 2>&1 | tee "$OUT/bench_$scheme.log"
     done
     ;;

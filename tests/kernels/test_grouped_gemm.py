@@ -232,3 +232,9 @@ def test_swap_ab(scheme):
 def test_tma_warp_specialized():
     """The warp-specialized K loop (a GPU schedule) computes the same GEMM."""
     run_contiguous("fp8_block", config=dict(TMA_CONFIG, WARP_SPECIALIZE=True, num_warps=8))
+
+
+def test_fp8_block_tile_spanning_two_weight_blocks():
+    """BLOCK_N = 256 covers two 128-row weight blocks: per-column scales, not one per tile."""
+    run_contiguous("fp8_block", config=dict(CONFIG, BLOCK_N=256))
+    run_contiguous("fp8_block", config=dict(TMA_CONFIG, BLOCK_N=256))

@@ -480,10 +480,16 @@ def _grouped_gemm_kernel(
                 acc += tl.dot(w, a)
             else:  # "fp8_block"
                 a_s_ptrs = a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask
-                w_s_ptrs = ws_expert + (offs_n // 128) * stride_wsn + (k0 // 128) * stride_wsk
                 a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
-                w_s = tl.load(w_s_ptrs, mask=offs_n < N, other=0.0)
-                acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
+                if 128 % BLOCK_N == 0:  # the tile lies in one 128-row weight block: one scale
+                    w_s = tl.load(
+                        ws_expert + (pid_n * BLOCK_N // 128) * stride_wsn + (k0 // 128) * stride_wsk
+                    )
+                    acc += tl.dot(w, a) * (a_s * w_s)[None, :]
+                else:
+                    w_s_ptrs = ws_expert + (offs_n // 128) * stride_wsn + (k0 // 128) * stride_wsk
+                    w_s = tl.load(w_s_ptrs, mask=offs_n < N, other=0.0)
+                    acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
         else:
             w_ptrs = w_expert + offs_n[None, :] * stride_wn + k[:, None] * stride_wk  # W^T tile
             w = tl.load(w_ptrs, mask=(k < K)[:, None] & (offs_n < N)[None, :], other=0.0)
@@ -496,10 +502,16 @@ def _grouped_gemm_kernel(
                 acc += tl.dot(a, w)
             else:  # "fp8_block": scale each BLOCK_K partial product
                 a_s_ptrs = a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask
-                w_s_ptrs = ws_expert + (offs_n // 128) * stride_wsn + (k0 // 128) * stride_wsk
                 a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
-                w_s = tl.load(w_s_ptrs, mask=offs_n < N, other=0.0)
-                acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
+                if 128 % BLOCK_N == 0:  # one weight scale for the tile: fold it into a_s
+                    w_s = tl.load(
+                        ws_expert + (pid_n * BLOCK_N // 128) * stride_wsn + (k0 // 128) * stride_wsk
+                    )
+                    acc += tl.dot(a, w) * (a_s * w_s)[:, None]
+                else:
+                    w_s_ptrs = ws_expert + (offs_n // 128) * stride_wsn + (k0 // 128) * stride_wsk
+                    w_s = tl.load(w_s_ptrs, mask=offs_n < N, other=0.0)
+                    acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
     if SWAP_AB:
         acc = tl.trans(acc)
     if SCHEME == "fp8_tensor":
@@ -604,15 +616,17 @@ def _grouped_gemm_tma_kernel(
                         mask=valid,
                         other=0.0,
                     )
-                    w_s = tl.load(
-                        w_scale_ptr
-                        + expert.to(tl.int64) * stride_wse
-                        + (offs_n // 128) * stride_wsn
-                        + (k0 // 128) * stride_wsk,
-                        mask=offs_n < N,
-                        other=0.0,
+                    ws_block = (
+                        w_scale_ptr + expert.to(tl.int64) * stride_wse + (k0 // 128) * stride_wsk
                     )
-                    acc += tl.dot(a, w.T) * a_s[:, None] * w_s[None, :]
+                    if 128 % BLOCK_N == 0:  # one weight scale for the tile: fold it into a_s
+                        w_s = tl.load(ws_block + (n0 // 128) * stride_wsn)
+                        acc += tl.dot(a, w.T) * (a_s * w_s)[:, None]
+                    else:
+                        w_s = tl.load(
+                            ws_block + (offs_n // 128) * stride_wsn, mask=offs_n < N, other=0.0
+                        )
+                        acc += tl.dot(a, w.T) * a_s[:, None] * w_s[None, :]
             if SCHEME == "fp8_tensor":
                 acc = acc * (
                     tl.load(a_scale_ptr) * tl.load(w_scale_ptr + expert.to(tl.int64) * stride_wse)
