@@ -23,6 +23,8 @@ KERNELS = (
     "kernels/act_quant.py.j2",
     "kernels/combine.py.j2",
     "kernels/grouped_gemm.py.j2",
+    "kernels/grouped_gemm_tma.py.j2",
+    "kernels/numerics.py.j2",
     "kernels/permute_quant.py.j2",
     "kernels/route.py.j2",
 )

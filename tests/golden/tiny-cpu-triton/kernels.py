@@ -86,17 +86,11 @@ def _act_quant_kernel(
     if QUANT == "amax":
         tl.atomic_max(scale_ptr, tl.max(tl.max(tl.abs(out), axis=1), axis=0))
     elif QUANT == "none":
-        if SOFT_ROUND and out_ptr.dtype.element_ty == tl.bfloat16:  # round to nearest even
-            bits = out.to(tl.uint32, bitcast=True)
-            out = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
-        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptrs, _round_output(out, out_ptr.dtype.element_ty, SOFT_ROUND), mask=mask)
     else:
         if QUANT == "group":
             out = tl.reshape(out, (BLOCK_M, BLOCK_I // GROUP_SIZE, GROUP_SIZE))
-            scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(out), axis=2), 1e-10), 448.0)
-            if UE8M0:  # round up to a power of two, unless the mantissa is already zero
-                scale_bits = scale.to(tl.int32, bitcast=True) + 0x7FFFFF
-                scale = (scale_bits & 0x7F800000).to(tl.float32, bitcast=True)
+            scale = _group_scale(tl.max(tl.abs(out), axis=2), UE8M0)
             q = tl.reshape(tl.math.div_rn(out, scale[:, :, None]), (BLOCK_M, BLOCK_I))
             offs_g = tl.program_id(1) * (BLOCK_I // GROUP_SIZE) + tl.arange(
                 0, BLOCK_I // GROUP_SIZE
@@ -106,25 +100,7 @@ def _act_quant_kernel(
             tl.store(scale_ptrs, scale, mask=scale_mask)
         else:  # "tensor"
             q = tl.math.div_rn(out, tl.load(scale_ptr))
-        q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-        if SOFT_ROUND:  # round |q| to nearest even on the e4m3 grid, ulp 2**(e - 3) with e >= -6
-            bits = q.to(tl.int32, bitcast=True)
-            ulp = ((tl.maximum((bits >> 23) & 0xFF, 121) - 3) << 23).to(tl.float32, bitcast=True)
-            q = (tl.abs(q) + ulp * 12582912.0) - ulp * 12582912.0  # fp32 add at 1.5 * 2**23 ulp
-            q = (q.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
-        tl.store(out_ptrs, q.to(tl.float8e4nv), mask=mask)
-
-
-@triton.jit
-def _act_quant_scale_kernel(
-    scale_ptr,  # [1] fp32: amax in, scale out
-    UE8M0: tl.constexpr,
-):
-    scale = tl.math.div_rn(tl.maximum(tl.load(scale_ptr), 1e-10), 448.0)
-    if UE8M0:
-        scale_bits = scale.to(tl.int32, bitcast=True) + 0x7FFFFF
-        scale = (scale_bits & 0x7F800000).to(tl.float32, bitcast=True)
-    tl.store(scale_ptr, scale)
+        tl.store(out_ptrs, _to_e4m3(q, SOFT_ROUND), mask=mask)
 
 
 def act_quant(
@@ -203,7 +179,7 @@ def act_quant(
     if quant == "tensor" and dynamic:
         scale.zero_()
         run("amax")
-        _act_quant_scale_kernel[(1,)](scale, UE8M0=ue8m0)
+        _tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0)
     run(quant)
     return out
 
@@ -263,11 +239,8 @@ def _combine_kernel(
     if HAS_SHARED:
         shared_ptrs = shared_ptr + tokens[:, None] * stride_st + offs_h[None, :] * stride_sh
         acc += tl.load(shared_ptrs, mask=mask, other=0.0).to(tl.float32)
-    if SOFT_ROUND and out_ptr.dtype.element_ty == tl.bfloat16:  # round to nearest even
-        bits = acc.to(tl.uint32, bitcast=True)
-        acc = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
     out_ptrs = out_ptr + tokens[:, None] * stride_ot + offs_h[None, :] * stride_oh
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptrs, _round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND), mask=mask)
 
 
 def combine(y, row_of, weights, out, shared=None, *, config):
@@ -517,12 +490,115 @@ def _grouped_gemm_kernel(
     if SCHEME == "fp8_tensor":
         acc = acc * (tl.load(a_scale_ptr) * tl.load(ws_expert))
 
-    if SOFT_ROUND and out_ptr.dtype.element_ty == tl.bfloat16:  # round to nearest even
-        bits = acc.to(tl.uint32, bitcast=True)
-        acc = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
     out_mask = valid[:, None] & (offs_n < N)[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(out_ptrs, _round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND), mask=out_mask)
+
+
+def grouped_gemm(
+    a, a_scale, w, w_scale, out, *, scheme, config, m_indices=None, masked_m=None, num_rows=None
+):
+    """out = A @ W[e]^T per row's expert; see the comment above for each scheme's tensors.
+
+    Contiguous layout (pass m_indices [M] int32, optionally num_rows [1] int32 on the device):
+    a [M, K], out [M, N]. Masked layout (pass masked_m [E] int32): a [E, max_m, K], out
+    [E, max_m, N] (each viewable as 2-D). Any strides. config: BLOCK_M (dividing the layout's
+    row alignment), BLOCK_N, BLOCK_K (dividing 128 for fp8_block, a multiple of 32 for mx),
+    GROUP_SIZE_M, num_warps, num_stages. Launches nothing when there are no rows. Returns out.
+    """
+    if (m_indices is None) == (masked_m is None):
+        raise ValueError("pass exactly one of m_indices (contiguous) or masked_m (masked)")
+    if scheme not in ("bf16", "fp8_tensor", "fp8_block", "mxfp8", "mxfp4"):
+        raise ValueError(f"unknown scheme {scheme!r}")
+    if scheme != "bf16" and (a_scale is None or w_scale is None):
+        raise ValueError(f"scheme {scheme!r} needs a_scale and w_scale")
+    num_experts, n, k = w.shape[0], w.shape[1], a.shape[-1]
+    if scheme == "fp8_block" and 128 % config["BLOCK_K"]:
+        raise ValueError(f"fp8_block needs BLOCK_K dividing 128, got {config['BLOCK_K']}")
+    if config.get("SWAP_AB") and scheme in ("mxfp8", "mxfp4"):
+        raise ValueError(f"SWAP_AB takes bf16 / fp8 schemes, not {scheme}")
+    if scheme in ("mxfp8", "mxfp4") and (config["BLOCK_K"] % 32 or k % 32):
+        raise ValueError(
+            f"{scheme} needs BLOCK_K and K multiples of 32, got {config['BLOCK_K']}, {k}"
+        )
+    a2 = a.view(-1, k)
+    out2 = out.view(-1, n)
+    rows = a.shape[1] if masked_m is not None else a.shape[0]
+    if scheme == "bf16":
+        a_scale = w_scale = a
+    stride_as = (0, 0) if a_scale.dim() < 2 else (a_scale.view(-1, a_scale.shape[-1]).stride())
+    stride_ws = (list(w_scale.stride()) + [0, 0])[:3]
+    blocks = triton.cdiv(rows, config["BLOCK_M"])
+    if masked_m is not None:
+        blocks *= num_experts
+    grid = (blocks * triton.cdiv(n, config["BLOCK_N"]),)
+    if grid[0] == 0:
+        return out
+    interpret = triton.knobs.runtime.interpret
+    if config.get("TMA"):
+        _grouped_gemm_tma(
+            a2,
+            a_scale,
+            w,
+            w_scale,
+            out2,
+            scheme,
+            config,
+            m_indices,
+            masked_m,
+            num_rows,
+            rows,
+            interpret,
+        )
+        return out
+    _grouped_gemm_kernel[grid](
+        # pointers
+        a2,
+        a_scale,
+        w,
+        w_scale,
+        out2,
+        m_indices if masked_m is None else masked_m,
+        num_rows if num_rows is not None else a2,
+        # dims
+        rows,
+        n,
+        k,
+        num_experts,
+        # strides
+        a2.stride(0),
+        a2.stride(1),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        out2.stride(0),
+        out2.stride(1),
+        *stride_as,
+        *stride_ws,
+        # meta-parameters
+        SCHEME=scheme,
+        LAYOUT="masked" if masked_m is not None else "contiguous",
+        HAS_NUM_ROWS=num_rows is not None,
+        UPCAST=interpret,
+        SOFT_ROUND=interpret,
+        BLOCK_M=config["BLOCK_M"],
+        BLOCK_N=config["BLOCK_N"],
+        BLOCK_K=config["BLOCK_K"],
+        GROUP_SIZE_M=config["GROUP_SIZE_M"],
+        SWAP_AB=config.get("SWAP_AB", False),
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# grouped_gemm (TMA): the same grouped GEMM for bf16 / fp8_tensor / fp8_block with tensor-memory-
+# accelerator tile loads and a persistent grid: NUM_PROGRAMS programs (one per SM by default, or
+# config["PROGRAMS"]) walk the tiles, skipping those with no valid row; optionally the K loop is
+# warp-specialized (producer / consumer warps, 8 warps). Chosen by config["TMA"] per token bucket;
+# grouped_gemm() launches it.
+# --------------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -631,114 +707,12 @@ def _grouped_gemm_tma_kernel(
                 acc = acc * (
                     tl.load(a_scale_ptr) * tl.load(w_scale_ptr + expert.to(tl.int64) * stride_wse)
                 )
-            if SOFT_ROUND and out_ptr.dtype.element_ty == tl.bfloat16:
-                bits = acc.to(tl.uint32, bitcast=True)
-                acc = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).to(
-                    tl.float32, bitcast=True
-                )
             out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
             tl.store(
                 out_ptrs,
-                acc.to(out_ptr.dtype.element_ty),
+                _round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND),
                 mask=valid[:, None] & (offs_n < N)[None, :],
             )
-
-
-def grouped_gemm(
-    a, a_scale, w, w_scale, out, *, scheme, config, m_indices=None, masked_m=None, num_rows=None
-):
-    """out = A @ W[e]^T per row's expert; see the comment above for each scheme's tensors.
-
-    Contiguous layout (pass m_indices [M] int32, optionally num_rows [1] int32 on the device):
-    a [M, K], out [M, N]. Masked layout (pass masked_m [E] int32): a [E, max_m, K], out
-    [E, max_m, N] (each viewable as 2-D). Any strides. config: BLOCK_M (dividing the layout's
-    row alignment), BLOCK_N, BLOCK_K (dividing 128 for fp8_block, a multiple of 32 for mx),
-    GROUP_SIZE_M, num_warps, num_stages. Launches nothing when there are no rows. Returns out.
-    """
-    if (m_indices is None) == (masked_m is None):
-        raise ValueError("pass exactly one of m_indices (contiguous) or masked_m (masked)")
-    if scheme not in ("bf16", "fp8_tensor", "fp8_block", "mxfp8", "mxfp4"):
-        raise ValueError(f"unknown scheme {scheme!r}")
-    if scheme != "bf16" and (a_scale is None or w_scale is None):
-        raise ValueError(f"scheme {scheme!r} needs a_scale and w_scale")
-    num_experts, n, k = w.shape[0], w.shape[1], a.shape[-1]
-    if scheme == "fp8_block" and 128 % config["BLOCK_K"]:
-        raise ValueError(f"fp8_block needs BLOCK_K dividing 128, got {config['BLOCK_K']}")
-    if config.get("SWAP_AB") and scheme in ("mxfp8", "mxfp4"):
-        raise ValueError(f"SWAP_AB takes bf16 / fp8 schemes, not {scheme}")
-    if scheme in ("mxfp8", "mxfp4") and (config["BLOCK_K"] % 32 or k % 32):
-        raise ValueError(
-            f"{scheme} needs BLOCK_K and K multiples of 32, got {config['BLOCK_K']}, {k}"
-        )
-    a2 = a.view(-1, k)
-    out2 = out.view(-1, n)
-    rows = a.shape[1] if masked_m is not None else a.shape[0]
-    if scheme == "bf16":
-        a_scale = w_scale = a
-    stride_as = (0, 0) if a_scale.dim() < 2 else (a_scale.view(-1, a_scale.shape[-1]).stride())
-    stride_ws = (list(w_scale.stride()) + [0, 0])[:3]
-    blocks = triton.cdiv(rows, config["BLOCK_M"])
-    if masked_m is not None:
-        blocks *= num_experts
-    grid = (blocks * triton.cdiv(n, config["BLOCK_N"]),)
-    if grid[0] == 0:
-        return out
-    interpret = triton.knobs.runtime.interpret
-    if config.get("TMA"):
-        _grouped_gemm_tma(
-            a2,
-            a_scale,
-            w,
-            w_scale,
-            out2,
-            scheme,
-            config,
-            m_indices,
-            masked_m,
-            num_rows,
-            rows,
-            interpret,
-        )
-        return out
-    _grouped_gemm_kernel[grid](
-        # pointers
-        a2,
-        a_scale,
-        w,
-        w_scale,
-        out2,
-        m_indices if masked_m is None else masked_m,
-        num_rows if num_rows is not None else a2,
-        # dims
-        rows,
-        n,
-        k,
-        num_experts,
-        # strides
-        a2.stride(0),
-        a2.stride(1),
-        w.stride(0),
-        w.stride(1),
-        w.stride(2),
-        out2.stride(0),
-        out2.stride(1),
-        *stride_as,
-        *stride_ws,
-        # meta-parameters
-        SCHEME=scheme,
-        LAYOUT="masked" if masked_m is not None else "contiguous",
-        HAS_NUM_ROWS=num_rows is not None,
-        UPCAST=interpret,
-        SOFT_ROUND=interpret,
-        BLOCK_M=config["BLOCK_M"],
-        BLOCK_N=config["BLOCK_N"],
-        BLOCK_K=config["BLOCK_K"],
-        GROUP_SIZE_M=config["GROUP_SIZE_M"],
-        SWAP_AB=config.get("SWAP_AB", False),
-        num_warps=config["num_warps"],
-        num_stages=config["num_stages"],
-    )
-    return out
 
 
 def _grouped_gemm_tma(
@@ -795,6 +769,55 @@ def _grouped_gemm_tma(
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# numerics: the rounding every kernel shares (docs/numerics.md), written once.
+#
+# _group_scale   max(amax, 1e-10) / 448 (true division), rounded up to a power of two for UE8M0
+#                (add the mantissa mask to the fp32 bits, keep the exponent: round up unless the
+#                mantissa is already zero).
+# _to_e4m3       clamp to +-448 and cast to e4m3; under the interpreter (SOFT_ROUND) round to
+#                nearest even in software first, since its cast does not.
+# _round_output  round an fp32 tile for a store in the output dtype; under the interpreter a
+#                bf16 output is rounded to nearest even in software (its cast truncates).
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _group_scale(amax, UE8M0: tl.constexpr):
+    scale = tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)
+    if UE8M0:
+        scale_bits = scale.to(tl.int32, bitcast=True) + 0x7FFFFF
+        scale = (scale_bits & 0x7F800000).to(tl.float32, bitcast=True)
+    return scale
+
+
+@triton.jit
+def _to_e4m3(q, SOFT_ROUND: tl.constexpr):
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    if SOFT_ROUND:  # round |q| to nearest even on the e4m3 grid, ulp 2**(e - 3) with e >= -6
+        bits = q.to(tl.int32, bitcast=True)
+        ulp = ((tl.maximum((bits >> 23) & 0xFF, 121) - 3) << 23).to(tl.float32, bitcast=True)
+        q = (tl.abs(q) + ulp * 12582912.0) - ulp * 12582912.0  # fp32 add at 1.5 * 2**23 ulp
+        q = (q.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
+    return q.to(tl.float8e4nv)
+
+
+@triton.jit
+def _round_output(x, out_dtype: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    if SOFT_ROUND and out_dtype == tl.bfloat16:  # round to nearest even
+        bits = x.to(tl.uint32, bitcast=True)
+        x = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
+    return x.to(out_dtype)
+
+
+@triton.jit
+def _tensor_scale_kernel(
+    scale_ptr,  # [1] fp32: amax in, scale out (the middle pass of dynamic per-tensor quant)
+    UE8M0: tl.constexpr,
+):
+    tl.store(scale_ptr, _group_scale(tl.load(scale_ptr), UE8M0))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -857,10 +880,7 @@ def _permute_quant_kernel(
     else:
         if QUANT == "group":
             x = tl.reshape(x.to(tl.float32), (BLOCK_M, BLOCK_H // GROUP_SIZE, GROUP_SIZE))
-            scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=2), 1e-10), 448.0)
-            if UE8M0:  # round up to a power of two, unless the mantissa is already zero
-                scale_bits = scale.to(tl.int32, bitcast=True) + 0x7FFFFF
-                scale = (scale_bits & 0x7F800000).to(tl.float32, bitcast=True)
+            scale = _group_scale(tl.max(tl.abs(x), axis=2), UE8M0)
             q = tl.reshape(tl.math.div_rn(x, scale[:, :, None]), (BLOCK_M, BLOCK_H))
             offs_g = tl.program_id(1) * (BLOCK_H // GROUP_SIZE) + tl.arange(
                 0, BLOCK_H // GROUP_SIZE
@@ -870,25 +890,7 @@ def _permute_quant_kernel(
             tl.store(scale_ptrs, scale, mask=scale_mask)
         else:  # "tensor"
             q = tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr))
-        q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-        if SOFT_ROUND:  # round |q| to nearest even on the e4m3 grid, ulp 2**(e - 3) with e >= -6
-            bits = q.to(tl.int32, bitcast=True)
-            ulp = ((tl.maximum((bits >> 23) & 0xFF, 121) - 3) << 23).to(tl.float32, bitcast=True)
-            q = (tl.abs(q) + ulp * 12582912.0) - ulp * 12582912.0  # fp32 add at 1.5 * 2**23 ulp
-            q = (q.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
-        tl.store(out_ptrs, q.to(tl.float8e4nv), mask=store_mask)
-
-
-@triton.jit
-def _permute_quant_scale_kernel(
-    scale_ptr,  # [1] fp32: amax in, scale out
-    UE8M0: tl.constexpr,
-):
-    scale = tl.math.div_rn(tl.maximum(tl.load(scale_ptr), 1e-10), 448.0)
-    if UE8M0:
-        scale_bits = scale.to(tl.int32, bitcast=True) + 0x7FFFFF
-        scale = (scale_bits & 0x7F800000).to(tl.float32, bitcast=True)
-    tl.store(scale_ptr, scale)
+        tl.store(out_ptrs, _to_e4m3(q, SOFT_ROUND), mask=store_mask)
 
 
 def permute_quant(
@@ -952,7 +954,7 @@ def permute_quant(
                 GATHER=False,
                 **meta,
             )
-        _permute_quant_scale_kernel[(1,)](scale, UE8M0=ue8m0)
+        _tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0)
     if rows == 0 or hidden == 0:
         return out
     strides_s = scale.view(-1, scale.shape[-1]).stride() if quant == "group" else (0, 0)
