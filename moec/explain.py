@@ -49,24 +49,24 @@ def explain(path: str, overrides, tokens: str | None, fmt: str, ceilings: dict[s
 # --- text ---------------------------------------------------------------------------------
 
 
+_BYTES = ((1e9, "GB", 2), (1e6, "MB", 2), (1e3, "kB", 1))
+_FLOPS = ((1e12, "TF", 2), (1e9, "GF", 2), (1e6, "MF", 2))
+
+
+def _scaled(value: float, steps, plain: str) -> str:
+    """value in the largest unit of `steps` it reaches, else `plain` (a format of the count)."""
+    for factor, unit, digits in steps:
+        if value >= factor:
+            return f"{value / factor:.{digits}f} {unit}"
+    return plain.format(value)
+
+
 def _mb(value: float) -> str:
-    if value >= 1e9:
-        return f"{value / 1e9:.2f} GB"
-    if value >= 1e6:
-        return f"{value / 1e6:.2f} MB"
-    if value >= 1e3:
-        return f"{value / 1e3:.1f} kB"
-    return f"{value:.0f} B"
+    return _scaled(value, _BYTES, "{:.0f} B")
 
 
 def _flops(value: float) -> str:
-    if value >= 1e12:
-        return f"{value / 1e12:.2f} TF"
-    if value >= 1e9:
-        return f"{value / 1e9:.2f} GF"
-    if value >= 1e6:
-        return f"{value / 1e6:.2f} MF"
-    return f"{value:.0f}"
+    return _scaled(value, _FLOPS, "{:.0f}")
 
 
 def _text(data: dict[str, Any]) -> str:

@@ -87,6 +87,13 @@ def make_plan(spec: Spec, env: Environment | None = None) -> Plan:
             f"T<={b['max_tokens']}" if b["max_tokens"] else "larger" for b in buckets
         )
         plan.decide("triton tiles", f"{len(buckets)} token buckets ({limits})", source)
+        if plan.has("shared_expert"):
+            plan.decide(
+                "shared expert tiles",
+                "the routed experts' bucket for T",
+                "the shared MLP runs as a one-expert grouped GEMM over T rows with the same "
+                "kernels; it has no table of its own",
+            )
     if resolved.gemm_backend == "triton":
         plan.decide(
             "router and top-k",

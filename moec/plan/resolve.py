@@ -118,7 +118,7 @@ def _deep_gemm_fits(spec: Spec) -> bool:
     probe = spec.model_copy(
         update={"experts": spec.experts.model_copy(update={"gemm_backend": "deep_gemm"})}
     )
-    return not list(rules._deep_gemm(probe))
+    return not rules.problems_of("deep_gemm_target", probe)
 
 
 def _layout(spec: Spec, facts: Facts, decide) -> str:

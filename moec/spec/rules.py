@@ -62,6 +62,12 @@ def check(spec: Spec) -> list[Problem]:
     return found
 
 
+def problems_of(rule_name: str, spec: Spec) -> list[Problem]:
+    """What one named rule finds in `spec` (the planner asks before choosing a backend)."""
+    (found,) = [each for each in RULES if each.name == rule_name]
+    return list(found.check(spec))
+
+
 def intermediate_per_rank(spec: Spec) -> int:
     return spec.model.moe_intermediate_size // spec.parallel.tp_size
 

@@ -551,6 +551,8 @@ def grouped_gemm(
             masked_m,
             num_rows,
             rows,
+            stride_as,
+            stride_ws,
             interpret,
         )
         return out
@@ -719,9 +721,23 @@ def _grouped_gemm_tma_kernel(
 
 
 def _grouped_gemm_tma(
-    a2, a_scale, w, w_scale, out2, scheme, config, m_indices, masked_m, num_rows, rows, interpret
+    a2,
+    a_scale,
+    w,
+    w_scale,
+    out2,
+    scheme,
+    config,
+    m_indices,
+    masked_m,
+    num_rows,
+    rows,
+    stride_as,
+    stride_ws,
+    interpret,
 ):
-    """Launch the TMA, persistent variant (bf16, fp8_tensor, fp8_block; N % BLOCK_N == 0)."""
+    """Launch the TMA, persistent variant (bf16, fp8_tensor, fp8_block; N % BLOCK_N == 0), with
+    the operands and scale strides grouped_gemm() prepared."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     num_experts, n, k = w.shape
@@ -733,8 +749,6 @@ def _grouped_gemm_tma(
     w_desc = TensorDescriptor.from_tensor(
         w.view(num_experts * n, k), [config["BLOCK_N"], config["BLOCK_K"]]
     )
-    stride_as = (0, 0) if a_scale.dim() < 2 else (a_scale.view(-1, a_scale.shape[-1]).stride())
-    stride_ws = (list(w_scale.stride()) + [0, 0])[:3]
     programs = config.get("PROGRAMS") or (
         4 if interpret else torch.cuda.get_device_properties(a2.device).multi_processor_count
     )
