@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/moec validate examples/*.toml
+	$(BIN)/moec validate --portable examples/*.toml
 	$(BIN)/moec explain examples/tiny-cpu.toml --tokens 1,64
 	$(BIN)/moec run examples/tiny-cpu.toml --tokens 16
 	TRITON_INTERPRET=1 $(BIN)/moec run examples/tiny-cpu-triton.toml --tokens 8

@@ -43,7 +43,7 @@ PACKAGES = {
 
 def expert_bytes(package) -> float:
     """Bytes of one routed expert's weights (values and scales) in this package."""
-    layer_dims = package.PLAN["facts"]["dims"]
+    layer_dims = package.PLAN["choices"]["dims"]
     hidden, inter = layer_dims["hidden"], layer_dims["intermediate"]
     scheme = layer_dims["routed"]["scheme"]
     values = 3 * hidden * inter * (0.5 if scheme == "mxfp4" else 2 if scheme == "bf16" else 1)
@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     fast_name, slow_name = PACKAGES[args.scheme]
     fast, slow = import_package(fast_name), import_package(slow_name)
-    dims = fast.PLAN["facts"]["dims"]
+    dims = fast.PLAN["choices"]["dims"]
     scheme = dims["routed"]["scheme"]
     key = f"{scheme}/H{dims['hidden']}/I{dims['intermediate']}/E{dims['local_experts']}/K{dims['top_k']}"
     if args.tuned and Path(args.tuned).exists():

@@ -44,12 +44,14 @@ def stages_of(package):
 
 def apply_buckets(package, table: list[dict], elementwise: dict | None = None) -> None:
     """Use a tuned table in an already built package (what a rebuild would embed)."""
-    stages = stages_of(package)
-    stages.BUCKETS = tuple((b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in table)
+    tiles = sys.modules[f"{package.__name__}.tiles"]
+    tiles.BUCKETS = tuple(
+        tiles.Bucket(b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in table
+    )
     if elementwise:
-        stages.PERMUTE_CONFIG = elementwise["permute"]
-        stages.ACT_CONFIG = elementwise["act"]
-        stages.COMBINE_CONFIG = elementwise["combine"]
+        tiles.PERMUTE = elementwise["permute"]
+        tiles.ACT = elementwise["act"]
+        tiles.COMBINE = elementwise["combine"]
 
 
 def design_floor_ms(
@@ -61,7 +63,7 @@ def design_floor_ms(
     logits = stages.router(x, layer.gate_weight)
     args = (logits, layer.gate_bias) if hasattr(layer, "gate_bias") else (logits,)
     _, ids = stages.select(*args)
-    plan = package.PLAN["facts"]["dims"]
+    plan = package.PLAN["choices"]["dims"]
     routed = plan["routed_experts"]
     hit = int(torch.unique(ids[ids < routed]).numel())
     shared = plan["n_shared"]
@@ -74,7 +76,7 @@ def design_floor_ms(
 
 
 def layer_flops(package, tokens: int) -> float:
-    plan = package.PLAN["facts"]["dims"]
+    plan = package.PLAN["choices"]["dims"]
     hidden, inter = plan["hidden"], plan["intermediate"]
     return 2 * tokens * hidden * plan["routed_experts"] + 6 * tokens * hidden * inter * (
         plan["top_k"] + plan["n_shared"]

@@ -12,12 +12,14 @@ once was). Both GEMMs of a bucket share BLOCK_M (the layout's row padding).
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
 import math
 import time
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from common import DEVICE, TOKENS, import_package, median_ms
@@ -106,6 +108,22 @@ def reference(a, a_scale, w, w_scale, m_indices, sample, scheme):
         ad = a[row].float() * a_scale[row].repeat_interleave(128)[: a.shape[1]]
         out.append(wd @ ad)
     return torch.stack(out)
+
+
+def kernels_of(package) -> SimpleNamespace:
+    """The launchers of a built Triton package, act_quant bound to its activation."""
+
+    def module(name):
+        return importlib.import_module(f"{package.__name__}.{name}")
+
+    return SimpleNamespace(
+        grouped_gemm=module("triton_gemm").grouped_gemm,
+        permute_quant=module("triton_permute").permute_quant,
+        act_quant=partial(
+            module("triton_act").act_quant, activation=module("gated_activation").triton_gated
+        ),
+        combine=module("triton_combine").combine,
+    )
 
 
 def tune_gemm(kernels, scheme, tokens, n, k, experts, top_k, block_m, configs, device):
@@ -219,8 +237,8 @@ def main() -> None:
     table, log = {}, []
     for scheme in args.schemes.split(","):
         package = import_package(PACKAGES[scheme])
-        kernels = __import__(f"{package.__name__}.kernels", fromlist=["kernels"])
-        dims = package.PLAN["facts"]["dims"]
+        kernels = kernels_of(package)
+        dims = package.PLAN["choices"]["dims"]
         hidden, inter, experts, top_k = (
             dims["hidden"],
             dims["intermediate"],

@@ -3,9 +3,8 @@
 spec.toml -> Spec (pydantic) -> Plan (networkx) -> generated package (Jinja) -> MoELayer
 """
 
-__version__ = "0.1.0"
-
-from moec.errors import MoecError, Problem  # noqa: E402
+from moec.errors import MoecError, Problem
+from moec.version import __version__
 
 __all__ = ["MoecError", "Problem", "__version__", "build", "load", "load_spec"]
 

@@ -34,8 +34,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"moec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    validate = commands.add_parser("validate", help="check specs; print ok or every problem")
+    validate = commands.add_parser(
+        "validate", help="check specs as `moec build` would; print ok or every problem"
+    )
     validate.add_argument("specs", nargs="+", metavar="SPEC")
+    validate.add_argument(
+        "--portable",
+        action="store_true",
+        help="check for any machine: skip the check that optional packages are installed here",
+    )
     _add_set(validate)
 
     explain = commands.add_parser("explain", help="print the plan: stages, types, decisions, cost")
@@ -86,12 +93,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from moec.codegen import check_installed
+    from moec.plan import plan_loaded
     from moec.spec import load_spec
 
     failed = False
     for path in args.specs:
         try:
-            load_spec(path, args.overrides)
+            loaded = load_spec(path, args.overrides)
+            plan = plan_loaded(loaded)
+            if not args.portable:
+                check_installed(plan, loaded)
         except MoecError as error:
             print(error.report(), file=sys.stderr)
             failed = True

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from moec.errors import MoecError, problem
-from moec.plan import device_for, make_plan
+from moec.plan import device_for, plan_loaded
 from moec.plan.export import plan_data
 from moec.spec import load_spec
 
@@ -34,7 +34,7 @@ def parse_tokens(text: str | None) -> list[int]:
 def explain(path: str, overrides, tokens: str | None, fmt: str, ceilings: dict[str, float]) -> str:
     loaded = load_spec(path, overrides)
     spec = loaded.spec
-    plan = make_plan(spec)
+    plan = plan_loaded(loaded)
     device = device_for(spec.target.device, spec.target.arch, ceilings)
     data = plan_data(plan, spec, device, parse_tokens(tokens))
     if fmt == "json":
@@ -70,7 +70,8 @@ def _flops(value: float) -> str:
 
 
 def _text(data: dict[str, Any]) -> str:
-    spec, target, dims, facts = data["spec"], data["target"], data["facts"]["dims"], data["facts"]
+    spec, target, chosen = data["spec"], data["target"], data["choices"]
+    dims = chosen["dims"]
     lines = [
         f"moec {data['moec_version']} plan for {spec['name']} (spec sha256 {spec['hash'][:16]})",
         f"target: {target['device']} {target['arch'] or ''} {target['dtype']}, "
@@ -78,8 +79,8 @@ def _text(data: dict[str, Any]) -> str:
         f"shapes: T tokens, H = {dims['hidden']}, I = {dims['intermediate']} per rank, "
         f"E = {dims['routed_experts']} experts ({dims['local_experts']} on this rank), "
         f"K = {dims['top_k']}, shared: {dims['n_shared']} x {dims['intermediate'] * dims['tp']}",
-        f"needs: {', '.join(facts['requires']) or 'torch only'}"
-        + (f" (missing here: {', '.join(facts['missing'])})" if facts["missing"] else ""),
+        f"needs: {', '.join(chosen['requires']) or 'torch only'}"
+        + (f" (missing here: {', '.join(chosen['missing'])})" if chosen["missing"] else ""),
         "",
         "stages",
     ]

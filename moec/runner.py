@@ -51,12 +51,12 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
     elapsed = _time(layer, x, device)
     lines = [
         f"spec      {spec.name} (sha256 {loaded.content_hash[:16]})",
-        f"backend   {package.PLAN['facts']['gemm_backend']}, layout {package.PLAN['facts']['layout']}",
+        f"backend   {package.PLAN['choices']['gemm_backend']}, layout {package.PLAN['choices']['layout']}",
         f"input     [{tokens}, {spec.model.hidden_size}] {spec.target.dtype} on {device}",
         f"checksum  sum {out.double().sum().item():.6e}, sum|x| {out.double().abs().sum().item():.6e}",
         f"time      {elapsed * 1e3:.3f} ms per forward (median)",
     ]
-    if package.PLAN["facts"]["gemm_backend"] != "torch":
+    if package.PLAN["choices"]["gemm_backend"] != "torch":
         reference = moec.load(load_spec(path, [*overrides, "experts.gemm_backend=torch"]))
         expected = _layer(reference, device, weights, prefix, seed)(x)
         scale = expected.double().abs().max().item() or 1.0

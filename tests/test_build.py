@@ -28,27 +28,36 @@ def test_build_writes_the_package(tmp_path, capsys):
     assert main(["build", str(EXAMPLES / "tiny-cpu.toml"), "-o", str(tmp_path)]) == 0
     package = tmp_path / "tiny_cpu"
     names = sorted(p.name for p in package.iterdir())
-    assert names == [
-        "__init__.py",
-        "layer.py",
-        "plan.json",
+    generated = ["__init__.py", "gated_activation.py", "layer.py", "stages.py", "weights.py"]
+    copied = [
+        "checkpoint.py",  # the runtime modules the torch renderers and weights use
+        "expert_weights.py",
+        "grouping.py",
         "quant.py",
-        "spec.json",
-        "spec.toml",
-        "stages.py",
-        "weights.py",
+        "torch_matmul.py",
+        "torch_select.py",
+        "weight_formats.py",
     ]
+    assert names == sorted([*generated, *copied, "plan.json", "spec.json", "spec.toml"])
     spec_hash = load_spec(EXAMPLES / "tiny-cpu.toml").content_hash
-    for name in ("__init__.py", "layer.py", "quant.py", "stages.py", "weights.py"):
+    for name in generated + copied:
         header = (package / name).read_text().splitlines()[0]
         assert f"moec {moec.__version__}" in header and spec_hash in header
+    for name in copied:  # verbatim copies of moec/runtime/, after the header
+        source = (Path(moec.__file__).parent / "runtime" / name).read_text()
+        assert (package / name).read_text().endswith(source)
     assert "written" in capsys.readouterr().out
 
 
 def test_kernels_only_when_the_plan_uses_triton(tmp_path):
     build(EXAMPLES / "tiny-cpu-triton.toml", tmp_path)
-    assert (tmp_path / "tiny_cpu_triton" / "kernels.py").exists()
-    assert not (tmp_path / "x").exists()
+    build(EXAMPLES / "tiny-cpu.toml", tmp_path)
+    triton = {p.name for p in (tmp_path / "tiny_cpu_triton").glob("triton_*.py")}
+    assert {"triton_gemm.py", "triton_act.py", "triton_permute.py", "triton_route.py"} <= triton
+    assert (tmp_path / "tiny_cpu_triton" / "tiles.py").exists()
+    assert not list((tmp_path / "tiny_cpu").glob("triton_*.py"))
+    assert not (tmp_path / "tiny_cpu" / "tiles.py").exists()
+    assert "import triton" not in (tmp_path / "tiny_cpu" / "gated_activation.py").read_text()
 
 
 def test_rebuild_is_byte_identical(tmp_path):
@@ -96,10 +105,15 @@ def test_interrupted_build_leaves_the_previous_package_whole(tmp_path, monkeypat
 
 
 def test_golden_files(tmp_path):
-    """The generated code of two examples, committed: a template change shows up in review.
-    Regenerate with MOEC_UPDATE_GOLDEN=1 after checking the difference is intended."""
+    """The rendered code of two examples, committed: a template change shows up in review
+    (the verbatim copies of moec/runtime/ are not kept twice). Regenerate with
+    MOEC_UPDATE_GOLDEN=1 after checking the difference is intended."""
     for example in GOLDEN_EXAMPLES:
-        files = render_package(load_spec(EXAMPLES / example))
+        files = {
+            name: data
+            for name, data in render_package(load_spec(EXAMPLES / example)).items()
+            if b"# A verbatim copy of moec/runtime/" not in data
+        }
         folder = GOLDEN / example.removesuffix(".toml")
         if os.environ.get("MOEC_UPDATE_GOLDEN"):
             shutil.rmtree(folder, ignore_errors=True)

@@ -19,15 +19,12 @@ from moec.cli import main
 from moec.errors import MoecError
 from moec.plan import Environment, make_plan
 from moec.plan import export as export_module
-from moec.plan.resolve import GENERATED
 from moec.spec import parse_spec
-
-PLANNED_ALL = GENERATED | {"deep_gemm", "deep_ep"}  # plan deep_gemm / deep_ep as if rendered
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 V3_FP8 = str(EXAMPLES / "deepseek-v3-fp8.toml")
 PLAIN = Environment(frozenset({"triton"}))
-FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}), PLANNED_ALL)
+FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
 
 
 @pytest.fixture(autouse=True)
@@ -125,7 +122,7 @@ def test_text_of_every_example(capsys):
 
 # --- json ---------------------------------------------------------------------------------
 
-TOP_KEYS = {"moec_version", "spec", "target", "device", "facts", "stages", "decisions", "cost"}
+TOP_KEYS = {"moec_version", "spec", "target", "device", "choices", "stages", "decisions", "cost"}
 STAGE_KEYS = {
     "name",
     "kind",
@@ -133,7 +130,7 @@ STAGE_KEYS = {
     "inputs",
     "outputs",
     "weights",
-    "params",
+    "choices",
     "fused",
     "syncs_host",
     "graph_safe",
@@ -146,7 +143,7 @@ COST_STAGE_KEYS = {"stage", "bytes", "flops", "compute", "floor_ms"}
 
 
 def _check_type(value):
-    assert set(value) in (TYPE_KEYS, TYPE_KEYS | {"scale"})
+    assert set(value) in (TYPE_KEYS, TYPE_KEYS | {"scale"}, TYPE_KEYS | {"record"})
     assert isinstance(value["dtype"], str) and isinstance(value["layout"], str)
     assert isinstance(value["shape"], list) and all(isinstance(d, str) for d in value["shape"])
     if "scale" in value:
@@ -173,7 +170,7 @@ def test_json_structure_is_pinned(capsys, name):
         "memory_gib",
         "measured",
     }
-    facts = data["facts"]
+    facts = data["choices"]
     for key in ("gemm_backend", "layout", "dispatch_backend", "requires", "missing", "dims"):
         assert key in facts
     assert facts["hash"] == data["spec"]["hash"]
@@ -182,7 +179,7 @@ def test_json_structure_is_pinned(capsys, name):
     names = {s["name"] for s in data["stages"]}
     for stage in data["stages"]:
         assert set(stage) == STAGE_KEYS
-        assert isinstance(stage["params"], dict) and isinstance(stage["fused"], list)
+        assert isinstance(stage["choices"], dict) and isinstance(stage["fused"], list)
         assert isinstance(stage["syncs_host"], bool) and isinstance(stage["graph_safe"], bool)
         for item in stage["inputs"]:
             assert set(item) == {"tensor", "from", "as", "type"}
@@ -263,7 +260,7 @@ def test_set_overrides_a_spec_key(capsys):
     whats = {d["what"] for d in data["decisions"]}
     assert "fuse activation + quantize" not in whats
     gemm = next(s for s in data["stages"] if s["name"] == "gemm_gate_up")
-    assert gemm["params"]["format"] == "bf16"
+    assert gemm["choices"]["format"] == "bf16"
     data = explain_json(capsys, V3_FP8, "--set", "target.max_num_tokens=256", "--tokens", "1")
     assert next(d for d in data["decisions"] if d["what"] == "layout")["choice"] == "masked"
 
@@ -524,7 +521,7 @@ def test_every_supported_combination_plans():
             data["activation"] = ACTIVATIONS[row["activation"]]
             data["experts"] = {"gemm_backend": row["gemm_backend"]}
             plan = make_plan(normalize(Spec.model_validate(data)), FULL)
-            assert plan.facts["gemm_backend"] == row["gemm_backend"]
+            assert plan.backends.gemm == row["gemm_backend"]
             for stage in plan.order():
                 for _, edge in plan.inputs(stage.name):
                     wanted = stage.accepts.get(edge.input)

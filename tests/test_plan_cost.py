@@ -11,21 +11,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import networkx as nx
 import pytest
 
-from moec.plan import Environment, Plan, Stage, cost, device_for, make_plan
+from moec.plan import Backends, Environment, Plan, cost, device_for, make_plan
 from moec.plan.cost import experts_hit, peak_bytes
 from moec.plan.devices import H200
-from moec.plan.resolve import GENERATED
+from moec.plan.stages import Convert, Input, Output
 from moec.plan.types import DType, ScaleType, TensorType
 from moec.spec import load_spec
 
-PLANNED_ALL = GENERATED | {"deep_gemm", "deep_ep"}  # plan deep_gemm / deep_ep as if rendered
-
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PLAIN = Environment(frozenset({"triton"}))
-FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}), PLANNED_ALL)
+FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
 
 H, I, E, K = 7168, 2048, 256, 8  # noqa: E741 (the paper's names)
 BANDWIDTH = 4274e9  # B/s, the default H200 ceilings
@@ -89,7 +86,7 @@ def plan_of(name: str, *overrides: str, env: Environment = PLAIN):
 
 
 def cost_of(plan: Plan, tokens: int, device=H200):
-    return cost(plan, plan.facts["facts"], device, tokens)
+    return cost(plan, device, tokens)
 
 
 def test_default_ceilings_are_the_h200():
@@ -234,7 +231,7 @@ def test_peak_memory_by_hand_triton_contiguous():
     8 experts with one row each, each padded to 16). The peak is while gemm_down runs: the
     quantized intermediate, its output, the routing, the top-k weights and the shared output."""
     plan = plan_of("deepseek-v3-fp8.toml")
-    assert plan.facts["block_m"] == 16
+    assert plan.tiles.buckets[0].block_m == 16 and plan.stage("dispatch").row_padding is None
     buf = 16 * 8
     at_gemm_down = K * 4 + buf * 4 + H * 2 + buf * (I + g(I) * 4) + buf * H * 2
     assert cost_of(plan, 1).peak_bytes == at_gemm_down == 2_120_224
@@ -250,7 +247,7 @@ def test_peak_memory_by_hand_deep_gemm():
 
 def test_peak_memory_masked_layout_uses_max_m_rows():
     plan = plan_of("tiny-cpu.toml")  # H 256, I 128, E 16, top-4, torch, masked
-    assert plan.facts["layout"] == "masked"
+    assert plan.backends.layout == "masked"
     for tokens in (1, 255, 256):
         max_m = (tokens // 256 + 1) * 256
         buf = 16 * max_m
@@ -271,16 +268,15 @@ def test_peak_memory_grows_with_tokens():
 def test_a_converted_tensor_aliases_its_values():
     """input -> convert -> output: the converter allocates only new scales, so the peak is the
     values once plus both sets of scales, not the tensor twice."""
-    facts = plan_of("deepseek-v3-fp8.toml").facts["facts"]
+    v3 = plan_of("deepseek-v3-fp8.toml")
     have = TensorType(DType.e4m3, ("T", "H"), scale=ScaleType("1x128", DType.float32))
     want = have.with_scale(ScaleType("1x128", DType.float32, "MN", True))
-    plan = Plan(nx.DiGraph())
-    plan.add_stage(Stage("input", "input", "-", outputs={"x": have}))
-    plan.add_stage(Stage("convert_x", "convert", "torch", outputs={"xc": want}))
-    plan.add_stage(Stage("output", "output", "-"))
+    plan = Plan(v3.name, v3.spec_hash, v3.layer, backends=Backends("torch", "contiguous", "torch"))
+    plan.add_stage(Input(name="input", backend="-", outputs={"x": have}))
+    plan.add_stage(Convert(name="convert_x", backend="torch", steps=(), outputs={"xc": want}))
+    plan.add_stage(Output(name="output", backend="-"))
     plan.connect("input", "convert_x", "x")
     plan.connect("convert_x", "output", "xc")
-    plan.facts["layout"] = "contiguous"
     tokens = 8
     values, scales = tokens * H, tokens * g(H) * 4
-    assert peak_bytes(plan, facts, tokens) == values + 2 * scales
+    assert peak_bytes(plan, tokens) == values + 2 * scales

@@ -12,18 +12,15 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from moec.plan import Environment, Plan, make_plan
+from moec.plan import Environment, Plan, Stage, make_plan
 from moec.plan.graph import STAGE_ORDER
-from moec.plan.resolve import GENERATED
 from moec.plan.types import DType, Layout, ScaleType, TensorType
 from moec.spec import load_spec
-
-PLANNED_ALL = GENERATED | {"deep_gemm", "deep_ep"}  # plan deep_gemm / deep_ep as if rendered
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.toml"))
 PLAIN = Environment(frozenset({"triton"}))
-FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}), PLANNED_ALL)
+FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
 
 _CACHE: dict[tuple[str, tuple[str, ...], Environment], Plan] = {}
 
@@ -60,14 +57,14 @@ def test_plan_is_a_dag_from_input_to_output(name, env):
 
 
 @pytest.mark.parametrize(("name", "env"), ALL_PLANS)
-def test_every_node_is_a_stage_with_backend_and_params(name, env):
+def test_every_node_is_a_typed_stage_with_backend(name, env):
     plan = plan_of(name, env=env)
     for node, data in plan.graph.nodes(data=True):
         stage = data["stage"]
         assert stage.name == node
         assert stage.kind in STAGE_ORDER or stage.kind in ("gemm", "convert")
         assert isinstance(stage.backend, str) and stage.backend
-        assert isinstance(stage.params, dict)
+        assert isinstance(stage, Stage) and type(stage).kind == stage.kind
         if stage.kind not in ("input", "output"):
             assert stage.backend in (
                 "torch",
@@ -119,14 +116,14 @@ def test_every_output_is_consumed(name, env):
 
 def test_grouped_layout_types_of_the_deepseek_v3_fp8_plan():
     plan = plan_of("deepseek-v3-fp8.toml")
-    assert plan.facts["layout"] == "contiguous"
+    assert plan.backends.layout == "contiguous"
     a = plan.stage("dispatch").outputs["a"]
     assert a.dtype is DType.e4m3
     assert a.shape == ("M", "H")
     assert a.layout is Layout.contiguous
     assert a.scale == ScaleType("1x128", DType.float32, "K", False, False)
     assert plan.stage("dispatch").outputs["routing"] == TensorType(
-        DType.int32, ("M",), Layout.contiguous
+        DType.int32, ("M",), Layout.contiguous, record="ContiguousRouting"
     )
     h = plan.stage("gemm_gate_up").outputs["h"]
     assert (h.dtype, h.shape, h.layout, h.scale) == (
@@ -144,7 +141,7 @@ def test_grouped_layout_types_of_the_deepseek_v3_fp8_plan():
 
 def test_masked_layout_types():
     plan = plan_of("deepseek-v3-deepep-ll-ep8.toml")
-    assert plan.facts["layout"] == "masked"
+    assert plan.backends.layout == "masked"
     a = plan.stage("dispatch").outputs["a"]
     assert a.shape == ("E", "max_m", "H") and a.layout is Layout.masked
     assert plan.stage("dispatch").outputs["routing"].shape == ("E",)
@@ -225,7 +222,7 @@ def test_order_does_not_depend_on_insertion_order():
         shuffled.add_node(node, **plan.graph.nodes[node])
     for producer, consumer in reversed(list(plan.graph.edges)):
         shuffled.add_edge(producer, consumer, **plan.graph.edges[producer, consumer])
-    other = Plan(shuffled, list(plan.decisions), dict(plan.facts))
+    other = Plan(plan.name, plan.spec_hash, plan.layer, graph=shuffled)
     assert [s.name for s in other.order()] == [s.name for s in plan.order()]
     for stage in plan.order():
         assert other.inputs(stage.name) == plan.inputs(stage.name)

@@ -14,18 +14,16 @@ import pytest
 
 from moec.plan import Environment, make_plan
 from moec.plan.convert import conversion_steps
-from moec.plan.facts import facts_of
+from moec.plan.layer import layer_of
 from moec.plan.layouts import masked_peak_bytes
-from moec.plan.resolve import GENERATED, MASKED_BUDGET_FRACTION
+from moec.plan.resolve import MASKED_BUDGET_FRACTION
 from moec.plan.types import DType, Layout, ScaleType, TensorType
 from moec.spec import load_spec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PLAIN = Environment(frozenset({"triton"}))
 # deep_gemm installed, and planned as if its code were rendered (the planner's deep_gemm logic)
-FULL = Environment(
-    frozenset({"triton", "deep_gemm", "deep_ep"}), GENERATED | {"deep_gemm", "deep_ep"}
-)
+FULL = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
 NOTHING = Environment(frozenset())
 GIB = 2**30
 H200_GIB = 139.8  # the H200 row of moec's device table (moec/plan/devices.py)
@@ -84,27 +82,28 @@ def test_resolve_gemm_backend(name, overrides, env, choice, reason):
     decision = plan.decision("gemm_backend")
     assert decision.choice == choice
     assert reason in decision.reason
-    assert plan.facts["gemm_backend"] == choice
+    assert plan.backends.gemm == choice
     gemms = [s for s in plan.order() if s.kind == "gemm"]
     assert [s.backend for s in gemms] == [choice, choice]
 
 
 def test_named_backend_that_is_not_installed_is_reported_missing():
     plan = plan_of("deepseek-v3-fp8.toml", 'experts.gemm_backend="deep_gemm"', env=PLAIN)
-    assert plan.facts["requires"] == ["deep_gemm"]
-    assert plan.facts["missing"] == ["deep_gemm"]
+    assert plan.requires == ("deep_gemm", "triton")
+    assert plan.missing == ("deep_gemm",)
     plan = plan_of("deepseek-v3-fp8.toml", 'experts.gemm_backend="deep_gemm"', env=FULL)
-    assert plan.facts["missing"] == []
+    assert plan.missing == ()
 
 
 def test_requires_lists_the_optional_modules_the_package_imports():
-    assert plan_of("deepseek-v3-fp8.toml", env=FULL).facts["requires"] == ["deep_gemm"]
-    assert plan_of("deepseek-v3-deepep-ll-ep8.toml", env=FULL).facts["requires"] == [
+    assert plan_of("deepseek-v3-fp8.toml", env=FULL).requires == ("deep_gemm", "triton")
+    assert plan_of("deepseek-v3-deepep-ll-ep8.toml", env=FULL).requires == (
         "deep_ep",
         "deep_gemm",
-    ]
-    assert plan_of("deepseek-v3-fp8.toml", env=PLAIN).facts["requires"] == ["triton"]
-    assert plan_of("tiny-cpu.toml", env=FULL).facts["requires"] == []
+        "triton",
+    )
+    assert plan_of("deepseek-v3-fp8.toml", env=PLAIN).requires == ("triton",)
+    assert plan_of("tiny-cpu.toml", env=FULL).requires == ()
 
 
 def test_environment_detect_only_names_optional_backends():
@@ -116,7 +115,7 @@ def test_environment_detect_only_names_optional_backends():
 
 def test_auto_never_picks_a_backend_that_is_not_importable():
     plan = plan_of("deepseek-v3-fp8.toml", env=NOTHING)
-    assert plan.facts["missing"] == []
+    assert plan.missing == ()
     assert plan.decision("gemm_backend").choice == "torch"
 
 
@@ -149,7 +148,7 @@ def seed_masked_peak_bytes(
 
 
 def test_masked_peak_matches_seed_formula_by_hand_for_deepseek_v3_fp8():
-    facts = facts_of(spec_of("deepseek-v3-fp8.toml"))
+    facts = layer_of(spec_of("deepseek-v3-fp8.toml"))
     # T = 4096: padded_m = 4352; rows: 7168 + 56*4 + 8192 = 15584, 8192 + 2048 + 16*4 = 10304,
     # 2048 + 64 + 14336 = 16448 -> 16448 bytes per row, 256 experts
     assert masked_peak_bytes(facts, 4096) == 256 * 4352 * 16448 == 18_324_914_176
@@ -177,7 +176,7 @@ def test_masked_peak_matches_seed_formula_by_hand_for_deepseek_v3_fp8():
 )
 @pytest.mark.parametrize("tokens", [1, 255, 256, 5000])
 def test_masked_peak_matches_seed_formula(name, overrides, seed_args, tokens):
-    facts = facts_of(spec_of(name, *overrides))
+    facts = layer_of(spec_of(name, *overrides))
     experts, hidden, gateup, down_out, quantized, *rest = seed_args
     expected = seed_masked_peak_bytes(tokens, experts, hidden, gateup, down_out, quantized, *rest)
     assert masked_peak_bytes(facts, tokens) == expected
@@ -186,7 +185,7 @@ def test_masked_peak_matches_seed_formula(name, overrides, seed_args, tokens):
 def test_masked_peak_with_expert_parallelism_covers_tokens_of_every_rank():
     """An expert of one rank can receive every token of all ep ranks (DeepEP low-latency's
     [E/ep, ep*T, H] buffers); seed 000 is given the received rows."""
-    facts = facts_of(spec_of("deepseek-v3-ep2-all2all.toml"))
+    facts = layer_of(spec_of("deepseek-v3-ep2-all2all.toml"))
     assert facts.local_experts == 128 and facts.ep == 2
     assert masked_peak_bytes(facts, 1000) == seed_masked_peak_bytes(
         2000, 128, 7168, 4096, 7168, quantized=True
@@ -194,7 +193,7 @@ def test_masked_peak_with_expert_parallelism_covers_tokens_of_every_rank():
 
 
 def _layout_at(tokens: int, name="deepseek-v3-fp8.toml", *extra: str) -> str:
-    return plan_of(name, f"target.max_num_tokens={tokens}", *extra).facts["layout"]
+    return plan_of(name, f"target.max_num_tokens={tokens}", *extra).backends.layout
 
 
 def _flip_point(row_bytes: int, experts: int, budget_bytes: float, ep: int = 1) -> int:
@@ -264,7 +263,7 @@ def test_layout_reason_states_the_estimate_and_the_budget():
 )
 def test_layout_forced_or_set(name, overrides, layout, reason):
     plan = plan_of(name, *overrides)
-    assert plan.facts["layout"] == layout
+    assert plan.backends.layout == layout
     assert reason in plan.decision("layout").reason
     assert plan.stage("dispatch").outputs["a"].layout is Layout(
         "masked-grouped" if layout == "masked" else "contiguous-grouped"
@@ -276,7 +275,7 @@ def test_contiguous_row_padding_decision():
         "block_m = 128"
         in choices(plan_of("deepseek-v3-fp8.toml", env=FULL))["contiguous row padding"]
     )
-    assert plan_of("deepseek-v3-fp8.toml", env=FULL).facts["block_m"] == 128
+    assert plan_of("deepseek-v3-fp8.toml", env=FULL).stage("dispatch").row_padding == 128
     assert (
         "BLOCK_M per token bucket"
         in choices(plan_of("deepseek-v3-fp8.toml"))["contiguous row padding"]
@@ -321,11 +320,10 @@ def test_no_ue8m0_converter_for_deep_gemm_on_sm90():
     assert [s.name for s in found] == ["convert_a_for_gemm_gate_up", "convert_hq_for_gemm_down"]
     for stage in found:
         assert stage.backend == "torch"
-        assert stage.params["steps"] == [
+        assert stage.steps == (
             "transpose scales to MN-major",
             "pad scale columns to 16-byte TMA alignment",
-        ]
-        assert stage.params["pack_ue8m0"] is False
+        )
         (out,) = stage.outputs.values()
         assert out.scale == ScaleType("1x128", DType.float32, "MN", True, False)
     assert DType.ue8m0x4 not in _scale_dtypes(plan)
@@ -347,10 +345,9 @@ def test_ue8m0_converters_for_deep_gemm_on_sm100(name, overrides, granularity):
     found = converters(plan)
     assert [s.name for s in found] == ["convert_a_for_gemm_gate_up", "convert_hq_for_gemm_down"]
     for stage in found:
-        assert "pack UE8M0 exponents four per int32" in stage.params["steps"]
-        assert stage.params["pack_ue8m0"] is True
+        assert "pack UE8M0 exponents four per int32" in stage.steps
         # the producer already writes powers of two: no rounding step
-        assert "round scales up to powers of two" not in stage.params["steps"]
+        assert "round scales up to powers of two" not in stage.steps
         (out,) = stage.outputs.values()
         assert out.scale == ScaleType(granularity, DType.ue8m0x4, "MN", True, True)
     # the converter sits between the producer and the GEMM, and the decision says so
@@ -389,7 +386,7 @@ def test_converter_is_inserted_only_on_the_edge_that_disagrees():
     # the converter is counted: it is a stage with a cost row
     from moec.plan import cost, device_for
 
-    rows = cost(plan, plan.facts["facts"], device_for("cuda", "sm90"), 64).stages
+    rows = cost(plan, device_for("cuda", "sm90"), 64).stages
     assert "convert_a_for_gemm_gate_up" in [r.stage for r in rows]
 
 
@@ -444,11 +441,11 @@ def test_activation_and_quant_fused_for_fp8_schemes_only(overrides, fused, env):
     assert not plan.has("quantize_down")
     (out,) = activation.outputs.values()
     if fused:
-        assert activation.fused == ["quantize"]
+        assert activation.fused == ("quantize",)
         assert out.dtype is DType.e4m3 and out.scale is not None
         assert plan.decision("fuse activation + quantize").choice == "yes"
     else:
-        assert activation.fused == []
+        assert activation.fused == ()
         assert out.dtype is DType.bfloat16 and out.scale is None
         assert plan.decision("fuse activation + quantize") is None
 
@@ -458,8 +455,8 @@ def test_activation_and_quant_fused_for_fp8_schemes_only(overrides, fused, env):
 )
 def test_routed_scaling_folded_into_topk_weights(factor, choice):
     plan = plan_of("deepseek-v3-fp8.toml", f"router.routed_scaling_factor={factor}")
-    assert plan.stage("select").params["weight_scale"] == factor
-    assert "routed_scaling_factor" not in plan.stage("combine").params
+    assert plan.stage("select").routed_scaling_factor == factor
+    assert not hasattr(plan.stage("combine"), "routed_scaling_factor")
     assert plan.decision("routed scaling").choice == choice
 
 
@@ -467,8 +464,8 @@ def test_finalize_fused_into_combine_with_shared_add():
     plan = plan_of("deepseek-v3-fp8.toml")
     assert not plan.has("finalize")
     combine = plan.stage("combine")
-    assert combine.fused == ["finalize"]
-    assert combine.params["add_shared"] is True
+    assert combine.fused == ("finalize",)
+    assert combine.add_shared is True
     assert ("shared_expert", "shared") in [(p, e.tensor) for p, e in plan.inputs("combine")]
     assert list(combine.outputs) == ["out"]
     assert [p for p, _ in plan.inputs("output")] == ["combine"]
@@ -479,20 +476,20 @@ def test_finalize_stays_a_stage_for_tensor_parallel_all_reduce():
     plan = plan_of("deepseek-v3-fp8.toml", "parallel.tp_size=2")
     finalize = plan.stage("finalize")
     assert finalize.backend == "torch.distributed"
-    assert finalize.params["all_reduce"] is True
-    assert finalize.params["add_shared"] is False
-    assert plan.stage("combine").params["add_shared"] is True
+    assert finalize.all_reduce is True
+    assert finalize.add_shared is False
+    assert plan.stage("combine").add_shared is True
     assert [p for p, _ in plan.inputs("finalize")] == ["combine"]
     assert "shared_expert" in [p for p, _ in plan.inputs("combine")]
     assert plan.decision("fuse finalize into combine").choice == "partly"
-    assert plan.facts["facts"].intermediate == 1024
+    assert plan.layer.intermediate == 1024
 
 
 def test_fused_shared_experts_have_no_stage_and_keep_weight_one():
     plan = plan_of("deepseek-v3-fp8.toml", 'experts.shared_experts="fused"')
     assert not plan.has("shared_expert")
-    assert plan.stage("select").params["fused_shared"] == 1
-    assert plan.stage("combine").params["add_shared"] is False
+    assert plan.stage("select").fused_shared == 1
+    assert plan.stage("combine").add_shared is False
     assert "fused shared experts keep weight 1" in plan.decision("routed scaling").reason
 
 
@@ -501,7 +498,7 @@ def test_fused_shared_experts_have_no_stage_and_keep_weight_one():
     [
         ("deepseek-v3-fp8.toml", [], PLAIN, True),  # triton, local
         ("tiny-cpu-triton.toml", [], PLAIN, True),
-        ("deepseek-v3-fp8.toml", [], FULL, False),  # deep_gemm: torch permute
+        ("deepseek-v3-fp8.toml", [], FULL, True),  # deep_gemm: the Triton permute + quantize
         ("tiny-cpu.toml", [], PLAIN, False),  # torch
         ("deepseek-v3-ep2-all2all.toml", [], PLAIN, False),  # exchange between ranks
         ("deepseek-v3-bf16.toml", [], PLAIN, False),  # nothing to quantize
@@ -509,9 +506,9 @@ def test_fused_shared_experts_have_no_stage_and_keep_weight_one():
 )
 def test_quantize_fused_into_dispatch_for_triton_local(name, overrides, env, fused):
     plan = plan_of(name, *overrides, env=env)
-    quantized = plan.facts["facts"].routed.quantized
+    quantized = plan.layer.routed.quantized
     assert plan.has("quantize") == (quantized and not fused)
-    assert (plan.stage("dispatch").fused == ["quantize"]) == fused
+    assert (plan.stage("dispatch").fused == ("quantize",)) == fused
     assert (plan.decision("fuse quantize + dispatch") is not None) == fused
 
 
@@ -543,10 +540,10 @@ def test_cuda_graph_safety(name, env, safe, syncing):
 COMMON = {
     "fuse finalize into combine": "yes",
 }
-ROUTER = {  # the top-k runs where the GEMMs run: Triton kernels with the triton backend
+ROUTER = {  # the top-k runs in Triton beside Triton or DeepGEMM GEMMs, in torch beside torch
     "triton": "fp32 GEMM in torch; top-k and routing indices in Triton",
     "torch": "torch",
-    "deep_gemm": "torch",
+    "deep_gemm": "fp32 GEMM in torch; top-k and routing indices in Triton",
 }
 EXPECTED = {
     # example: (environment, decisions, decisions that must be absent)
@@ -630,10 +627,11 @@ EXPECTED = {
             "layout": "contiguous",
             "routed scaling": "x2.827 folded into the top-k weights",
             "fuse activation + quantize": "yes",
+            "fuse quantize + dispatch": "yes",
             "convert a for gemm_gate_up": "transpose scales to MN-major; "
             "pad scale columns to 16-byte TMA alignment",
         },
-        ["fuse quantize + dispatch"],
+        [],
     ),
     "mxfp8-sm100": (
         FULL,
@@ -641,6 +639,7 @@ EXPECTED = {
             "gemm_backend": "deep_gemm",
             "layout": "masked",
             "fuse activation + quantize": "yes",
+            "fuse quantize + dispatch": "yes",
             "convert a for gemm_gate_up": "transpose scales to MN-major; pad scale columns to "
             "16-byte TMA alignment; pack UE8M0 exponents four per int32",
             "convert hq for gemm_down": "transpose scales to MN-major; pad scale columns to "
@@ -693,7 +692,7 @@ def test_decisions_of_examples(example):
     env, expected, absent = EXPECTED[example]
     plan = plan_of(f"{example}.toml", env=env)
     found = choices(plan)
-    router = {"router and top-k": ROUTER[plan.facts["gemm_backend"]]}
+    router = {"router and top-k": ROUTER[plan.backends.gemm]}
     for what, choice in {**COMMON, **router, **expected}.items():
         assert found.get(what) == choice, what
     for what in absent:

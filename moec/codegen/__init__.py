@@ -1,6 +1,7 @@
 """The codegen layer: render the plan into a package, format it, write it atomically.
 
-Decides nothing: every value comes from the plan (through `context.py`); templates only print.
+Decides nothing: every value comes from the plan, through one renderer per (stage kind, backend)
+(codegen/registry.py, codegen/renderers/); templates only place values.
 """
 
 from __future__ import annotations
@@ -11,26 +12,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from moec import __version__
-from moec.codegen.context import build_context
-from moec.codegen.render import environment, render
+from moec.codegen.package import python_sources
 from moec.codegen.write import write_package
 from moec.errors import MoecError, problem
-from moec.plan import device_for, make_plan
+from moec.plan import device_for, plan_loaded
 from moec.plan.export import plan_data
-from moec.plan.resolve import GENERATED, INSTALL_HINTS, Environment
+from moec.plan.resolve import INSTALL_HINTS, Environment
 from moec.spec import LoadedSpec, load_spec
 
 PLAN_TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
 """Token counts whose cost the generated plan.json records."""
-
-PYTHON_FILES = {
-    "__init__.py": "package/__init__.py.j2",
-    "layer.py": "package/layer.py.j2",
-    "stages.py": "package/stages.py.j2",
-    "weights.py": "package/weights.py.j2",
-    "quant.py": "package/quant.py.j2",
-}
 
 
 @dataclass(frozen=True)
@@ -49,10 +40,23 @@ class BuildResult:
 def render_package(loaded: LoadedSpec, env: Environment | None = None) -> dict[str, bytes]:
     """Every file of the package for `loaded`, as bytes, formatted."""
     spec = loaded.spec
-    plan = make_plan(spec, env)
-    missing = plan.facts["missing"]
-    if missing:
-        raise MoecError(
+    plan = plan_loaded(loaded, env)
+    check_installed(plan, loaded)
+    device = device_for(spec.target.device, spec.target.arch)
+    plan_json = json.dumps(plan_data(plan, spec, device, list(PLAN_TOKENS)), indent=2) + "\n"
+    files = {name: data.encode() for name, data in format_python(python_sources(plan)).items()}
+    files["plan.json"] = plan_json.encode()
+    files["spec.json"] = (json.dumps(loaded.normalized, indent=2, sort_keys=True) + "\n").encode()
+    files["spec.toml"] = _spec_copy(loaded).encode()
+    return files
+
+
+def check_installed(plan, loaded: LoadedSpec) -> None:
+    """Raise when the plan's code imports an optional package this machine does not have."""
+    if not plan.missing:
+        return
+    raise MoecError(
+        loaded.located(
             [
                 problem(
                     "experts.gemm_backend" if module == "deep_gemm" else "parallel.dispatch",
@@ -60,49 +64,12 @@ def render_package(loaded: LoadedSpec, env: Environment | None = None) -> dict[s
                     INSTALL_HINTS[module],
                     value=module,
                 )
-                for module in missing
-            ],
-            loaded.source,
-            kind="backend",
-        )
-    not_generated = [
-        backend
-        for backend in (plan.facts["gemm_backend"], plan.facts["dispatch_backend"])
-        if backend not in GENERATED
-    ]
-    if not_generated:
-        raise MoecError(
-            [
-                problem(
-                    "experts.gemm_backend" if backend == "deep_gemm" else "parallel.dispatch",
-                    f"moec {__version__} plans {backend} (see `moec explain`) but does not "
-                    "generate its code yet",
-                    'experts.gemm_backend = "triton"'
-                    if backend == "deep_gemm"
-                    else 'parallel.dispatch = "all2all"',
-                    value=backend,
-                )
-                for backend in not_generated
-            ],
-            loaded.source,
-            kind="backend",
-        )
-    device = device_for(spec.target.device, spec.target.arch)
-    plan_json = json.dumps(plan_data(plan, spec, device, list(PLAN_TOKENS)), indent=2) + "\n"
-    context = build_context(plan, spec, plan_json)
-    jinja = environment()
-    sources = {
-        name: render(jinja, template, context)
-        for name, template in PYTHON_FILES.items()
-        if name != "quant.py" or context["uses_quant"]
-    }
-    if context["uses_triton"]:
-        sources["kernels.py"] = render(jinja, "package/kernels.py.j2", context)
-    files = {name: data.encode() for name, data in format_python(sources).items()}
-    files["plan.json"] = plan_json.encode()
-    files["spec.json"] = (json.dumps(loaded.normalized, indent=2, sort_keys=True) + "\n").encode()
-    files["spec.toml"] = _spec_copy(loaded).encode()
-    return files
+                for module in plan.missing
+            ]
+        ),
+        loaded.source,
+        kind="backend",
+    )
 
 
 def _spec_copy(loaded: LoadedSpec) -> str:

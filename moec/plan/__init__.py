@@ -1,140 +1,88 @@
 """The plan layer: every decision about one spec, made once, with its reason. No torch here.
 
-`make_plan(spec)` builds the stage graph and runs the passes:
-
-    resolve (auto -> choices) -> stages (unfused graph) -> fuse -> insert converters -> checks
-
-`cost(plan, tokens)` gives the roofline floor and peak memory at a token count.
+`make_plan(spec)` runs the passes below, top to bottom; each records the decisions it makes.
+`cost(plan, device, tokens)` gives the roofline floor and peak memory at a token count.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
+from moec.errors import MoecError
 from moec.plan.cost import Cost, cost
 from moec.plan.devices import Device, device_for
-from moec.plan.facts import Facts, facts_of
-from moec.plan.graph import Decision, Edge, Plan, Stage
-from moec.plan.resolve import Environment, resolve
+from moec.plan.graph import Backends, Decision, Edge, Plan
+from moec.plan.layer import Layer, layer_of
+from moec.plan.resolve import Environment
+from moec.plan.stages import Stage
 from moec.spec.loader import spec_hash
 from moec.spec.models import Spec
 
 __all__ = [
+    "Backends",
     "Cost",
     "Decision",
     "Device",
     "Edge",
     "Environment",
-    "Facts",
+    "Layer",
     "Plan",
     "Stage",
     "cost",
     "device_for",
     "make_plan",
+    "plan_loaded",
+    "plan_summary",
 ]
-
-TORCH_BLOCK_M = 128
-"""Row padding of the contiguous layout for the torch and deep_gemm backends (DeepGEMM's M
-alignment), so the torch backend builds exactly the buffers a DeepGEMM GEMM would take."""
 
 
 def make_plan(spec: Spec, env: Environment | None = None) -> Plan:
-    """The plan of a normalized spec; `env` says what is importable (default: this machine)."""
+    """The plan of a normalized spec; `env` says what is importable (default: this machine).
+    Raises MoecError when a stage of the plan has no renderer."""
+    from moec.plan import checks, fuse
+    from moec.plan.build import build_stages
     from moec.plan.convert import insert_converters
-    from moec.plan.fuse import fuse
-    from moec.plan.stages import build_stages
+    from moec.plan.resolve import resolve_backends
+    from moec.plan.tuning import choose_tiles
 
     env = env or Environment.detect()
-    facts = facts_of(spec)
-    decisions: list[Decision] = []
-
-    def decide(what: str, choice: str, reason: str) -> None:
-        decisions.append(Decision(what, choice, reason))
-
-    resolved = resolve(spec, facts, env, decide)
-    plan = build_stages(spec, facts, resolved)
-    plan.decisions[:0] = decisions
-    block_m = TORCH_BLOCK_M if resolved.gemm_backend != "triton" else 0
-    plan.facts.update(
-        {
-            "name": spec.name,
-            "hash": spec_hash(spec),
-            "gemm_backend": resolved.gemm_backend,
-            "layout": resolved.layout,
-            "dispatch_backend": resolved.dispatch_backend,
-            "requires": list(resolved.requires),
-            "missing": [m for m in resolved.requires if not env.has(m)],
-            "block_m": block_m or 16,
-            "target_device": spec.target.device,
-            "arch": spec.target.arch,
-            "facts": facts,
-        }
-    )
-    if resolved.layout == "contiguous":
-        plan.decide(
-            "contiguous row padding",
-            f"block_m = {block_m}" if block_m else "block_m = the GEMM's BLOCK_M per token bucket",
-            "each expert's rows start on a GEMM tile boundary, so a tile never mixes experts"
-            + ("; 128 is DeepGEMM's M alignment" if block_m else ""),
-        )
-    if resolved.gemm_backend == "triton":
-        from moec.plan.tuning import elementwise_configs, gemm_buckets
-
-        buckets, source = gemm_buckets(facts)
-        plan.facts["buckets"] = buckets
-        plan.facts["elementwise"] = elementwise_configs(facts)
-        limits = ", ".join(
-            f"T<={b['max_tokens']}" if b["max_tokens"] else "larger" for b in buckets
-        )
-        plan.decide("triton tiles", f"{len(buckets)} token buckets ({limits})", source)
-        if plan.has("shared_expert"):
-            plan.decide(
-                "shared expert tiles",
-                "the routed experts' bucket for T",
-                "the shared MLP runs as a one-expert grouped GEMM over T rows with the same "
-                "kernels; it has no table of its own",
-            )
-    if resolved.gemm_backend == "triton":
-        plan.decide(
-            "router and top-k",
-            "fp32 GEMM in torch; top-k and routing indices in Triton",
-            "the router GEMM is one cuBLAS call; selection and the layout's indices are two "
-            "Triton launches instead of ~30 small torch kernels on the decode critical path",
-        )
-    else:
-        plan.decide(
-            "router and top-k",
-            "torch",
-            "an [T, H] x [H, E] fp32 GEMM and elementwise top-k: a few percent of the layer's bytes",
-        )
-    fuse(plan, facts)
-    insert_converters(plan)
-    _decide_graph_safety(plan)
+    plan = Plan(spec.name, spec_hash(spec), layer_of(spec), spec.description)
+    resolve_backends(plan, spec, env)  # auto -> gemm backend, layout, dispatch backend
+    build_stages(plan, spec)  # the unfused stage graph
+    if plan.backends.gemm == "triton":
+        choose_tiles(plan)  # tile configs per token bucket, tuned or default
+    fuse.fuse_activation_quant(plan)
+    fuse.fuse_routed_scaling(plan)
+    fuse.fuse_quantize_dispatch(plan)
+    fuse.fuse_finalize_combine(plan)
+    insert_converters(plan)  # scale-layout converters where types disagree
+    checks.check_renderers(plan, spec)  # every stage has a renderer, or the spec is rejected
+    checks.record_requirements(plan, env)  # optional packages imported, and missing here
+    checks.decide_graph_safety(plan)  # CUDA graph capture
     return plan
 
 
-def _decide_graph_safety(plan: Plan) -> None:
-    syncing = [s.name for s in plan.order() if s.syncs_host or not s.graph_safe]
-    if syncing:
-        plan.decide(
-            "CUDA graph",
-            "no",
-            f"{', '.join(syncing)} read sizes on the host (data-dependent shapes)",
-        )
-    else:
-        plan.decide(
-            "CUDA graph",
-            "yes",
-            "no stage reads device data on the host; buffers are sized by max_num_tokens",
-        )
-
-
-def facts(plan: Plan) -> Facts:
-    return plan.facts["facts"]
+def plan_loaded(loaded, env: Environment | None = None) -> Plan:
+    """The plan of a LoadedSpec; plan problems are located in its file like spec problems."""
+    try:
+        return make_plan(loaded.spec, env)
+    except MoecError as error:
+        raise MoecError(loaded.located(error.problems), loaded.source, error.kind) from None
 
 
 def plan_summary(plan: Plan) -> dict[str, object]:
-    """Resolved facts as plain data (for plan.json and explain --format json)."""
-    data = {k: v for k, v in plan.facts.items() if k != "facts"}
-    data["dims"] = asdict(plan.facts["facts"])
-    return data
+    """What the plan chose for the whole layer, as plain data (plan.json, explain json)."""
+    backends = plan.backends
+    dispatch = plan.stage("dispatch")
+    return {
+        "name": plan.name,
+        "hash": plan.spec_hash,
+        "gemm_backend": backends.gemm,
+        "layout": backends.layout,
+        "dispatch": plan.layer.dispatch,
+        "dispatch_backend": backends.dispatch,
+        "row_padding": dispatch.row_padding,
+        "requires": list(plan.requires),
+        "missing": list(plan.missing),
+        "dims": asdict(plan.layer),
+    }

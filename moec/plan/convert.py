@@ -6,11 +6,13 @@ pack UE8M0 four per int32), so their cost shows in the plan and no backend hides
 
 from __future__ import annotations
 
-from moec.plan.graph import Plan, Stage
+from moec.plan.graph import Plan
+from moec.plan.stages import Convert
 from moec.plan.types import DType, TensorType
 
 
 def insert_converters(plan: Plan) -> None:
+    """Pass: a converter stage on every edge whose type the consumer does not accept."""
     for consumer in [stage.name for stage in plan.order()]:
         stage = plan.stage(consumer)
         for producer, edge in plan.inputs(consumer):
@@ -44,13 +46,13 @@ def _insert(plan: Plan, producer: str, consumer: str, tensor: str, have, want, i
     steps = conversion_steps(have, want)
     converted = f"{tensor}_{consumer}"
     plan.add_stage(
-        Stage(
-            name,
-            "convert",
-            "torch",
-            params={"steps": steps, "pack_ue8m0": want.scale.dtype is DType.ue8m0x4},
+        Convert(
+            name=name,
+            backend="torch",
+            steps=tuple(steps),
             outputs={converted: want},
             note="; ".join(steps),
+            origin=plan.stage(consumer).origin,
         )
     )
     edges = plan.graph.edges[producer, consumer]["tensors"]

@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from moec.plan.devices import Device
-from moec.plan.facts import Facts
-from moec.plan.graph import Plan, Stage
+from moec.plan.graph import Plan
+from moec.plan.layer import Layer
 from moec.plan.sizes import buffer_rows, symbols, tensor_bytes, useful_rows, weight_bytes
+from moec.plan.stages import Stage
 from moec.plan.types import Layout, TensorType
 
 
@@ -55,19 +56,21 @@ def experts_hit(experts: int, top_k: int, tokens: int, total_experts: int | None
     return experts * (1.0 - (1.0 - top_k / total) ** tokens)
 
 
-def cost(plan: Plan, facts: Facts, device: Device, tokens: int) -> Cost:
-    table = symbols(facts, tokens)
-    rows = useful_rows(facts, tokens)
+def cost(plan: Plan, device: Device, tokens: int) -> Cost:
+    """Bytes, FLOPs and floor of every stage, and of the layer, at `tokens` tokens."""
+    layer = plan.layer
+    table = symbols(layer, tokens)
+    rows = useful_rows(layer, tokens)
     # The rank's local experts see the tokens of every expert-parallel rank.
-    hit = experts_hit(facts.local_experts, facts.top_k, tokens * facts.ep, facts.routed_experts)
-    if facts.fused_shared and tokens:
-        hit += facts.n_shared
+    hit = experts_hit(layer.local_experts, layer.top_k, tokens * layer.ep, layer.routed_experts)
+    if layer.fused_shared and tokens:
+        hit += layer.n_shared
     stages = []
     for stage in plan.order():
         if stage.kind in ("input", "output"):
             continue
         moved = _io_bytes(plan, stage, table, rows) + _weights_touched(stage, table, hit)
-        flops, compute = _flops(stage, facts, tokens, rows)
+        flops, compute = _flops(stage, layer, tokens, rows)
         floor = max(
             moved / (device.bandwidth_gbs * 1e9),
             flops / (device.rate_tflops(compute) * 1e12) if flops else 0.0,
@@ -77,9 +80,7 @@ def cost(plan: Plan, facts: Facts, device: Device, tokens: int) -> Cost:
     total_flops = sum(s.flops for s in stages)
     compute_s = sum(s.flops / (device.rate_tflops(s.compute) * 1e12) for s in stages if s.flops)
     floor_ms = max(total_bytes / (device.bandwidth_gbs * 1e9), compute_s) * 1e3
-    return Cost(
-        tokens, total_bytes, total_flops, floor_ms, peak_bytes(plan, facts, tokens), hit, stages
-    )
+    return Cost(tokens, total_bytes, total_flops, floor_ms, peak_bytes(plan, tokens), hit, stages)
 
 
 def _io_bytes(plan: Plan, stage: Stage, table: dict[str, int], rows: int) -> float:
@@ -102,30 +103,44 @@ def _weights_touched(stage: Stage, table: dict[str, int], hit: float) -> float:
     return total
 
 
-def _flops(stage: Stage, facts: Facts, tokens: int, rows: int) -> tuple[float, str]:
-    hidden, inter = facts.hidden, facts.intermediate
+def _flops(stage: Stage, layer: Layer, tokens: int, rows: int) -> tuple[float, str]:
+    hidden = layer.hidden
     kind = stage.kind
-    compute = "fp8" if facts.routed.quantized else "bf16"
+    compute = "fp8" if layer.routed.quantized else "bf16"
     if kind == "router":
-        return 2.0 * tokens * hidden * facts.routed_experts, "fp32"
+        return 2.0 * tokens * hidden * layer.routed_experts, "fp32"
     if kind == "gemm":
-        n, k = (2 * inter, hidden) if stage.params["n"] == "2I" else (hidden, inter)
+        n, k = stage.n_value, stage.k_value
         return 2.0 * rows * n * k, compute
     if kind == "shared_expert":
-        shared_compute = "fp8" if facts.shared.quantized else "bf16"
-        return 6.0 * tokens * hidden * facts.shared_intermediate, shared_compute
+        shared_compute = "fp8" if layer.shared.quantized else "bf16"
+        return 6.0 * tokens * hidden * layer.shared_intermediate, shared_compute
     return 0.0, "none"
 
 
-def peak_bytes(plan: Plan, facts: Facts, tokens: int) -> float:
+def row_padding(plan: Plan, tokens: int) -> int:
+    """Contiguous row padding at `tokens` tokens: fixed by the dispatch, or the Triton tile's
+    BLOCK_M of the bucket of `tokens`."""
+    fixed = plan.stage("dispatch").row_padding if plan.has("dispatch") else None
+    if fixed:
+        return fixed
+    if plan.tiles is not None:
+        bucket = next(
+            (b for b in plan.tiles.buckets if b.max_tokens is None or tokens <= b.max_tokens),
+            plan.tiles.buckets[-1],
+        )
+        return bucket.block_m
+    return 1
+
+
+def peak_bytes(plan: Plan, tokens: int) -> float:
     """Most bytes of intermediates alive at once: each tensor lives from its producer to its
     last consumer; grouped buffers at their worst-case rows."""
-    table = symbols(facts, tokens)
+    layer = plan.layer
+    table = symbols(layer, tokens)
     order = [s.name for s in plan.order()]
     index = {name: i for i, name in enumerate(order)}
-    layout = plan.facts.get("layout", "contiguous")
-    block_m = plan.facts.get("block_m", 128)
-    worst = buffer_rows(facts, tokens, layout, block_m)
+    worst = buffer_rows(layer, tokens, plan.backends.layout, row_padding(plan, tokens))
     lifetimes = []
     for name in order:
         stage = plan.stage(name)

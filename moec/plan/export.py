@@ -7,10 +7,11 @@ Top-level keys (pinned by tests/test_explain.py):
     target        {device, arch, dtype, max_num_tokens}
     device        {name, bandwidth_gbs, bf16_tflops, fp8_tflops, fp32_tflops, memory_gib,
                    measured}
-    facts         resolved choices and per-rank dims
-    stages        [{name, kind, backend, inputs, outputs, weights, params, fused, syncs_host,
-                    graph_safe, note}]; inputs: [{tensor, from, as, type}], outputs/weights:
-                    [{tensor, type}], type: {dtype, shape, layout, scale?, label}
+    choices       what the plan chose for the whole layer, and the per-rank dims
+    stages        [{name, kind, backend, inputs, outputs, weights, choices, fused, syncs_host,
+                    graph_safe, note}]; choices: the stage kind's own fields; inputs:
+                    [{tensor, from, as, type}], outputs/weights: [{tensor, type}], type:
+                    {dtype, shape, layout, scale?, record?, label}
     decisions     [{what, choice, reason}]
     cost          [{tokens, bytes, flops, floor_ms, peak_bytes, experts_hit,
                     stages: [{stage, bytes, flops, compute, floor_ms}]}]
@@ -21,19 +22,16 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from moec import __version__
-from moec.plan import Device, Plan, cost, facts, plan_summary
+from moec.plan import Device, Plan, cost, plan_summary
+from moec.plan.stages import choices
 from moec.plan.types import TensorType
+from moec.version import __version__
 
 
 def _type(tensor: TensorType) -> dict[str, Any]:
     data = tensor.as_dict()
     data["label"] = tensor.label()
     return data
-
-
-def _params(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(params.items())}
 
 
 def plan_data(plan: Plan, spec, device: Device, tokens: list[int]) -> dict[str, Any]:
@@ -50,7 +48,7 @@ def plan_data(plan: Plan, spec, device: Device, tokens: list[int]) -> dict[str, 
                 ],
                 "outputs": [{"tensor": n, "type": _type(t)} for n, t in stage.outputs.items()],
                 "weights": [{"tensor": n, "type": _type(t)} for n, t in stage.weights.items()],
-                "params": _params(stage.params),
+                "choices": dict(sorted(choices(stage).items())),
                 "fused": list(stage.fused),
                 "syncs_host": stage.syncs_host,
                 "graph_safe": stage.graph_safe,
@@ -63,8 +61,8 @@ def plan_data(plan: Plan, spec, device: Device, tokens: list[int]) -> dict[str, 
         "spec": {"name": spec.name, "hash": summary["hash"]},
         "target": spec.target.model_dump(mode="json"),
         "device": asdict(device),
-        "facts": summary,
+        "choices": summary,
         "stages": stages,
         "decisions": [asdict(d) for d in plan.decisions],
-        "cost": [cost(plan, facts(plan), device, t).as_dict() for t in tokens],
+        "cost": [cost(plan, device, t).as_dict() for t in tokens],
     }

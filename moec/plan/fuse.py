@@ -1,29 +1,22 @@
-"""Pass: fuse neighbouring stages where one kernel can do both, each fusion a decision.
+"""Passes: fuse neighbouring stages where one kernel can do both, each fusion a decision.
 
 - activation + the quantization of its output (the intermediate never reaches memory);
 - the routed scaling factor into the top-k weights (combine multiplies by them anyway);
 - activation quantization into the dispatch permute, for Triton (one pass over the tokens);
-- the finalize step (routed scaling, shared-expert add) into combine, unless finalize also
-  all-reduces across tensor-parallel ranks, which stays its own stage.
+- the finalize step (shared-expert add) into combine, unless finalize also all-reduces across
+  tensor-parallel ranks, which stays its own stage.
 """
 
 from __future__ import annotations
 
-from moec.plan.facts import Facts
 from moec.plan.graph import Plan
-
-
-def fuse(plan: Plan, facts: Facts) -> None:
-    fuse_activation_quant(plan)
-    fuse_routed_scaling(plan)
-    fuse_quantize_dispatch(plan, facts)
-    fuse_finalize_combine(plan)
 
 
 def fuse_activation_quant(plan: Plan) -> None:
     if not plan.has("quantize_down"):
         return
-    plan.absorb("activation", "quantize_down")
+    fmt = plan.stage("quantize_down").format
+    plan.absorb("activation", "quantize_down", quantize=fmt)
     plan.decide(
         "fuse activation + quantize",
         "yes",
@@ -32,9 +25,9 @@ def fuse_activation_quant(plan: Plan) -> None:
 
 
 def fuse_routed_scaling(plan: Plan) -> None:
-    finalize, select = plan.stage("finalize"), plan.stage("select")
-    factor = finalize.params.pop("routed_scaling_factor")
-    select.params["weight_scale"] = factor
+    factor = plan.stage("finalize").routed_scaling_factor
+    plan.update("finalize", routed_scaling_factor=1.0)
+    select = plan.update("select", routed_scaling_factor=factor)
     if factor == 1.0:
         plan.decide("routed scaling", "none", "routed_scaling_factor is 1")
         return
@@ -42,16 +35,18 @@ def fuse_routed_scaling(plan: Plan) -> None:
         "routed scaling",
         f"x{factor:g} folded into the top-k weights",
         "combine multiplies every expert row by its weight anyway: no extra pass over [T, H]"
-        + (" (and fused shared experts keep weight 1)" if select.params["fused_shared"] else ""),
+        + (" (and fused shared experts keep weight 1)" if select.fused_shared else ""),
     )
 
 
-def fuse_quantize_dispatch(plan: Plan, facts: Facts) -> None:
-    if not plan.has("quantize") or facts.dispatch != "local":
+def fuse_quantize_dispatch(plan: Plan) -> None:
+    if not plan.has("quantize"):
         return
-    if plan.stage("dispatch").backend != "triton":
+    dispatch = plan.stage("dispatch")
+    if dispatch.mode != "local" or dispatch.backend != "triton":
         return
-    plan.absorb("dispatch", "quantize")
+    fmt = plan.stage("quantize").format
+    plan.absorb("dispatch", "quantize", quantize=fmt)
     plan.decide(
         "fuse quantize + dispatch",
         "yes",
@@ -61,23 +56,22 @@ def fuse_quantize_dispatch(plan: Plan, facts: Facts) -> None:
 
 def fuse_finalize_combine(plan: Plan) -> None:
     finalize = plan.stage("finalize")
-    combine = plan.stage("combine")
-    combine.params["add_shared"] = finalize.params["add_shared"]
-    if finalize.params["all_reduce"]:
+    if finalize.all_reduce:
         # combine adds the (partial) shared output; finalize only all-reduces the sum.
-        if finalize.params["add_shared"]:
+        if finalize.add_shared:
             for producer, edge in plan.inputs("finalize"):
                 if edge.tensor == "shared":
                     plan.graph.remove_edge(producer, "finalize")
                     plan.connect(producer, "combine", "shared")
-            finalize.params["add_shared"] = False
+            plan.update("combine", add_shared=True)
+            plan.update("finalize", add_shared=False)
         plan.decide(
             "fuse finalize into combine",
             "partly",
             "combine adds the shared output; the tensor-parallel all-reduce stays a stage",
         )
         return
-    plan.absorb("combine", "finalize")
+    plan.absorb("combine", "finalize", add_shared=finalize.add_shared)
     plan.decide(
         "fuse finalize into combine",
         "yes",

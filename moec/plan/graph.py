@@ -1,23 +1,20 @@
-"""The plan: a networkx DiGraph of stages with typed edges, and the decisions that shaped it.
+"""The plan: a networkx DiGraph of typed stages (moec/plan/stages.py) with typed edges, and the
+decisions that shaped it.
 
-    [router] -> [select] -> [quantize] -> [dispatch] -> [gemm_gate_up] -> [activation]
-                   |                                                          |
-                   +--------------------------> [combine] <- [gemm_down] <---+
-                                                    |
-                            [shared_expert] --> [finalize] -> output
-
-Nodes are stage names; each holds a `Stage`. An edge `producer -> consumer` carries the tensors
-passed along it (`Edge`: variable name, type, the consumer's input name). Every choice is a
-`Decision` with its reason, made once by a pass and only rendered by codegen and explain.
+Nodes are stage names; each holds its stage record. An edge `producer -> consumer` carries the
+tensors passed along it (`Edge`: variable name, type, the consumer's input name). Every choice
+is a `Decision` with its reason, made once by a pass and only rendered by codegen and explain.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import networkx as nx
 
+from moec.plan.layer import Layer
+from moec.plan.stages import Stage
 from moec.plan.types import TensorType
 
 # Pipeline order: the tie-break of the deterministic topological sort.
@@ -53,27 +50,6 @@ INPUT_ORDER = (
 )
 
 
-@dataclass
-class Stage:
-    """One step of the layer."""
-
-    name: str
-    kind: str
-    backend: str
-    params: dict[str, Any] = field(default_factory=dict)
-    outputs: dict[str, TensorType] = field(default_factory=dict)
-    """Tensors this stage produces, by variable name."""
-    accepts: dict[str, TensorType] = field(default_factory=dict)
-    """Type this stage needs on each input (by input name); absent = takes what it gets."""
-    weights: dict[str, TensorType] = field(default_factory=dict)
-    """Parameters of the layer this stage reads, by attribute name."""
-    fused: list[str] = field(default_factory=list)
-    """Stage kinds folded into this one by the fuse pass."""
-    syncs_host: bool = False
-    graph_safe: bool = True
-    note: str = ""
-
-
 @dataclass(frozen=True)
 class Edge:
     """One tensor passed from a producer to a consumer."""
@@ -92,14 +68,37 @@ class Decision:
     reason: str
 
 
+@dataclass(frozen=True)
+class Backends:
+    """What the resolve pass chose for the whole layer."""
+
+    gemm: str
+    """Backend of the expert GEMMs: torch, triton or deep_gemm."""
+    layout: str
+    """contiguous or masked."""
+    dispatch: str
+    """Backend of the exchange between ranks: torch (local), torch.distributed or deep_ep."""
+
+
 @dataclass
 class Plan:
     """Stages, typed edges, decisions; built by `moec.plan.make_plan`."""
 
-    graph: nx.DiGraph
+    name: str
+    spec_hash: str
+    layer: Layer
+    description: str = ""
+    """The spec's free text (a literal in generated code)."""
+    graph: nx.DiGraph = field(default_factory=nx.DiGraph)
     decisions: list[Decision] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
-    """Resolved values every later pass and template reads (dims, dtypes, layout, backend)."""
+    backends: Backends | None = None
+    """Set by the resolve pass."""
+    tiles: Any = None
+    """Triton tiles per token bucket (moec.plan.tuning.Tiles), set by the tiles pass."""
+    requires: tuple[str, ...] = ()
+    """Optional packages the generated package imports (deep_gemm, deep_ep, triton)."""
+    missing: tuple[str, ...] = ()
+    """Those of `requires` not importable where the plan was made."""
 
     def stage(self, name: str) -> Stage:
         return self.graph.nodes[name]["stage"]
@@ -119,7 +118,7 @@ class Plan:
         return [self.stage(n) for n in nx.lexicographical_topological_sort(self.graph, key=key)]
 
     def inputs(self, name: str) -> list[tuple[str, Edge]]:
-        """(producer, edge) for every tensor stage `name` reads, sorted by input name."""
+        """(producer, edge) for every tensor stage `name` reads, in signature order."""
         found = []
         for producer in self.graph.predecessors(name):
             for edge in self.graph.edges[producer, name]["tensors"]:
@@ -138,16 +137,21 @@ class Plan:
         self.graph.add_node(stage.name, stage=stage)
         return stage
 
+    def put(self, stage: Stage) -> Stage:
+        """Replace the record of an existing stage (passes build new records)."""
+        self.graph.nodes[stage.name]["stage"] = stage
+        return stage
+
+    def update(self, name: str, **changes: Any) -> Stage:
+        """A new record for stage `name` with `changes`, put in the plan."""
+        return self.put(replace(self.stage(name), **changes))
+
     def connect(
         self, producer: str, consumer: str, tensor: str, input_name: str | None = None
     ) -> None:
         """Pass `producer`'s output `tensor` to `consumer` (as `input_name`, default the same)."""
         tensor_type = self.stage(producer).outputs[tensor]
-        edge = Edge(tensor, tensor_type, input_name or tensor)
-        if self.graph.has_edge(producer, consumer):
-            self.graph.edges[producer, consumer]["tensors"].append(edge)
-        else:
-            self.graph.add_edge(producer, consumer, tensors=[edge])
+        self._add_edge(producer, consumer, Edge(tensor, tensor_type, input_name or tensor))
 
     def decide(self, what: str, choice: str, reason: str) -> None:
         self.decisions.append(Decision(what, choice, reason))
@@ -155,9 +159,10 @@ class Plan:
     def decision(self, what: str) -> Decision | None:
         return next((d for d in self.decisions if d.what == what), None)
 
-    def absorb(self, keep: str, gone: str) -> None:
-        """Fold stage `gone` into its neighbour `keep`: `keep` takes over `gone`'s other inputs
-        and its outputs; the tensors that passed between them disappear."""
+    def absorb(self, keep: str, gone: str, **changes: Any) -> Stage:
+        """Fold stage `gone` into its neighbour `keep`: the new record of `keep` takes over
+        `gone`'s other inputs, its outputs and weights, plus `changes`; the tensors that passed
+        between the two disappear."""
         kept, dropped = self.stage(keep), self.stage(gone)
         internal = set()
         for producer, edge in self.inputs(gone):
@@ -170,14 +175,17 @@ class Plan:
                 internal.add(edge.tensor)
             else:
                 self._add_edge(keep, consumer, edge)
-        for tensor in internal:
-            kept.outputs.pop(tensor, None)
-        for tensor, tensor_type in dropped.outputs.items():
-            if tensor not in internal:
-                kept.outputs[tensor] = tensor_type
-        kept.weights.update(dropped.weights)
-        kept.fused.append(dropped.kind)
+        outputs = {k: v for k, v in kept.outputs.items() if k not in internal}
+        outputs.update({k: v for k, v in dropped.outputs.items() if k not in internal})
         self.graph.remove_node(gone)
+        return self.update(
+            keep,
+            outputs=outputs,
+            weights={**kept.weights, **dropped.weights},
+            fused=(*kept.fused, dropped.kind),
+            origin=tuple(dict.fromkeys(kept.origin + dropped.origin)),
+            **changes,
+        )
 
     def _add_edge(self, producer: str, consumer: str, edge: Edge) -> None:
         if self.graph.has_edge(producer, consumer):

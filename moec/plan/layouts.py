@@ -6,7 +6,7 @@ routings bounds the buffers. masked: `[E, max_m, cols]`, graph-static, memory gr
 
 from __future__ import annotations
 
-from moec.plan.facts import Facts
+from moec.plan.layer import Layer
 
 
 def compact_rows(assignments: int, experts: int, block_m: int) -> int:
@@ -24,7 +24,7 @@ def masked_max_m(tokens: int) -> int:
     return (tokens // 256 + 1) * 256
 
 
-def masked_peak_bytes(facts: Facts, tokens: int) -> int:
+def masked_peak_bytes(layer: Layer, tokens: int) -> int:
     """Peak bytes of the masked layout's three live phases at `tokens` tokens on this rank.
 
     gate/up: input + its scales + [max_m, 2I] output; activation: [max_m, 2I] in + quantized
@@ -33,12 +33,12 @@ def masked_peak_bytes(facts: Facts, tokens: int) -> int:
     the runner receives: with expert parallelism an expert can receive the tokens of all ep
     ranks, so max_m covers ep * tokens (DeepEP low-latency's [E/ep, ep * T, H] buffers).
     """
-    hidden, inter = facts.hidden, facts.intermediate
-    quantized = facts.routed.quantized
-    act_bytes = 1 if quantized else facts.dtype.bytes
-    out_bytes = facts.dtype.bytes
-    scale_bytes = 1 if facts.routed.pow2_scales else 4
-    group = facts.routed.group or 0
+    hidden, inter = layer.hidden, layer.intermediate
+    quantized = layer.routed.quantized
+    act_bytes = 1 if quantized else layer.dtype.bytes
+    out_bytes = layer.dtype.bytes
+    scale_bytes = 1 if layer.routed.pow2_scales else 4
+    group = layer.routed.group or 0
     in_scale = (-(-hidden // group) * scale_bytes) if quantized and group else 0
     down_scale = (-(-inter // group) * scale_bytes) if quantized and group else 0
     gate_up_row = 2 * inter * out_bytes
@@ -48,4 +48,4 @@ def masked_peak_bytes(facts: Facts, tokens: int) -> int:
         gate_up_row + down_in_row + down_scale,
         down_in_row + down_scale + hidden * out_bytes,
     )
-    return facts.grouped_experts * masked_max_m(tokens * facts.ep) * peak_row
+    return layer.grouped_experts * masked_max_m(tokens * layer.ep) * peak_row

@@ -11,7 +11,8 @@ import importlib.util
 from dataclasses import dataclass
 
 from moec.plan.devices import device_for
-from moec.plan.facts import Facts
+from moec.plan.graph import Backends, Plan
+from moec.plan.layer import Layer
 from moec.plan.layouts import masked_peak_bytes
 from moec.spec.models import Spec
 from moec.spec.rules import arch_number
@@ -19,11 +20,6 @@ from moec.spec.rules import arch_number
 GIB = 1024**3
 MASKED_BUDGET_FRACTION = 0.2
 """Share of the device's memory the masked layout may take when the spec sets no budget."""
-
-GENERATED = frozenset({"torch", "triton", "torch.distributed"})
-"""Backends the codegen renders. The planner plans deep_gemm and deep_ep (types, converters,
-cost) but no template emits their calls yet: `auto` never picks them and `moec build` of a spec
-that names one stops with a message."""
 
 INSTALL_HINTS = {
     "deep_gemm": "build DeepGEMM from https://github.com/deepseek-ai/DeepGEMM on the CUDA host "
@@ -36,10 +32,9 @@ INSTALL_HINTS = {
 
 @dataclass(frozen=True)
 class Environment:
-    """What the machine that builds the package can import, and what moec can render."""
+    """What the machine that builds the package can import."""
 
     importable: frozenset[str]
-    renderable: frozenset[str] = GENERATED
 
     @classmethod
     def detect(cls) -> Environment:
@@ -50,34 +45,21 @@ class Environment:
         return module in self.importable
 
 
-@dataclass(frozen=True)
-class Resolved:
-    gemm_backend: str
-    layout: str
-    dispatch_backend: str
-    requires: tuple[str, ...]
-    """Optional modules the generated package imports."""
+DISPATCH_BACKEND = {
+    "local": "torch",
+    "all2all": "torch.distributed",
+    "deepep_normal": "deep_ep",
+    "deepep_low_latency": "deep_ep",
+}
 
 
-def resolve(spec: Spec, facts: Facts, env: Environment, decide) -> Resolved:
-    """Choose backend, layout and dispatch; call `decide(what, choice, reason)` for each."""
-    gemm = _gemm_backend(spec, env, decide)
-    layout = _layout(spec, facts, decide)
-    dispatch = {
-        "local": "torch",
-        "all2all": "torch.distributed",
-        "deepep_normal": "deep_ep",
-        "deepep_low_latency": "deep_ep",
-    }[spec.parallel.dispatch]
-    decide(
-        "dispatch",
-        f"{spec.parallel.dispatch} ({dispatch})",
-        _dispatch_reason(spec),
-    )
-    requires = tuple(
-        sorted({m for m in (gemm, dispatch) if m in ("deep_gemm", "deep_ep", "triton")})
-    )
-    return Resolved(gemm, layout, dispatch, requires)
+def resolve_backends(plan: Plan, spec: Spec, env: Environment) -> None:
+    """Pass: choose the GEMM backend, the layout and the dispatch backend, each a decision."""
+    gemm = _gemm_backend(spec, env, plan.decide)
+    layout = _layout(spec, plan.layer, plan.decide)
+    dispatch = DISPATCH_BACKEND[spec.parallel.dispatch]
+    plan.decide("dispatch", f"{spec.parallel.dispatch} ({dispatch})", _dispatch_reason(spec))
+    plan.backends = Backends(gemm, layout, dispatch)
 
 
 def _gemm_backend(spec: Spec, env: Environment, decide) -> str:
@@ -93,7 +75,8 @@ def _gemm_backend(spec: Spec, env: Environment, decide) -> str:
             "auto on a CPU target: Triton kernels run on a CPU only interpreted (slow)",
         )
         return "torch"
-    if env.has("deep_gemm") and _deep_gemm_fits(spec) and "deep_gemm" in env.renderable:
+    renders = "deep_gemm" in renderable_backends("gemm")
+    if env.has("deep_gemm") and _deep_gemm_fits(spec) and renders:
         decide("gemm_backend", "deep_gemm", f"auto on cuda {target.arch}: deep_gemm is installed")
         return "deep_gemm"
     if not env.has("deep_gemm"):
@@ -101,7 +84,7 @@ def _gemm_backend(spec: Spec, env: Environment, decide) -> str:
     elif not _deep_gemm_fits(spec):
         why_not = "deep_gemm does not run this combination"
     else:
-        why_not = "deep_gemm is installed, but moec does not generate deep_gemm code yet"
+        why_not = "deep_gemm is installed, but moec renders no deep_gemm GEMM"
     if spec.quant.scheme != "bf16" and arch_number(spec) < 89:
         decide("gemm_backend", "torch", f"auto on {target.arch}: no fp8 tensor cores; {why_not}")
         return "torch"
@@ -121,7 +104,7 @@ def _deep_gemm_fits(spec: Spec) -> bool:
     return not rules.problems_of("deep_gemm_target", probe)
 
 
-def _layout(spec: Spec, facts: Facts, decide) -> str:
+def _layout(spec: Spec, layer: Layer, decide) -> str:
     asked = spec.experts.layout
     if spec.parallel.dispatch == "deepep_low_latency":
         decide(
@@ -140,8 +123,8 @@ def _layout(spec: Spec, facts: Facts, decide) -> str:
     if budget_gib is None:
         budget_gib = device.memory_gib * MASKED_BUDGET_FRACTION
         source = f"{MASKED_BUDGET_FRACTION:.0%} of the {device.name}'s {device.memory_gib:.1f} GiB"
-    tokens = facts.max_tokens
-    need = masked_peak_bytes(facts, tokens) / GIB
+    tokens = layer.max_tokens
+    need = masked_peak_bytes(layer, tokens) / GIB
     if need <= budget_gib:
         decide(
             "layout",
@@ -167,3 +150,10 @@ def _dispatch_reason(spec: Spec) -> str:
     if parallel.dispatch == "all2all":
         return f"{spec.model.n_routed_experts // parallel.ep_size} experts per rank; token rows exchanged with all_to_all_single"
     return f"{spec.model.n_routed_experts // parallel.ep_size} experts per rank; DeepEP exchanges tokens over NVLink/RDMA"
+
+
+def renderable_backends(kind: str) -> frozenset[str]:
+    """Backends moec has a renderer for, for stages of `kind` (the codegen's registry)."""
+    from moec.codegen.registry import backends_for
+
+    return backends_for(kind)

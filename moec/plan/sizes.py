@@ -1,7 +1,7 @@
 """Bytes of typed tensors at a concrete token count.
 
 Symbolic dims (T, H, E, K, I, 2I, Is, 2Is, M, max_m, "H/128", ...) are evaluated against a
-table built from the facts. Grouped tensors have two sizes: the rows actually used (T * K, for
+table built from the layer. Grouped tensors have two sizes: the rows actually used (T * K, for
 the cost floor) and the worst case the buffers must hold (for peak memory).
 """
 
@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import math
 
-from moec.plan.facts import Facts
+from moec.plan.layer import Layer
 from moec.plan.layouts import compact_rows, masked_max_m
 from moec.plan.types import DType, Layout, TensorType
 
 
-def symbols(facts: Facts, tokens: int) -> dict[str, int]:
+def symbols(layer: Layer, tokens: int) -> dict[str, int]:
     return {
         "T": tokens,
-        "H": facts.hidden,
-        "E": facts.routed_experts,
-        "K": facts.grouped_top_k,
-        "I": facts.intermediate,
-        "2I": 2 * facts.intermediate,
-        "Is": facts.shared_intermediate,
-        "2Is": 2 * facts.shared_intermediate,
+        "H": layer.hidden,
+        "E": layer.routed_experts,
+        "K": layer.grouped_top_k,
+        "I": layer.intermediate,
+        "2I": 2 * layer.intermediate,
+        "Is": layer.shared_intermediate,
+        "2Is": 2 * layer.shared_intermediate,
         "1": 1,
     }
 
@@ -75,21 +75,21 @@ def tensor_bytes(tensor: TensorType, table: dict[str, int], rows: int | None = N
     return used * cols * tensor.dtype.bytes + scale_bytes(tensor, used, cols)
 
 
-def useful_rows(facts: Facts, tokens: int) -> int:
+def useful_rows(layer: Layer, tokens: int) -> int:
     """Rows of the grouped GEMMs that carry a token (no padding)."""
-    return tokens * facts.grouped_top_k
+    return tokens * layer.grouped_top_k
 
 
-def buffer_rows(facts: Facts, tokens: int, layout: str, block_m: int) -> int:
+def buffer_rows(layer: Layer, tokens: int, layout: str, block_m: int) -> int:
     """Rows the grouped buffers are allocated with: the worst case of the layout.
 
     With expert parallelism a rank's experts can receive the tokens of all ep ranks (each
     token at most once per expert, and at most min(k, local experts) rows per token)."""
-    arriving = tokens * facts.ep
+    arriving = tokens * layer.ep
     if layout == "masked":
-        return facts.grouped_experts * masked_max_m(arriving)
-    per_token = min(facts.grouped_top_k, facts.grouped_experts)
-    return compact_rows(arriving * per_token, facts.grouped_experts, block_m)
+        return layer.grouped_experts * masked_max_m(arriving)
+    per_token = min(layer.grouped_top_k, layer.grouped_experts)
+    return compact_rows(arriving * per_token, layer.grouped_experts, block_m)
 
 
 def weight_bytes(tensor: TensorType, table: dict[str, int], experts: float | None = None) -> float:

@@ -1,312 +1,200 @@
-"""Build the unfused stage graph of one spec: what the layer computes, stage by stage.
+"""Stage records: one typed record per stage kind, holding every decision its renderer needs.
 
-Each stage gets its output types and the weights it reads; later passes fuse stages and insert
-converters. Types use symbolic shapes: T tokens, H hidden, E experts, K top-k, I intermediate,
-M rows of the grouped layout (contiguous) or E x max_m (masked), Is the shared intermediate.
+    [Router] -> [Select] -> [Quantize] -> [Dispatch] -> [Gemm gate_up] -> [Activation]
+                   |                                                          |
+                   +--------------------------> [Combine] <- [Gemm down] <---+
+                                                    |
+                            [SharedExpert] --> [Finalize] -> output
+
+Every record has the fields of `Stage` (name, backend, the tensors it writes, the types it
+accepts, the weights it reads) and the fields of its kind. Records are frozen: a pass that
+changes a stage builds a new record (`dataclasses.replace`) and puts it in the plan.
 """
 
 from __future__ import annotations
 
-from moec.plan.backends import accepted_scale
-from moec.plan.facts import Facts, QuantFormat
-from moec.plan.graph import Plan, Stage
-from moec.plan.resolve import Resolved
-from moec.plan.types import DType, Layout, ScaleType, TensorType
-from moec.spec.models import Spec
+from dataclasses import dataclass, field
+from typing import ClassVar
 
-FP32, I32 = DType.float32, DType.int32
+from moec.plan.layer import QuantFormat
+from moec.plan.types import TensorType
 
 
-def weight_types(
-    fmt: QuantFormat, experts: str | None, n: str, k: str, dtype: DType
-) -> tuple[TensorType, TensorType | None]:
-    """Type of a weight [experts?, n, k] in `fmt`, and of its scale (None if unscaled)."""
-    lead = (experts,) if experts else ()
-    if not fmt.quantized:
-        return TensorType(dtype, (*lead, n, k)), None
-    if fmt.scheme == "mxfp4":
-        value = TensorType(DType.e2m1x2, (*lead, n, f"{k}/2"))
-    else:
-        value = TensorType(DType.e4m3, (*lead, n, k))
-    if fmt.scheme == "fp8_per_tensor":
-        return value, TensorType(FP32, (*lead, "1"))
-    bn, bk = fmt.weight_block or (1, 1)
-    scale_shape = (*lead, n if bn == 1 else f"{n}/{bn}", f"{k}/{bk}")
-    return value, TensorType(FP32, scale_shape)
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """What every stage has."""
+
+    kind: ClassVar[str] = "stage"
+    name: str
+    backend: str
+    """Who runs it: torch, triton, torch.distributed, deep_gemm, deep_ep ("-" for input/output)."""
+    outputs: dict[str, TensorType] = field(default_factory=dict)
+    """Tensors this stage produces, by variable name."""
+    accepts: dict[str, TensorType] = field(default_factory=dict)
+    """Type this stage needs on each input (by input name); absent = takes what it gets."""
+    weights: dict[str, TensorType] = field(default_factory=dict)
+    """Parameters of the layer this stage reads, by attribute name."""
+    fused: tuple[str, ...] = ()
+    """Stage kinds folded into this one by the fuse pass."""
+    syncs_host: bool = False
+    graph_safe: bool = True
+    note: str = ""
+    origin: tuple[str, ...] = ()
+    """Spec keys whose values led to this stage and its backend (for messages)."""
 
 
-def grouped_type(
-    dtype: DType, cols: str, layout: str, scale: ScaleType | None = None
-) -> TensorType:
-    if layout == "masked":
-        return TensorType(dtype, ("E", "max_m", cols), Layout.masked, scale)
-    return TensorType(dtype, ("M", cols), Layout.contiguous, scale)
+@dataclass(frozen=True, kw_only=True)
+class Input(Stage):
+    kind: ClassVar[str] = "input"
 
 
-def build_stages(spec: Spec, facts: Facts, resolved: Resolved) -> Plan:
-    import networkx as nx
-
-    plan = Plan(nx.DiGraph())
-    gemm, layout = resolved.gemm_backend, resolved.layout
-    routed, dtype = facts.routed, facts.dtype
-    static = spec.quant.activation_scheme == "static"
-    input_scale = TensorType(FP32, ("1",))
-    x_type = TensorType(dtype, ("T", "H"))
-
-    plan.add_stage(Stage("input", "input", "-", outputs={"x": x_type}))
-
-    plan.add_stage(
-        Stage(
-            "router",
-            "router",
-            "torch",
-            params={"experts": facts.routed_experts},
-            outputs={"logits": TensorType(FP32, ("T", "E"))},
-            weights={"gate_weight": TensorType(FP32, ("E", "H"))},
-            note="fp32 GEMM, as the checkpoint's fp32 router computes it",
-        )
-    )
-    plan.connect("input", "router", "x")
-
-    router = spec.router
-    select_weights = {}
-    if router.topk_method == "noaux_tc":
-        select_weights["gate_bias"] = TensorType(FP32, ("E",))
-    plan.add_stage(
-        Stage(
-            "select",
-            "select",
-            "triton" if gemm == "triton" else "torch",
-            params={
-                "scoring_func": router.scoring_func,
-                "topk_method": router.topk_method,
-                "n_group": router.n_group,
-                "topk_group": router.topk_group,
-                "norm_topk_prob": router.norm_topk_prob,
-                "top_k": facts.top_k,
-                "experts": facts.routed_experts,
-                "weight_scale": 1.0,
-                "fused_shared": facts.n_shared if facts.fused_shared else 0,
-            },
-            outputs={
-                "topk_weights": TensorType(FP32, ("T", "K")),
-                "topk_ids": TensorType(I32, ("T", "K")),
-            },
-            weights=select_weights,
-        )
-    )
-    plan.connect("router", "select", "logits")
-
-    if facts.n_shared and not facts.fused_shared:
-        _shared_expert(plan, facts, gemm, static)
-
-    expert_input = "input"
-    expert_tensor = "x"
-    if routed.quantized:
-        plan.add_stage(
-            Stage(
-                "quantize",
-                "quantize",
-                gemm,
-                params={"format": routed.scheme, "group": routed.group, "pow2": routed.pow2_scales},
-                outputs={"xq": TensorType(DType.e4m3, ("T", "H"), scale=routed.activation_scale())},
-                weights={"w13_input_scale": input_scale} if static else {},
-            )
-        )
-        plan.connect("input", "quantize", "x")
-        expert_input, expert_tensor = "quantize", "xq"
-
-    a_type = plan.stage(expert_input).outputs[expert_tensor]
-    routing_type = TensorType(
-        I32,
-        ("M",) if layout == "contiguous" else ("E",),
-        Layout.masked if layout == "masked" else Layout.contiguous,
-    )
-    dispatch_backend = resolved.dispatch_backend
-    if facts.dispatch == "local" and gemm == "triton":
-        dispatch_backend = "triton"
-    plan.add_stage(
-        Stage(
-            "dispatch",
-            "dispatch",
-            dispatch_backend,
-            params={"layout": layout, "mode": facts.dispatch},
-            outputs={
-                "a": grouped_type(a_type.dtype, "H", layout, a_type.scale),
-                "routing": routing_type,
-                **({"exchange": TensorType(I32, ("T*K",))} if facts.dispatch != "local" else {}),
-            },
-            syncs_host=facts.dispatch in ("all2all", "deepep_normal"),
-            graph_safe=facts.dispatch not in ("all2all", "deepep_normal"),
-        )
-    )
-    plan.connect(expert_input, "dispatch", expert_tensor, "x")
-    plan.connect("select", "dispatch", "topk_ids")
-
-    w13, w13_scale = weight_types(routed, "E", "2I", "H", dtype)
-    w2, w2_scale = weight_types(routed, "E", "H", "I", dtype)
-    _gemm(
-        plan,
-        "gemm_gate_up",
-        gemm,
-        facts,
-        routed,
-        "h",
-        "2I",
-        layout,
-        dtype,
-        ("w13", w13, w13_scale),
-    )
-    plan.connect("dispatch", "gemm_gate_up", "a")
-    plan.connect("dispatch", "gemm_gate_up", "routing")
-
-    act = spec.activation
-    act_params = {k: v for k, v in act.model_dump().items() if k != "kind"}
-    plan.add_stage(
-        Stage(
-            "activation",
-            "activation",
-            gemm,
-            params={"kind": act.kind, "values": act_params},
-            outputs={"g": grouped_type(FP32 if routed.quantized else dtype, "I", layout)},
-        )
-    )
-    plan.connect("gemm_gate_up", "activation", "h")
-    plan.connect("dispatch", "activation", "routing")
-    down_input = ("activation", "g")
-    if routed.quantized:
-        plan.add_stage(
-            Stage(
-                "quantize_down",
-                "quantize",
-                gemm,
-                params={"format": routed.scheme, "group": routed.group, "pow2": routed.pow2_scales},
-                outputs={"hq": grouped_type(DType.e4m3, "I", layout, routed.activation_scale())},
-                weights={"w2_input_scale": input_scale} if static else {},
-            )
-        )
-        plan.connect("activation", "quantize_down", "g")
-        down_input = ("quantize_down", "hq")
-
-    _gemm(plan, "gemm_down", gemm, facts, routed, "y", "H", layout, dtype, ("w2", w2, w2_scale))
-    plan.connect(down_input[0], "gemm_down", down_input[1], "a")
-    plan.connect("dispatch", "gemm_down", "routing")
-
-    plan.add_stage(
-        Stage(
-            "combine",
-            "combine",
-            resolved.dispatch_backend if facts.dispatch != "local" else dispatch_backend,
-            params={"mode": facts.dispatch, "layout": layout, "add_shared": False},
-            outputs={"routed": x_type},
-            syncs_host=facts.dispatch in ("all2all",),
-            graph_safe=facts.dispatch not in ("all2all", "deepep_normal"),
-        )
-    )
-    plan.connect("gemm_down", "combine", "y")
-    plan.connect("select", "combine", "topk_weights")
-    plan.connect("dispatch", "combine", "routing")
-    if facts.dispatch != "local":
-        plan.connect("dispatch", "combine", "exchange")
-
-    plan.add_stage(
-        Stage(
-            "finalize",
-            "finalize",
-            "torch.distributed" if facts.tp > 1 else "torch",
-            params={
-                "routed_scaling_factor": router.routed_scaling_factor,
-                "add_shared": plan.has("shared_expert"),
-                "all_reduce": facts.tp > 1,
-            },
-            outputs={"out": x_type},
-        )
-    )
-    plan.connect("combine", "finalize", "routed")
-    if plan.has("shared_expert"):
-        plan.connect("shared_expert", "finalize", "shared")
-
-    plan.add_stage(Stage("output", "output", "-"))
-    plan.connect("finalize", "output", "out")
-    return plan
+@dataclass(frozen=True, kw_only=True)
+class Output(Stage):
+    kind: ClassVar[str] = "output"
 
 
-# How the torch backend runs a grouped GEMM, and what it costs the host: (note, syncs host).
-TORCH_GEMM = {
-    "loop": (
-        "per-expert loop over the rows each expert received (host sync for the counts)",
-        True,
-    ),
-    "grouped_mm": ("torch._grouped_mm over the padded groups: one launch, no host sync", False),
-    "bmm": ("torch.bmm over all experts of the masked layout: one launch, no host sync", False),
-}
+@dataclass(frozen=True, kw_only=True)
+class Router(Stage):
+    """Router logits [T, E] in fp32."""
+
+    kind: ClassVar[str] = "router"
+    experts: int
 
 
-def torch_gemm_kernel(device: str, fmt: QuantFormat, dtype: DType, layout: str) -> str:
-    """The torch backend's grouped GEMM: torch's own grouped kernels for bf16 on CUDA, else a
-    per-expert loop (which dequantizes fp8 / mx weights one expert at a time)."""
-    if device == "cuda" and not fmt.quantized and dtype is DType.bfloat16:
-        return "grouped_mm" if layout == "contiguous" else "bmm"
-    return "loop"
+@dataclass(frozen=True, kw_only=True)
+class Select(Stage):
+    """Scores, top-k choice and weights of each token."""
+
+    kind: ClassVar[str] = "select"
+    scoring_func: str
+    topk_method: str
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    top_k: int
+    experts: int
+    routed_scaling_factor: float = 1.0
+    """Folded into the weights by the fuse pass (1.0 until then)."""
+    fused_shared: int = 0
+    """Shared experts appended to every token's choice with weight 1."""
+
+    @property
+    def has_bias(self) -> bool:
+        return "gate_bias" in self.weights
 
 
-def _gemm(plan, name, backend, facts, fmt, out_name, n, layout, dtype, weight) -> None:
-    attr, w_type, scale_type = weight
-    weights = {attr: w_type}
-    if scale_type is not None:
-        weights[f"{attr}_scale"] = scale_type
-    a_scale = fmt.activation_scale()
-    a_dtype = DType.e4m3 if fmt.quantized else dtype
-    k = "H" if n != "H" else "I"
-    params = {"format": fmt.scheme, "layout": layout, "n": n, "k": k}
-    note, syncs = "", False
-    if backend == "torch":
-        params["torch_kernel"] = torch_gemm_kernel(facts.device, fmt, dtype, layout)
-        note, syncs = TORCH_GEMM[params["torch_kernel"]]
-    plan.add_stage(
-        Stage(
-            name,
-            "gemm",
-            backend,
-            params=params,
-            accepts={
-                "a": grouped_type(a_dtype, k, layout, accepted_scale(backend, facts.arch, a_scale))
-            },
-            outputs={out_name: grouped_type(dtype, n, layout)},
-            weights=weights,
-            graph_safe=not syncs,
-            syncs_host=syncs,
-            note=note,
-        )
-    )
+@dataclass(frozen=True, kw_only=True)
+class Quantize(Stage):
+    """Activation quantization for the expert GEMMs."""
+
+    kind: ClassVar[str] = "quantize"
+    format: QuantFormat
 
 
-def _shared_expert(plan: Plan, facts: Facts, gemm: str, static: bool) -> None:
-    fmt = facts.shared
-    w13, w13_scale = weight_types(fmt, None, "2Is", "H", facts.dtype)
-    w2, w2_scale = weight_types(fmt, None, "H", "Is", facts.dtype)
-    weights = {"shared_w13": w13}
-    if w13_scale is not None:
-        weights["shared_w13_scale"] = w13_scale
-    weights["shared_w2"] = w2
-    if w2_scale is not None:
-        weights["shared_w2_scale"] = w2_scale
-    if static:
-        weights["shared_w13_input_scale"] = TensorType(FP32, ("1",))
-        weights["shared_w2_input_scale"] = TensorType(FP32, ("1",))
-    plan.add_stage(
-        Stage(
-            "shared_expert",
-            "shared_expert",
-            gemm,
-            params={
-                "format": fmt.scheme,
-                "experts": facts.n_shared,
-                "intermediate": facts.shared_intermediate,
-            },
-            outputs={"shared": TensorType(facts.dtype, ("T", "H"))},
-            weights=weights,
-            note=f"dense gated MLP of width {facts.shared_intermediate}, {fmt.label()}",
-        )
-    )
-    plan.connect("input", "shared_expert", "x")
+@dataclass(frozen=True, kw_only=True)
+class Dispatch(Stage):
+    """Tokens to the grouped layout: a local permute, or an exchange between ranks first."""
+
+    kind: ClassVar[str] = "dispatch"
+    mode: str
+    """local | all2all | deepep_normal | deepep_low_latency."""
+    layout: str
+    """contiguous | masked."""
+    experts: int
+    """Experts of the grouped layout on this rank (fused shared ones included)."""
+    row_padding: int | None
+    """Contiguous rows per expert padded to this; None: the Triton tile's BLOCK_M per bucket."""
+    routing_backend: str
+    """Who computes the layout's indices: torch or triton."""
+    quantize: QuantFormat | None = None
+    """Quantization fused into the copy (the fuse pass), or None."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gemm(Stage):
+    """One grouped GEMM of the routed experts: [rows, k] x [E, n, k] -> [rows, n]."""
+
+    kind: ClassVar[str] = "gemm"
+    role: str
+    """gate_up or down."""
+    format: QuantFormat
+    layout: str
+    n: str
+    k: str
+    n_value: int
+    k_value: int
+    torch_kernel: str | None = None
+    """The torch backend's way: loop, grouped_mm or bmm (None for other backends)."""
+
+    @property
+    def weight(self) -> str:
+        return "w13" if self.role == "gate_up" else "w2"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Activation(Stage):
+    """The gated activation of the gate/up output, [rows, 2I] -> [rows, I]."""
+
+    kind: ClassVar[str] = "activation"
+    activation: str
+    values: tuple[tuple[str, float], ...]
+    layout: str
+    intermediate: int
+    quantize: QuantFormat | None = None
+    """Quantization of the output for the down GEMM, fused in (the fuse pass), or None."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Combine(Stage):
+    """Weighted sum of each token's expert rows (after the return exchange, with EP)."""
+
+    kind: ClassVar[str] = "combine"
+    mode: str
+    layout: str
+    add_shared: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedExpert(Stage):
+    """The shared experts: one dense gated MLP beside the routed experts."""
+
+    kind: ClassVar[str] = "shared_expert"
+    format: QuantFormat
+    experts: int
+    intermediate: int
+    activation: str
+    values: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finalize(Stage):
+    """Routed scaling, the shared output, the tensor-parallel all-reduce."""
+
+    kind: ClassVar[str] = "finalize"
+    routed_scaling_factor: float
+    add_shared: bool
+    all_reduce: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Convert(Stage):
+    """A scale-layout converter inserted by the convert pass."""
+
+    kind: ClassVar[str] = "convert"
+    steps: tuple[str, ...]
+
+
+def choices(stage: Stage) -> dict[str, object]:
+    """The kind's own fields of a stage, as plain data (for explain and plan.json)."""
+    common = {f for f in Stage.__dataclass_fields__}
+    data: dict[str, object] = {}
+    for name in stage.__dataclass_fields__:
+        if name in common:
+            continue
+        value = getattr(stage, name)
+        if isinstance(value, QuantFormat):
+            value = value.scheme
+        elif isinstance(value, tuple):
+            value = [list(v) if isinstance(v, tuple) else v for v in value]
+        data[name] = value
+    return data

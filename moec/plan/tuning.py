@@ -1,8 +1,8 @@
-"""Triton tile configs per token bucket: tuned tables measured on a GPU, or a default table.
+"""Pass: Triton tile configs per token bucket, from a tuned table measured on a GPU or defaults.
 
 A bucket is (largest T, block_m, gate/up GEMM config, down GEMM config); both GEMMs of a bucket
 share BLOCK_M, which is also the contiguous layout's row padding. Tuned tables live in
-`moec/plan/tuned/<device>.json`, written by `benchmarks/tune.py` on the GPU, keyed by
+`moec/plan/tuned/<device>.json`, written on the GPU, keyed by
 "<scheme>/H<hidden>/I<intermediate>/E<experts>/K<top_k>"; the plan records which table it used,
 and the generated package carries the configs, so a build never re-tunes.
 """
@@ -10,13 +10,66 @@ and the generated package carries the configs, so a build never re-tunes.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moec.plan.facts import Facts
+from moec.plan.graph import Plan
+from moec.plan.layer import Layer
 
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
-_ARCH_DEVICE = {"sm90": "h200"}
+ARCH_DEVICE = {"sm90": "h200"}
+"""The device whose shipped table a CUDA arch uses."""
+
+
+@dataclass(frozen=True)
+class TileBucket:
+    """Tiles of the grouped GEMMs for token counts up to `max_tokens` (None: any larger)."""
+
+    max_tokens: int | None
+    block_m: int
+    """Rows per GEMM tile, and the contiguous layout's row padding, in this bucket."""
+    gate_up: dict[str, Any]
+    """grouped_gemm config of the gate/up GEMM (BLOCK_M/N/K, GROUP_SIZE_M, warps, stages...)."""
+    down: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Every Triton tile config of one layer."""
+
+    buckets: tuple[TileBucket, ...]
+    permute: dict[str, int]
+    """permute_quant: BLOCK_M, BLOCK_H, num_warps."""
+    act: dict[str, int]
+    """act_quant: BLOCK_M, BLOCK_I, num_warps."""
+    combine: dict[str, int]
+    """combine: BLOCK_T, BLOCK_H, num_warps."""
+    source: str
+    """Where the table came from."""
+
+
+def choose_tiles(plan: Plan) -> None:
+    """Pass: the tile table of a Triton layer, recorded with its source."""
+    layer = plan.layer
+    buckets, source = gemm_buckets(layer)
+    elementwise = elementwise_configs(layer)
+    plan.tiles = Tiles(
+        tuple(TileBucket(b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in buckets),
+        elementwise["permute"],
+        elementwise["act"],
+        elementwise["combine"],
+        source,
+    )
+    limits = ", ".join(f"T<={b['max_tokens']}" if b["max_tokens"] else "larger" for b in buckets)
+    plan.decide("triton tiles", f"{len(buckets)} token buckets ({limits})", source)
+    if plan.has("shared_expert"):
+        plan.decide(
+            "shared expert tiles",
+            "the routed experts' bucket for T",
+            "the shared MLP runs as a one-expert grouped GEMM over T rows with the same "
+            "kernels; it has no table of its own",
+        )
 
 
 def _gemm(block_m: int, block_n: int, block_k: int, warps: int, stages: int, group: int = 8):
@@ -30,64 +83,61 @@ def _gemm(block_m: int, block_n: int, block_k: int, warps: int, stages: int, gro
     }
 
 
-def _k_block(facts: Facts) -> int:
-    return 128
-
-
 # Untuned defaults for a GPU: small M tiles when each expert gets few rows (decode), large
-# square tiles when the GEMMs are compute-bound.
-def _default_cuda(facts: Facts) -> list[dict[str, Any]]:
-    bk = _k_block(facts)
+# square tiles when the GEMMs are compute-bound. BLOCK_K 128 divides every block-scaled group.
+def _default_cuda() -> list[dict[str, Any]]:
     rows = [(16, 16, 64, 4, 4), (128, 32, 64, 4, 4), (1024, 64, 128, 4, 3), (None, 128, 128, 8, 3)]
     return [
         {
             "max_tokens": limit,
             "block_m": bm,
-            "gate_up": _gemm(bm, bn, bk, warps, stages),
-            "down": _gemm(bm, bn, bk, warps, stages),
+            "gate_up": _gemm(bm, bn, 128, warps, stages),
+            "down": _gemm(bm, bn, 128, warps, stages),
         }
         for limit, bm, bn, warps, stages in rows
     ]
 
 
 # The interpreter's cost grows with the number of programs: one bucket of large tiles.
-def _interpreted(facts: Facts) -> list[dict[str, Any]]:
-    config = _gemm(32, 128, _k_block(facts), 4, 1, 1)
+def _interpreted() -> list[dict[str, Any]]:
+    config = _gemm(32, 128, 128, 4, 1, 1)
     return [{"max_tokens": None, "block_m": 32, "gate_up": config, "down": dict(config)}]
 
 
-def table_key(facts: Facts) -> str:
+def table_key(layer: Layer) -> str:
     """Key of a layer's GEMM shapes (fused shared experts share the routed experts' table)."""
     return (
-        f"{facts.routed.scheme}/H{facts.hidden}/I{facts.intermediate}/"
-        f"E{facts.local_experts}/K{facts.top_k}"
+        f"{layer.routed.scheme}/H{layer.hidden}/I{layer.intermediate}/"
+        f"E{layer.local_experts}/K{layer.top_k}"
     )
 
 
-def gemm_buckets(facts: Facts) -> tuple[list[dict[str, Any]], str]:
+def _tuned_table(layer: Layer) -> tuple[dict[str, Any], str] | None:
+    device = ARCH_DEVICE.get(layer.arch or "") if layer.device == "cuda" else None
+    path = TUNED_DIR / f"{device}.json" if device else None
+    if path is None or not path.exists():
+        return None
+    return json.loads(path.read_text()), f"{device.upper()} ({path.name}"
+
+
+def gemm_buckets(layer: Layer) -> tuple[list[dict[str, Any]], str]:
     """Bucket table for this layer and where it came from (for the plan's decision)."""
-    if facts.device == "cpu":
-        return _interpreted(
-            facts
-        ), "one bucket of large tiles: a CPU target runs Triton interpreted"
-    device = _ARCH_DEVICE.get(facts.arch or "")
-    path = TUNED_DIR / f"{device}.json" if device else None
-    if path and path.exists():
-        tuned = json.loads(path.read_text()).get(table_key(facts))
-        if tuned:
-            return tuned, f"tuned on the {device.upper()} ({path.name}, {table_key(facts)})"
-    return _default_cuda(facts), f"default table: no tuned entry for {table_key(facts)}"
+    if layer.device == "cpu":
+        return _interpreted(), "one bucket of large tiles: a CPU target runs Triton interpreted"
+    found = _tuned_table(layer)
+    if found and table_key(layer) in found[0]:
+        table, where = found
+        return table[table_key(layer)], f"tuned on the {where}, {table_key(layer)})"
+    return _default_cuda(), f"default table: no tuned entry for {table_key(layer)}"
 
 
-# Memory-bound kernels: rows x columns tiles.
-def elementwise_configs(facts: Facts) -> dict[str, dict[str, int]]:
-    device = _ARCH_DEVICE.get(facts.arch or "")
-    path = TUNED_DIR / f"{device}.json" if device else None
-    if facts.device == "cuda" and path and path.exists():
-        tuned = json.loads(path.read_text()).get(f"elementwise/{table_key(facts)}")
-        if tuned:
-            return tuned
-    if facts.device == "cpu":
+def elementwise_configs(layer: Layer) -> dict[str, dict[str, int]]:
+    """Tiles of the memory-bound kernels (rows x columns)."""
+    found = _tuned_table(layer)
+    key = f"elementwise/{table_key(layer)}"
+    if found and key in found[0]:
+        return found[0][key]
+    if layer.device == "cpu":
         return {
             "permute": {"BLOCK_M": 16, "BLOCK_H": 256, "num_warps": 4},
             "act": {"BLOCK_M": 16, "BLOCK_I": 256, "num_warps": 4},

@@ -110,9 +110,15 @@ class TensorType:
     shape: tuple[str, ...]
     layout: Layout = Layout.row_major
     scale: ScaleType | None = None
+    record: str | None = None
+    """For index metadata passed as one record (the grouped layout's routing, an all2all's
+    exchange): the record's class in the generated package; `dtype` and `shape` describe its
+    largest index tensor."""
 
     def label(self) -> str:
         text = f"{self.dtype.short}[{', '.join(self.shape)}]"
+        if self.record:
+            text = f"{self.record}({text})"
         if self.layout is not Layout.row_major:
             text += f" {self.layout.value}"
         if self.scale is not None:
@@ -128,6 +134,8 @@ class TensorType:
             "shape": list(self.shape),
             "layout": self.layout.value,
         }
+        if self.record:
+            data["record"] = self.record
         if self.scale is not None:
             data["scale"] = {
                 "granularity": self.scale.granularity,

@@ -45,6 +45,12 @@ class LoadedSpec:
         """sha256 of the normalized spec: equal specs, equal hash, whatever their formatting."""
         return spec_hash(self.spec)
 
+    def located(self, problems: list[Problem]) -> list[Problem]:
+        """Problems found later (by the planner) with the line of their key in this file."""
+        return [
+            p if p.line is not None else p.located(line_of(self.lines, p.path)) for p in problems
+        ]
+
 
 def spec_hash(spec: models.Spec) -> str:
     canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))

@@ -375,6 +375,14 @@ def _fused_shared(spec: Spec) -> Iterator[Problem]:
             '"separate"',
             value="fused",
         )
+    if spec.parallel.tp_size > 1:
+        yield problem(
+            "experts.shared_experts",
+            "with tensor parallelism the shared MLP is split by columns on every rank, "
+            "which the fused experts (whole routed-expert widths) cannot hold",
+            '"separate", or parallel.tp_size = 1',
+            value="fused",
+        )
 
 
 @rule("deep_gemm_target")

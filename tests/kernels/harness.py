@@ -1,9 +1,8 @@
-"""Render `templates/kernels/*.py.j2` into one module and import it, as the codegen does.
+"""The Triton kernels of moec/runtime/ as the tests call them: one namespace of launchers, with
+`act_quant` bound to an activation lowered from moec/plan/activations.py, as a package binds it.
 
-The module is the imports the codegen writes, one blank line, then every kernel template rendered
-with the same Jinja settings, in file-name order, separated by two blank lines (what `ruff format`
-and isort expect, so the result passes `ruff check` and `ruff format --check` as it is). The only template variable is
-`activation_lines`, the Triton lowering of one activation from `moec/plan/activations.py`.
+Kernels run where MOEC_KERNEL_DEVICE says: "cpu" (the interpreter) or "cuda" (compiled; run the
+suite with MOEC_KERNEL_DEVICE=cuda TRITON_INTERPRET=0). The tests build CPU tensors either way.
 """
 
 from __future__ import annotations
@@ -14,13 +13,11 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
-import jinja2
 import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-# Where the launchers run: "cpu" (the interpreter) or "cuda" (compiled; run the suite with
-# MOEC_KERNEL_DEVICE=cuda TRITON_INTERPRET=0). The tests build CPU tensors either way.
 DEVICE = os.environ.get("MOEC_KERNEL_DEVICE", "cpu")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,30 +32,22 @@ except ImportError:  # the GPU image lacks the spec layer's packages; activation
     _spec.loader.exec_module(_activations)
     lower = _activations.lower
 
-TEMPLATES = ROOT / "templates" / "kernels"
-HEADER = "import torch\nimport triton\nimport triton.language as tl\n"
-_TMP = Path(tempfile.mkdtemp(prefix="moec_kernels_"))
+from moec.runtime import (  # noqa: E402  (after TRITON_INTERPRET is set)
+    triton_act,
+    triton_combine,
+    triton_gemm,
+    triton_permute,
+    triton_route,
+)
 
-
-def environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-
-
-def render(activation_lines: tuple[str, ...]) -> str:
-    """Source of the kernels module: header, then each template rendered."""
-    env = environment()
-    parts = [
-        env.get_template(path.name).render(activation_lines=list(activation_lines))
-        for path in sorted(TEMPLATES.glob("*.py.j2"))
-    ]
-    return HEADER + "\n" + "\n\n".join(parts)
+_TMP = Path(tempfile.mkdtemp(prefix="moec_activation_"))
+LAUNCHERS = {
+    "grouped_gemm": triton_gemm.grouped_gemm,
+    "permute_quant": triton_permute.permute_quant,
+    "select_topk": triton_route.select_topk,
+    "route_layout": triton_route.route_layout,
+    "combine": triton_combine.combine,
+}
 
 
 def activation_lines(kind: str, params: dict[str, float] | None = None) -> tuple[str, ...]:
@@ -66,47 +55,58 @@ def activation_lines(kind: str, params: dict[str, float] | None = None) -> tuple
 
 
 @functools.cache
-def load_lines(lines: tuple[str, ...]):
-    """Import the module rendered with these activation lines (one file per distinct source)."""
-    source = render(lines)
-    name = f"moec_kernels_{abs(hash(source)):x}"
+def activation_function(lines: tuple[str, ...]):
+    """A `@triton.jit` (gate, up) -> out from lowered lines (a file: Triton reads its source)."""
+    body = "\n".join(f"    {line}" for line in lines)
+    source = (
+        "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        f"def triton_gated(gate, up):\n{body}\n    return out\n"
+    )
+    name = f"moec_activation_{abs(hash(source)):x}"
     path = _TMP / f"{name}.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    return module if DEVICE == "cpu" else OnDevice(module)
+    return module.triton_gated
 
 
 def load(kind: str = "silu", params: dict[str, float] | None = None):
-    """The kernels module for one activation."""
+    """The launchers, with act_quant bound to activation `kind`."""
     return load_lines(activation_lines(kind, params))
 
 
-class OnDevice:
-    """The kernels module with each launcher run on DEVICE: tensor arguments are copied there and,
-    since launchers write their outputs in place, copied back into the caller's tensors."""
+def load_lines(lines: tuple[str, ...]):
+    """The launchers, with act_quant bound to the activation these lowered lines compute."""
+    activation = activation_function(lines)
+    launchers = dict(
+        LAUNCHERS, act_quant=functools.partial(triton_act.act_quant, activation=activation)
+    )
+    if DEVICE != "cpu":
+        launchers = {name: on_device(launcher) for name, launcher in launchers.items()}
+    return SimpleNamespace(**launchers)
 
-    def __init__(self, module):
-        self._module = module
 
-    def __getattr__(self, name):
-        launcher = getattr(self._module, name)
-        if name.startswith("_") or not callable(launcher):
-            return launcher
+def on_device(launcher):
+    """`launcher` run on DEVICE: tensor arguments are copied there and, since launchers write
+    their outputs in place, copied back into the caller's tensors; returned tensors come back
+    to the CPU."""
 
-        def call(*args, **kwargs):
-            copies = []
+    def call(*args, **kwargs):
+        copies = []
 
-            def there(value):
-                if isinstance(value, torch.Tensor):
-                    copies.append((value, value.to(DEVICE)))
-                    return copies[-1][1]
-                return value
+        def there(value):
+            if isinstance(value, torch.Tensor):
+                copies.append((value, value.to(DEVICE)))
+                return copies[-1][1]
+            return value
 
-            launcher(*map(there, args), **{k: there(v) for k, v in kwargs.items()})
-            for here, copy in copies:
-                here.copy_(copy.cpu())
+        result = launcher(*map(there, args), **{k: there(v) for k, v in kwargs.items()})
+        for here, copy in copies:
+            here.copy_(copy.cpu())
+        if isinstance(result, tuple):
+            return tuple(r.cpu() if isinstance(r, torch.Tensor) else r for r in result)
+        return result.cpu() if isinstance(result, torch.Tensor) else result
 
-        return call
+    return call

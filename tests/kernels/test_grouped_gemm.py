@@ -15,7 +15,7 @@ import torch
 from .harness import load
 from .reference import E4M3, UNIT_ROUNDOFF, e2m1_pack, e2m1_unpack, is_nan, poison, route
 
-SCHEMES = ["bf16", "fp8_tensor", "fp8_block", "mxfp8", "mxfp4"]
+SCHEMES = ["bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"]
 CONFIG = {
     "BLOCK_M": 32,
     "BLOCK_N": 128,
@@ -48,7 +48,7 @@ def operands(scheme: str, rows: int, n: int, k: int, experts: int, dtype, seed: 
         w = (torch.randn(experts, n, k, generator=gen) * 0.05).to(dtype)
         return a, None, w, None, a.double(), w.double()
     a = random_e4m3((rows, k), gen)
-    if scheme == "fp8_tensor":
+    if scheme == "fp8_per_tensor":
         a_scale, w = random_scale(1, gen), random_e4m3((experts, n, k), gen)
         w_scale = random_scale(experts, gen)
         return a, a_scale, w, w_scale, a.double() * a_scale, w.double() * w_scale[:, None, None]
@@ -195,7 +195,7 @@ def test_block_m_below_alignment():
 TMA_CONFIG = dict(CONFIG, TMA=True, PROGRAMS=3)  # 3 programs: each walks several tiles
 
 
-@pytest.mark.parametrize("scheme", ["bf16", "fp8_tensor", "fp8_block"])
+@pytest.mark.parametrize("scheme", ["bf16", "fp8_per_tensor", "fp8_block"])
 def test_tma_persistent_contiguous(scheme):
     run_contiguous(scheme, config=TMA_CONFIG)
     run_contiguous(scheme, config=TMA_CONFIG, num_rows=40)
@@ -222,7 +222,7 @@ def test_tma_persistent_masked(scheme):
     check(out.view(-1, n), a_deq, w_deq, expert_of_row, valid, k, CONFIG["BLOCK_K"])
 
 
-@pytest.mark.parametrize("scheme", ["bf16", "fp8_tensor", "fp8_block"])
+@pytest.mark.parametrize("scheme", ["bf16", "fp8_per_tensor", "fp8_block"])
 def test_swap_ab(scheme):
     """W A^T tiles (the expert's weight rows as the MMA's M): the same output."""
     run_contiguous(scheme, config=dict(CONFIG, SWAP_AB=True, BLOCK_M=16), block_m=16)

@@ -56,22 +56,19 @@ def test_select_topk(scoring, method, n_group, topk_group, top_k, normalize, sca
     gen = torch.Generator().manual_seed(experts)
     logits = torch.randn(37, experts, generator=gen)
     b = 0.1 * torch.randn(experts, generator=gen) if bias else None
-    ids = torch.full((37, top_k + 1), -7, dtype=torch.int32)
-    weights = torch.full((37, top_k + 1), float("nan"))
-    kernels.select_topk(
+    weights, ids = kernels.select_topk(
         logits,
         b,
-        ids,
-        weights,
-        scoring=scoring,
-        method=method,
+        scoring_func=scoring,
+        topk_method=method,
         n_group=n_group,
         topk_group=topk_group,
         top_k=top_k,
-        normalize=normalize,
-        weight_scale=scale,
+        norm_topk_prob=normalize,
+        routed_scaling_factor=scale,
         fused_shared=1,
     )
+    assert ids.shape == weights.shape == (37, top_k + 1)
     expected_w, expected_ids = torch_select(
         logits, b, scoring, method, n_group, topk_group, top_k, normalize, scale
     )

@@ -1,0 +1,279 @@
+"""The files of one generated package, from the plan alone.
+
+Stage functions are rendered through the registry (one renderer per stage kind and backend);
+the package files around them (stages.py, layer.py, weights.py, the activation, the tiles) from
+their templates; the runtime modules the renderers name are copied from moec/runtime/ with the
+modules they import. Nothing here decides: every value comes from the plan.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moec.codegen import registry
+from moec.codegen.render import environment, literal, render
+from moec.codegen.signature import signature
+from moec.plan.activations import lower
+from moec.plan.graph import Plan
+from moec.plan.sizes import dim, symbols
+from moec.plan.stages import Stage
+from moec.version import __version__
+
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
+GENERATED_MODULES = ("gated_activation", "tiles")
+"""Package modules rendered per plan; every other module a renderer names is copied."""
+WEIGHT_MODULES = ("expert_weights",)
+"""Modules every package uses to load and initialize its weights."""
+_RELATIVE_IMPORT = re.compile(r"^from \.(\w*) import (.+)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class StageFunction:
+    """One rendered stage function."""
+
+    name: str
+    def_line: str
+    call_line: str
+    doc: str
+    body: str
+
+
+def python_sources(plan: Plan) -> dict[str, str]:
+    """Every Python file of the package, unformatted: file name -> source."""
+    jinja = environment()
+    functions, bindings, imports, modules = [], {}, set(), set(WEIGHT_MODULES)
+    for stage in stages_of(plan):
+        found = registry.renderer(stage.kind, stage.backend)
+        code = found.fill(plan, stage)
+        sig = signature(plan, stage)
+        fields = {**code.fields, "returns": ", ".join(name for name, _ in sig.returns)}
+        body = render(jinja, found.template(stage), fields).rstrip("\n")
+        functions.append(
+            StageFunction(
+                stage.name, sig.def_line(stage.name), sig.call_line(stage.name), code.doc, body
+            )
+        )
+        for name, expression in code.bindings:
+            if bindings.setdefault(name, expression) != expression:
+                raise ValueError(
+                    f"moec bug: two bindings of {name}: {expression}, {bindings[name]}"
+                )
+        imports.update(code.imports)
+        modules.update(found.runtime(stage))
+        modules.update(sig.records)
+    stage_modules = sorted(modules - set(WEIGHT_MODULES))
+    common = _common_fields(plan, functions)
+    sources = {
+        "__init__.py": render(jinja, "package/__init__.py.j2", common),
+        "layer.py": render(
+            jinja, "package/layer.py.j2", {**common, **_layer_fields(plan, functions)}
+        ),
+        "stages.py": render(
+            jinja,
+            "package/stages.py.j2",
+            {
+                **common,
+                "imports": _import_lines(imports, stage_modules),
+                "bindings": list(bindings.items()),
+                "stages": functions,
+            },
+        ),
+        "weights.py": render(jinja, "package/weights.py.j2", {**common, **_weight_fields(plan)}),
+    }
+    if "gated_activation" in modules:
+        sources["gated_activation.py"] = _activation_module(jinja, plan, common, modules)
+    if "tiles" in modules:
+        sources["tiles.py"] = render(jinja, "package/tiles.py.j2", {**common, **_tile_fields(plan)})
+    for module in runtime_closure(modules - set(GENERATED_MODULES)):
+        sources[f"{module}.py"] = _runtime_copy(jinja, module, common)
+    return sources
+
+
+def stages_of(plan: Plan) -> list[Stage]:
+    return [s for s in plan.order() if s.kind not in ("input", "output")]
+
+
+def runtime_closure(modules: set[str]) -> list[str]:
+    """`modules` of moec/runtime/ and every runtime module they import, sorted."""
+    found, todo = set(), list(modules)
+    while todo:
+        module = todo.pop()
+        if module in found:
+            continue
+        found.add(module)
+        source = (RUNTIME_DIR / f"{module}.py").read_text(encoding="utf-8")
+        for origin, names in _RELATIVE_IMPORT.findall(source):
+            todo += [origin] if origin else [n.strip() for n in names.split(",")]
+    return sorted(found)
+
+
+def _runtime_copy(jinja, module: str, common: dict[str, Any]) -> str:
+    header = render(jinja, "package/header.j2", common)
+    source = (RUNTIME_DIR / f"{module}.py").read_text(encoding="utf-8")
+    return f"{header}# A verbatim copy of moec/runtime/{module}.py.\n{source}"
+
+
+def _import_lines(statements: set[str], modules: list[str]) -> list[str]:
+    """Standard-library imports, torch, then this package's modules (isort's order)."""
+    plain = sorted(s for s in statements if not s.startswith("import torch"))
+    torch_lines = ["import torch", *sorted(s for s in statements if s.startswith("import torch"))]
+    lines = [*plain, *([""] if plain else []), *torch_lines]
+    if modules:
+        lines += ["", f"from . import {', '.join(modules)}"]
+    return lines
+
+
+def _legend(plan: Plan) -> str:
+    layer = plan.layer
+    here = " on this rank" if layer.ep > 1 else ""
+    rows = "E x max_m" if plan.backends.layout == "masked" else "M"
+    return (
+        f"Shapes: T tokens, H = {layer.hidden} hidden, I = {layer.intermediate} intermediate, "
+        f"E = {layer.grouped_experts} experts{here}, K = {layer.grouped_top_k} top-k,\n"
+        f"{rows} rows of the grouped layout ({plan.backends.layout})."
+    )
+
+
+def _common_fields(plan: Plan, functions: list[StageFunction]) -> dict[str, Any]:
+    layer = plan.layer
+    return {
+        "version": __version__,
+        "name": plan.name,
+        "hash": plan.spec_hash,
+        "description": plan.description,
+        "device": layer.device,
+        "dtype": layer.dtype.torch,
+        "hidden": layer.hidden,
+        "pipeline": " -> ".join(f.name for f in functions),
+        "legend": _legend(plan),
+    }
+
+
+def _layer_fields(plan: Plan, functions: list[StageFunction]) -> dict[str, Any]:
+    layer = plan.layer
+    world = layer.tp * layer.ep
+    kind = "tensor" if layer.tp > 1 else "expert" if layer.ep > 1 else "one"
+    shared = " plus the shared experts" if layer.n_shared else ""
+    return {
+        "world": world,
+        "world_doc": f"{kind}-parallel ranks" if world > 1 else "one rank",
+        "empty_returns_early": layer.ep == 1,
+        "calls": [f.call_line for f in functions],
+        "forward_doc": f"Route each token to its top-{layer.top_k} experts and return the "
+        f"weighted sum{shared}.",
+    }
+
+
+def _weight_format(fmt, dtype: str) -> str:
+    block = tuple(fmt.weight_block) if fmt.weight_block else None
+    return (
+        f"WeightFormat(scheme={literal(fmt.scheme)}, block={literal(block)}, "
+        f"pow2={literal(fmt.pow2_scales)}, checkpoint_quantized={literal(fmt.checkpoint_quantized)}, "
+        f"static={literal(fmt.static)}, dtype=torch.{dtype})"
+    )
+
+
+def _weight_fields(plan: Plan) -> dict[str, Any]:
+    layer = plan.layer
+    dtype = layer.dtype.torch
+    select = plan.stage("select")
+    values = [
+        ("hidden", layer.hidden),
+        ("intermediate", layer.intermediate * layer.tp),
+        ("routed_experts", layer.routed_experts),
+        ("local_experts", layer.local_experts),
+        ("n_shared", layer.n_shared),
+        ("shared_intermediate", layer.shared_intermediate * layer.tp),
+        ("tp", layer.tp),
+        ("ep", layer.ep),
+        ("has_bias", select.has_bias),
+        ("fused_shared", layer.fused_shared),
+    ]
+    rows = [(key, literal(value)) for key, value in values]
+    rows.append(("routed", _weight_format(layer.routed, dtype)))
+    rows.append(("shared", _weight_format(layer.shared, dtype) if layer.n_shared else "None"))
+    return {
+        "parameters": parameters(plan),
+        "layer_weights": rows,
+        "doc": _weights_doc(plan),
+    }
+
+
+def _weights_doc(plan: Plan) -> str:
+    layer = plan.layer
+    lines = [f"Routed experts: {layer.routed.label()}"]
+    if layer.routed.quantized and not layer.routed.checkpoint_quantized:
+        lines[-1] += ", quantized on load from a bf16 checkpoint"
+    if layer.n_shared:
+        where = (
+            f", stored as experts {layer.local_experts}..{layer.grouped_experts - 1}"
+            if layer.fused_shared
+            else ""
+        )
+        lines.append(f"Shared experts: {layer.shared.label()}{where}")
+    return ".\n".join(lines) + "."
+
+
+def parameters(plan: Plan) -> list[dict[str, Any]]:
+    """(name, shape, dtype) of every weight, with this rank's sizes."""
+    layer = plan.layer
+    rows = []
+    for stage in plan.order():
+        table = symbols(layer, 0)
+        # "E" of the grouped GEMMs' weights is this rank's experts (with fused shared experts);
+        # elsewhere (the router) it is every routed expert.
+        table["E"] = layer.grouped_experts if stage.kind == "gemm" else layer.routed_experts
+        for name, tensor_type in stage.weights.items():
+            shape = tuple(dim(d, table) for d in tensor_type.shape)
+            rows.append({"name": name, "shape": shape, "dtype": tensor_type.dtype.torch})
+    return rows
+
+
+def _activation_module(jinja, plan: Plan, common: dict[str, Any], modules: set[str]) -> str:
+    layer = plan.layer
+    values = dict(layer.activation_values)
+    triton = any(m.startswith("triton_") for m in runtime_closure(modules - set(GENERATED_MODULES)))
+    sections = [
+        render(
+            jinja,
+            "package/gated_torch.py.j2",
+            {"kind": layer.activation, "lines": lower(layer.activation, values, "torch").lines},
+        )
+    ]
+    imports = ["import torch"]
+    if triton:
+        imports += ["import triton", "import triton.language as tl"]
+        sections.append(
+            render(
+                jinja,
+                "package/gated_triton.py.j2",
+                {
+                    "kind": layer.activation,
+                    "lines": lower(layer.activation, values, "triton").lines,
+                },
+            )
+        )
+    doc = (
+        f"The gated activation of the {plan.name} layer ({layer.activation}), lowered to torch"
+        + (" and Triton" if triton else "")
+        + " from its one definition in moec/plan/activations.py."
+    )
+    return render(
+        jinja,
+        "package/module.py.j2",
+        {**common, "doc": doc, "imports": imports, "sections": [s.rstrip("\n") for s in sections]},
+    )
+
+
+def _tile_fields(plan: Plan) -> dict[str, Any]:
+    tiles = plan.tiles
+    return {
+        "source": tiles.source,
+        "buckets": tiles.buckets,
+        "permute": tiles.permute,
+        "act": tiles.act,
+        "combine": tiles.combine,
+    }

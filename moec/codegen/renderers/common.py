@@ -1,0 +1,76 @@
+"""What a renderer's fill function returns, and the pieces several renderers share.
+
+Values reach templates already turned into Python source: numbers and strings through
+`literal`, names from the plan's validated identifiers; templates only place them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from moec.codegen.render import literal
+from moec.plan.layer import QuantFormat
+
+
+@dataclass(frozen=True)
+class StageCode:
+    """A stage's function, as its renderer fills it."""
+
+    doc: str
+    """The function's docstring (plan-derived text only)."""
+    fields: dict[str, Any] = field(default_factory=dict)
+    """The template's named fields (plus `returns`, which codegen adds from the signature)."""
+    bindings: tuple[tuple[str, str], ...] = ()
+    """Module-level `name = expression` lines the body uses (shared by name across stages)."""
+    imports: tuple[str, ...] = ()
+    """Import statements the body needs beyond torch and the runtime modules."""
+
+
+def call_kwargs(**values: Any) -> str:
+    """`key=literal, ...` of plain values, for a call in a template."""
+    return ", ".join(f"{key}={literal(value)}" for key, value in values.items())
+
+
+def matmul_binding(role: str, fmt: QuantFormat) -> tuple[str, str]:
+    """`matmul_<role>`: the torch matmul of one format with its block sizes bound."""
+    if fmt.scheme == "bf16":
+        function, extra = "matmul_bf16", ""
+    elif fmt.scheme == "fp8_per_tensor":
+        function, extra = "matmul_fp8_per_tensor", ""
+    elif fmt.scheme == "mxfp4":
+        function, extra = "matmul_mxfp4", ""
+    else:
+        function = "matmul_block_scaled"
+        extra = f"group={fmt.group}, block={literal(tuple(fmt.weight_block))}, "
+    return (
+        f"matmul_{role}",
+        f"functools.partial(torch_matmul.{function}, {extra}out_dtype=DTYPE)",
+    )
+
+
+def quantizer_binding(role: str, fmt: QuantFormat) -> tuple[str, str]:
+    """`quantize_<role>`: the torch activation quantizer of one format."""
+    if fmt.static:
+        return f"quantize_{role}", "torch_matmul.quantize_static"
+    if fmt.group is None:
+        return f"quantize_{role}", "torch_matmul.quantize_per_tensor"
+    return (
+        f"quantize_{role}",
+        f"functools.partial(torch_matmul.quantize_groups, group={fmt.group}, "
+        f"pow2={literal(fmt.pow2_scales)})",
+    )
+
+
+def kernel_quant(fmt: QuantFormat | None) -> dict[str, Any]:
+    """How a Triton kernel quantizes activations of `fmt`: quant mode, group size, UE8M0."""
+    if fmt is None or not fmt.quantized:
+        return {"quant": "none"}
+    if fmt.group is None:
+        return {"quant": "tensor", "ue8m0": False}
+    return {"quant": "group", "group_size": fmt.group, "ue8m0": fmt.pow2_scales}
+
+
+def shape_doc(stage) -> str:
+    """`[rows, n]`-style shape words of a grouped tensor for docstrings."""
+    return "E, max_m" if stage.layout == "masked" else "M"

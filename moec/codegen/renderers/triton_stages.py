@@ -1,0 +1,169 @@
+"""Renderers of the Triton backend: each stage is one call of a runtime launcher (moec/runtime/
+triton_*.py) with the plan's values as literals and the tiles of the token bucket."""
+
+from __future__ import annotations
+
+from moec.codegen.registry import register
+from moec.codegen.renderers.common import StageCode, call_kwargs, kernel_quant, shape_doc
+from moec.codegen.renderers.torch_stages import (
+    dispatch_targets,
+    route_call,
+    select_doc,
+    select_options,
+)
+from moec.plan.stages import Activation, Combine, Dispatch, Gemm, Quantize, Select, SharedExpert
+
+TRITON = ("triton",)
+
+
+def _quant_options(fmt, scale_weight: str | None) -> str:
+    """`, quant=..., group_size=..., ue8m0=...[, scale=<static input scale>]` of a launcher call."""
+    options = call_kwargs(**kernel_quant(fmt))
+    if scale_weight:
+        options += f", scale={scale_weight}"
+    return ", " + options
+
+
+@register("select", "triton", "stages/select.py.j2", runtime=("triton_route",), requires=TRITON)
+def select(plan, stage: Select) -> StageCode:
+    fields = {
+        "function": "triton_route.select_topk",
+        "bias": "gate_bias" if stage.has_bias else "None",
+        "options": select_options(stage),
+    }
+    return StageCode(select_doc(stage)[:-1] + "; one Triton program per token.", fields)
+
+
+@register(
+    "quantize",
+    "triton",
+    "stages/triton/quantize.py.j2",
+    runtime=("triton_permute", "tiles"),
+    requires=TRITON,
+)
+def quantize(plan, stage: Quantize) -> StageCode:
+    static = "w13_input_scale" if "w13_input_scale" in stage.weights else None
+    fields = {"options": _quant_options(stage.format, static)}
+    return StageCode(
+        f"x [T, H] -> e4m3 [T, H] and its scales ({stage.format.label()}), one Triton pass.",
+        fields,
+    )
+
+
+@register(
+    "dispatch",
+    "triton",
+    "stages/triton/dispatch.py.j2",
+    runtime=("triton_route", "triton_permute", "tiles"),
+    requires=TRITON,
+)
+def dispatch(plan, stage: Dispatch) -> StageCode:
+    static = "w13_input_scale" if "w13_input_scale" in stage.weights else None
+    fields = {
+        "route": route_call(stage, "triton_route", "topk_ids"),
+        "targets": dispatch_targets(stage),
+        "experts": stage.experts,
+        "options": _quant_options(stage.quantize, static) if stage.quantize else "",
+    }
+    quantized = " and quantizes" if stage.quantize else ""
+    return StageCode(
+        f"The {stage.layout} layout's indices (one Triton launch), then one Triton pass copies"
+        f"{quantized} each token row into it.",
+        fields,
+    )
+
+
+@register(
+    "gemm",
+    "triton",
+    "stages/triton/gemm.py.j2",
+    runtime=("triton_gemm", "tiles"),
+    requires=TRITON,
+)
+def gemm(plan, stage: Gemm) -> StageCode:
+    scaled = f"{stage.weight}_scale" in stage.weights
+    fields = {
+        "function": f"triton_gemm.grouped_gemm_{stage.layout}",
+        "a_scale": "a_scale" if stage.format.quantized else "None",
+        "weight": stage.weight,
+        "weight_scale": f"{stage.weight}_scale" if scaled else "None",
+        "scheme": stage.format.scheme,
+        "role": stage.role,
+    }
+    rows = shape_doc(stage)
+    doc = (
+        f"[{rows}, {stage.k}] x [E, {stage.n}, {stage.k}] -> [{rows}, {stage.n}] in one Triton "
+        "launch; padding rows and empty experts cost no work."
+    )
+    return StageCode(doc, fields)
+
+
+@register(
+    "activation",
+    "triton",
+    "stages/triton/activation.py.j2",
+    runtime=("triton_act", "gated_activation", "tiles"),
+    requires=TRITON,
+)
+def activation(plan, stage: Activation) -> StageCode:
+    static = "w2_input_scale" if "w2_input_scale" in stage.weights else None
+    returns = list(stage.outputs)[0]
+    quantized = stage.quantize is not None
+    fields = {
+        "function": f"triton_act.act_quant_{stage.layout}",
+        "targets": f"{returns}, {returns}_scale" if quantized else f"{returns}, _",
+        "options": _quant_options(stage.quantize, static),
+    }
+    rows = shape_doc(stage)
+    doc = f"{stage.activation} of [{rows}, 2I] gate|up halves -> [{rows}, I]"
+    doc += " e4m3 and scales, one Triton pass." if quantized else ", one Triton pass."
+    return StageCode(doc, fields)
+
+
+@register(
+    "combine",
+    "triton",
+    "stages/triton/combine.py.j2",
+    runtime=("triton_combine", "tiles"),
+    requires=TRITON,
+)
+def combine(plan, stage: Combine) -> StageCode:
+    shared = " + shared[t]" if stage.add_shared else ""
+    return StageCode(
+        f"out[t] = sum_k w[t, k] * y[row_of[t, k]]{shared}, in fp32, rounded once: one Triton pass.",
+        {"shared": "shared" if stage.add_shared else "None"},
+    )
+
+
+@register(
+    "shared_expert",
+    "triton",
+    "stages/triton/shared_expert.py.j2",
+    runtime=("triton_shared", "gated_activation", "tiles"),
+    requires=TRITON,
+)
+def shared_expert(plan, stage: SharedExpert) -> StageCode:
+    fmt = stage.format
+    scaled = "shared_w13_scale" in stage.weights
+    static = (
+        "(shared_w13_input_scale, shared_w2_input_scale)"
+        if "shared_w13_input_scale" in stage.weights
+        else "None"
+    )
+    quant = kernel_quant(fmt)
+    fields = {
+        "w13_scale": "shared_w13_scale" if scaled else "None",
+        "w2_scale": "shared_w2_scale" if scaled else "None",
+        "options": call_kwargs(
+            scheme=fmt.scheme,
+            quant=quant["quant"],
+            group_size=quant.get("group_size", 128),
+            ue8m0=quant.get("ue8m0", False),
+        ),
+        "input_scales": static,
+    }
+    doc = (
+        f"Shared experts: one dense gated MLP of width {stage.intermediate} ({fmt.label()}), run "
+        "as a one-expert grouped GEMM with the routed experts' kernels."
+    )
+    return StageCode(doc, fields)

@@ -1,0 +1,89 @@
+"""A stage's function signature and its call in the forward, from one description: the plan's
+edges into the stage, its weights and its outputs. The `def` line and the call line are both
+rendered from a `Signature`, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moec.plan.graph import Plan
+from moec.plan.stages import Stage
+from moec.plan.types import TensorType
+
+RECORD_MODULE = {
+    "ContiguousRouting": "grouping",
+    "MaskedRouting": "grouping",
+    "Exchange": "all2all",
+}
+"""Runtime module defining each record type that travels along an edge."""
+
+GROUP_BACKENDS = ("torch.distributed", "deep_ep")
+"""Backends whose stages take the layer's process group."""
+
+TENSOR = "torch.Tensor"
+
+
+@dataclass(frozen=True)
+class Signature:
+    params: tuple[tuple[str, str], ...]
+    """(parameter name, annotation) of the stage function."""
+    args: tuple[str, ...]
+    """What the forward passes for each parameter."""
+    returns: tuple[tuple[str, str], ...]
+    """(variable name in the forward, annotation) of each returned value."""
+
+    def def_line(self, name: str) -> str:
+        params = ", ".join(f"{p}: {annotation}" for p, annotation in self.params)
+        if len(self.returns) == 1:
+            result = self.returns[0][1]
+        else:
+            result = f"tuple[{', '.join(annotation for _, annotation in self.returns)}]"
+        return f"def {name}({params}) -> {result}:"
+
+    def call_line(self, name: str) -> str:
+        outputs = ", ".join(variable for variable, _ in self.returns)
+        return f"{outputs} = stages.{name}({', '.join(self.args)})"
+
+    @property
+    def records(self) -> set[str]:
+        """Runtime modules whose record types the annotations name."""
+        found = set()
+        for _, annotation in (*self.params, *self.returns):
+            module = annotation.split(".")[0]
+            if module in RECORD_MODULE.values():
+                found.add(module)
+        return found
+
+
+def _annotation(tensor_type: TensorType) -> str:
+    if tensor_type.record:
+        return f"{RECORD_MODULE[tensor_type.record]}.{tensor_type.record}"
+    return TENSOR
+
+
+def _with_scale(name: str, tensor_type: TensorType) -> list[tuple[str, str]]:
+    named = [(name, _annotation(tensor_type))]
+    if tensor_type.scale is not None:
+        named.append((f"{name}_scale", TENSOR))
+    return named
+
+
+def signature(plan: Plan, stage: Stage) -> Signature:
+    """The signature of `stage`: its inputs (and their scales) in the plan's input order, then
+    its weights, then the process group where its backend communicates."""
+    params: list[tuple[str, str]] = []
+    args: list[str] = []
+    for _, edge in plan.inputs(stage.name):
+        params += _with_scale(edge.input, edge.type)
+        args += [name for name, _ in _with_scale(edge.tensor, edge.type)]
+    for weight in stage.weights:
+        params.append((weight, TENSOR))
+        args.append(f"self.{weight}")
+    if stage.backend in GROUP_BACKENDS:
+        params.append(("group", "torch.distributed.ProcessGroup | None"))
+        args.append("self.group")
+    returns: list[tuple[str, str]] = []
+    for tensor, tensor_type in stage.outputs.items():
+        returns += _with_scale(tensor, tensor_type)
+    return Signature(tuple(params), tuple(args), tuple(returns))

@@ -1,0 +1,365 @@
+"""Pass: the unfused stage graph of one layer, what it computes stage by stage.
+
+Each stage gets its record (moec/plan/stages.py), its output types and the weights it reads;
+later passes fuse stages and insert converters. Types use symbolic shapes: T tokens, H hidden,
+E experts, K top-k, I intermediate, M rows of the grouped layout (contiguous) or E x max_m
+(masked), Is the shared intermediate.
+"""
+
+from __future__ import annotations
+
+from moec.plan.backends import accepted_scale
+from moec.plan.graph import Plan
+from moec.plan.layer import Layer, QuantFormat
+from moec.plan.stages import (
+    Activation,
+    Combine,
+    Dispatch,
+    Finalize,
+    Gemm,
+    Input,
+    Output,
+    Quantize,
+    Router,
+    Select,
+    SharedExpert,
+)
+from moec.plan.types import DType, Layout, ScaleType, TensorType
+from moec.spec.models import Spec
+
+FP32, I32 = DType.float32, DType.int32
+ROW_PADDING = 128
+"""Contiguous row padding of the torch and deep_gemm backends (DeepGEMM's M alignment), so the
+torch backend builds exactly the buffers a DeepGEMM GEMM would take."""
+
+ROUTING_RECORD = {"contiguous": "ContiguousRouting", "masked": "MaskedRouting"}
+
+# How the torch backend runs a grouped GEMM, and what it costs the host: (note, syncs host).
+TORCH_GEMM = {
+    "loop": (
+        "per-expert loop over the rows each expert received (host sync for the counts)",
+        True,
+    ),
+    "grouped_mm": ("torch._grouped_mm over the padded groups: one launch, no host sync", False),
+    "bmm": ("torch.bmm over all experts of the masked layout: one launch, no host sync", False),
+}
+
+
+def weight_types(
+    fmt: QuantFormat, experts: str | None, n: str, k: str, dtype: DType
+) -> tuple[TensorType, TensorType | None]:
+    """Type of a weight [experts?, n, k] in `fmt`, and of its scale (None if unscaled)."""
+    lead = (experts,) if experts else ()
+    if not fmt.quantized:
+        return TensorType(dtype, (*lead, n, k)), None
+    if fmt.scheme == "mxfp4":
+        value = TensorType(DType.e2m1x2, (*lead, n, f"{k}/2"))
+    else:
+        value = TensorType(DType.e4m3, (*lead, n, k))
+    if fmt.scheme == "fp8_per_tensor":
+        return value, TensorType(FP32, (*lead, "1"))
+    bn, bk = fmt.weight_block or (1, 1)
+    scale_shape = (*lead, n if bn == 1 else f"{n}/{bn}", f"{k}/{bk}")
+    return value, TensorType(FP32, scale_shape)
+
+
+def grouped_type(
+    dtype: DType, cols: str, layout: str, scale: ScaleType | None = None
+) -> TensorType:
+    if layout == "masked":
+        return TensorType(dtype, ("E", "max_m", cols), Layout.masked, scale)
+    return TensorType(dtype, ("M", cols), Layout.contiguous, scale)
+
+
+def elementwise_backend(gemm: str) -> str:
+    """Who runs the stages around the GEMMs: Triton kernels beside Triton or DeepGEMM GEMMs."""
+    return "torch" if gemm == "torch" else "triton"
+
+
+def torch_gemm_kernel(device: str, fmt: QuantFormat, dtype: DType, layout: str) -> str:
+    """The torch backend's grouped GEMM: torch's own grouped kernels for bf16 on CUDA, else a
+    per-expert loop (which dequantizes fp8 / mx weights one expert at a time)."""
+    if device == "cuda" and not fmt.quantized and dtype is DType.bfloat16:
+        return "grouped_mm" if layout == "contiguous" else "bmm"
+    return "loop"
+
+
+def build_stages(plan: Plan, spec: Spec) -> None:
+    """Pass: add every stage of the layer, unfused, to `plan`."""
+    layer, backends = plan.layer, plan.backends
+    gemm, layout = backends.gemm, backends.layout
+    around = elementwise_backend(gemm)
+    routed, dtype = layer.routed, layer.dtype
+    x_type = TensorType(dtype, ("T", "H"))
+
+    plan.add_stage(Input(name="input", backend="-", outputs={"x": x_type}))
+    plan.add_stage(
+        Router(
+            name="router",
+            backend="torch",
+            experts=layer.routed_experts,
+            outputs={"logits": TensorType(FP32, ("T", "E"))},
+            weights={"gate_weight": TensorType(FP32, ("E", "H"))},
+            note="fp32 GEMM, as the checkpoint's fp32 router computes it",
+        )
+    )
+    plan.connect("input", "router", "x")
+    _select(plan, spec, around)
+    if layer.n_shared and not layer.fused_shared:
+        _shared_expert(plan, gemm)
+
+    expert_input, expert_tensor = "input", "x"
+    if routed.quantized:
+        _quantize(plan, "quantize", routed, around, ("T", "H"), "xq")
+        plan.connect("input", "quantize", "x")
+        expert_input, expert_tensor = "quantize", "xq"
+    _dispatch(plan, expert_input, expert_tensor, around)
+
+    w13, w13_scale = weight_types(routed, "E", "2I", "H", dtype)
+    w2, w2_scale = weight_types(routed, "E", "H", "I", dtype)
+    _gemm(plan, "gate_up", "h", ("w13", w13, w13_scale))
+    plan.connect("dispatch", "gemm_gate_up", "a")
+    plan.connect("dispatch", "gemm_gate_up", "routing")
+
+    plan.add_stage(
+        Activation(
+            name="activation",
+            backend=around,
+            activation=layer.activation,
+            values=layer.activation_values,
+            layout=layout,
+            intermediate=layer.intermediate,
+            outputs={"g": grouped_type(FP32 if routed.quantized else dtype, "I", layout)},
+            origin=("activation.kind", "experts.gemm_backend"),
+        )
+    )
+    plan.connect("gemm_gate_up", "activation", "h")
+    plan.connect("dispatch", "activation", "routing")
+    down_input = ("activation", "g")
+    if routed.quantized:
+        _quantize(plan, "quantize_down", routed, around, None, "hq")
+        plan.connect("activation", "quantize_down", "g")
+        down_input = ("quantize_down", "hq")
+
+    _gemm(plan, "down", "y", ("w2", w2, w2_scale))
+    plan.connect(down_input[0], "gemm_down", down_input[1], "a")
+    plan.connect("dispatch", "gemm_down", "routing")
+    _combine_and_finalize(plan, spec, around)
+
+
+def _select(plan: Plan, spec: Spec, backend: str) -> None:
+    layer, router = plan.layer, spec.router
+    weights = {}
+    if router.topk_method == "noaux_tc":
+        weights["gate_bias"] = TensorType(FP32, ("E",))
+    plan.add_stage(
+        Select(
+            name="select",
+            backend=backend,
+            scoring_func=router.scoring_func,
+            topk_method=router.topk_method,
+            n_group=router.n_group,
+            topk_group=router.topk_group,
+            norm_topk_prob=router.norm_topk_prob,
+            top_k=layer.top_k,
+            experts=layer.routed_experts,
+            fused_shared=layer.n_shared if layer.fused_shared else 0,
+            outputs={
+                "topk_weights": TensorType(FP32, ("T", "K")),
+                "topk_ids": TensorType(I32, ("T", "K")),
+            },
+            weights=weights,
+            origin=("router.topk_method", "experts.gemm_backend"),
+        )
+    )
+    plan.connect("router", "select", "logits")
+    if backend == "triton":
+        plan.decide(
+            "router and top-k",
+            "fp32 GEMM in torch; top-k and routing indices in Triton",
+            "the router GEMM is one cuBLAS call; selection and the layout's indices are two "
+            "Triton launches instead of ~30 small torch kernels on the decode critical path",
+        )
+    else:
+        plan.decide(
+            "router and top-k",
+            "torch",
+            "an [T, H] x [H, E] fp32 GEMM and elementwise top-k: a few percent of the layer's bytes",
+        )
+
+
+def _quantize(plan: Plan, name: str, fmt: QuantFormat, backend: str, shape, out: str) -> None:
+    """Activation quantization: token rows (shape [T, H]) or the grouped intermediate."""
+    scale = fmt.activation_scale()
+    if shape is None:
+        out_type = grouped_type(DType.e4m3, "I", plan.backends.layout, scale)
+    else:
+        out_type = TensorType(DType.e4m3, shape, scale=scale)
+    prefix = "w13" if name == "quantize" else "w2"
+    weights = {f"{prefix}_input_scale": TensorType(FP32, ("1",))} if fmt.static else {}
+    plan.add_stage(
+        Quantize(
+            name=name,
+            backend=backend,
+            format=fmt,
+            outputs={out: out_type},
+            weights=weights,
+            origin=("quant.scheme", "experts.gemm_backend", "parallel.dispatch"),
+        )
+    )
+
+
+def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
+    layer, backends = plan.layer, plan.backends
+    layout, mode = backends.layout, layer.dispatch
+    a_type = plan.stage(source).outputs[tensor]
+    routing_type = TensorType(
+        I32,
+        ("M",) if layout == "contiguous" else ("E",),
+        Layout.masked if layout == "masked" else Layout.contiguous,
+        record=ROUTING_RECORD[layout],
+    )
+    outputs = {"a": grouped_type(a_type.dtype, "H", layout, a_type.scale), "routing": routing_type}
+    if mode != "local":
+        outputs["exchange"] = TensorType(I32, ("T*K",), record="Exchange")
+    exchanged = mode in ("all2all", "deepep_normal")
+    padding = None if backends.gemm == "triton" else ROW_PADDING
+    plan.add_stage(
+        Dispatch(
+            name="dispatch",
+            backend=around if mode == "local" else backends.dispatch,
+            mode=mode,
+            layout=layout,
+            experts=layer.grouped_experts,
+            row_padding=padding if layout == "contiguous" else None,
+            routing_backend=around,
+            outputs=outputs,
+            syncs_host=exchanged,
+            graph_safe=not exchanged,
+            origin=("parallel.dispatch", "experts.layout", "experts.gemm_backend"),
+        )
+    )
+    plan.connect(source, "dispatch", tensor, "x")
+    plan.connect("select", "dispatch", "topk_ids")
+    if layout == "contiguous":
+        why = "each expert's rows start on a GEMM tile boundary, so a tile never mixes experts"
+        if padding:
+            plan.decide(
+                "contiguous row padding",
+                f"block_m = {padding}",
+                f"{why}; {padding} is DeepGEMM's M alignment",
+            )
+        else:
+            plan.decide(
+                "contiguous row padding", "block_m = the GEMM's BLOCK_M per token bucket", why
+            )
+
+
+def _gemm(plan: Plan, role: str, out_name: str, weight) -> None:
+    layer, backends = plan.layer, plan.backends
+    fmt, layout, backend = layer.routed, backends.layout, backends.gemm
+    attr, w_type, scale_type = weight
+    weights = {attr: w_type}
+    if scale_type is not None:
+        weights[f"{attr}_scale"] = scale_type
+    n, k = ("2I", "H") if role == "gate_up" else ("H", "I")
+    values = {"2I": 2 * layer.intermediate, "H": layer.hidden, "I": layer.intermediate}
+    a_dtype = DType.e4m3 if fmt.quantized else layer.dtype
+    a_scale = accepted_scale(backend, layer.arch, fmt.activation_scale())
+    kernel, note, syncs = None, "", False
+    if backend == "torch":
+        kernel = torch_gemm_kernel(layer.device, fmt, layer.dtype, layout)
+        note, syncs = TORCH_GEMM[kernel]
+    plan.add_stage(
+        Gemm(
+            name=f"gemm_{role}",
+            backend=backend,
+            role=role,
+            format=fmt,
+            layout=layout,
+            n=n,
+            k=k,
+            n_value=values[n],
+            k_value=values[k],
+            torch_kernel=kernel,
+            accepts={"a": grouped_type(a_dtype, k, layout, a_scale)},
+            outputs={out_name: grouped_type(layer.dtype, n, layout)},
+            weights=weights,
+            graph_safe=not syncs,
+            syncs_host=syncs,
+            note=note,
+            origin=("experts.gemm_backend", "quant.scheme", "experts.layout"),
+        )
+    )
+
+
+def _combine_and_finalize(plan: Plan, spec: Spec, around: str) -> None:
+    layer, backends = plan.layer, plan.backends
+    mode = layer.dispatch
+    exchanged = mode in ("all2all", "deepep_normal")
+    plan.add_stage(
+        Combine(
+            name="combine",
+            backend=around if mode == "local" else backends.dispatch,
+            mode=mode,
+            layout=backends.layout,
+            outputs={"routed": TensorType(layer.dtype, ("T", "H"))},
+            syncs_host=mode == "all2all",
+            graph_safe=not exchanged,
+            origin=("parallel.dispatch", "experts.gemm_backend"),
+        )
+    )
+    plan.connect("gemm_down", "combine", "y")
+    plan.connect("select", "combine", "topk_weights")
+    plan.connect("dispatch", "combine", "routing")
+    if mode != "local":
+        plan.connect("dispatch", "combine", "exchange")
+
+    plan.add_stage(
+        Finalize(
+            name="finalize",
+            backend="torch.distributed" if layer.tp > 1 else "torch",
+            routed_scaling_factor=spec.router.routed_scaling_factor,
+            add_shared=plan.has("shared_expert"),
+            all_reduce=layer.tp > 1,
+            outputs={"out": TensorType(layer.dtype, ("T", "H"))},
+            origin=("parallel.tp_size",),
+        )
+    )
+    plan.connect("combine", "finalize", "routed")
+    if plan.has("shared_expert"):
+        plan.connect("shared_expert", "finalize", "shared")
+    plan.add_stage(Output(name="output", backend="-"))
+    plan.connect("finalize", "output", "out")
+
+
+def _shared_expert(plan: Plan, gemm: str) -> None:
+    layer: Layer = plan.layer
+    fmt = layer.shared
+    w13, w13_scale = weight_types(fmt, None, "2Is", "H", layer.dtype)
+    w2, w2_scale = weight_types(fmt, None, "H", "Is", layer.dtype)
+    weights = {"shared_w13": w13}
+    if w13_scale is not None:
+        weights["shared_w13_scale"] = w13_scale
+    weights["shared_w2"] = w2
+    if w2_scale is not None:
+        weights["shared_w2_scale"] = w2_scale
+    if fmt.static:
+        weights["shared_w13_input_scale"] = TensorType(FP32, ("1",))
+        weights["shared_w2_input_scale"] = TensorType(FP32, ("1",))
+    plan.add_stage(
+        SharedExpert(
+            name="shared_expert",
+            backend=elementwise_backend(gemm) if gemm == "deep_gemm" else gemm,
+            format=fmt,
+            experts=layer.n_shared,
+            intermediate=layer.shared_intermediate,
+            activation=layer.activation,
+            values=layer.activation_values,
+            outputs={"shared": TensorType(layer.dtype, ("T", "H"))},
+            weights=weights,
+            note=f"dense gated MLP of width {layer.shared_intermediate}, {fmt.label()}",
+            origin=("experts.shared_experts", "quant.shared_scheme", "experts.gemm_backend"),
+        )
+    )
+    plan.connect("input", "shared_expert", "x")

@@ -1,0 +1,80 @@
+"""Passes that check the finished graph: every stage has a renderer, the packages it needs, and
+whether the whole layer can be captured in a CUDA graph."""
+
+from __future__ import annotations
+
+from moec.errors import MoecError, Problem, problem
+from moec.plan.graph import Plan
+from moec.plan.resolve import Environment
+from moec.spec.models import Spec
+
+# Spec settings that give a stage kind another backend: what a user can change.
+_WHAT_WORKS = {
+    "gemm": 'experts.gemm_backend = "torch" or "triton"',
+    "dispatch": 'parallel.dispatch = "local" or "all2all", or experts.gemm_backend = "torch"',
+    "combine": 'parallel.dispatch = "local" or "all2all", or experts.gemm_backend = "torch"',
+}
+
+
+def check_renderers(plan: Plan, spec: Spec) -> None:
+    """Pass: every stage has a renderer that takes it; otherwise the spec is rejected, naming
+    the spec keys whose values led to that stage."""
+    from moec.codegen.registry import refusal
+
+    found: list[Problem] = []
+    for stage in plan.order():
+        if stage.kind in ("input", "output"):
+            continue
+        why = refusal(plan, stage)
+        if why is None:
+            continue
+        keys = stage.origin or ("experts.gemm_backend",)
+        also = f"; also chosen by {', '.join(keys[1:])}" if len(keys) > 1 else ""
+        hint = _WHAT_WORKS.get(stage.kind, 'experts.gemm_backend = "torch"')
+        found.append(
+            problem(
+                keys[0],
+                f"the {stage.name} stage would run on {stage.backend}: {why}{also}",
+                hint,
+                value=_value_at(spec, keys[0]),
+                rule="renderer",
+            )
+        )
+    if found:
+        raise MoecError(found, kind="spec")
+
+
+def _value_at(spec: Spec, path: str):
+    value = spec.model_dump()
+    for part in path.split("."):
+        value = value[part]
+    return value
+
+
+def record_requirements(plan: Plan, env: Environment) -> None:
+    """Pass: the optional packages the generated code imports, and which are missing here."""
+    from moec.codegen.registry import renderer
+
+    needed: set[str] = set()
+    for stage in plan.order():
+        if stage.kind not in ("input", "output"):
+            needed.update(renderer(stage.kind, stage.backend).requires)
+    plan.requires = tuple(sorted(needed))
+    plan.missing = tuple(m for m in plan.requires if not env.has(m))
+
+
+def decide_graph_safety(plan: Plan) -> None:
+    """Pass: whether the forward can be captured in a CUDA graph (no host syncs)."""
+    syncing = [s.name for s in plan.order() if s.syncs_host or not s.graph_safe]
+    if syncing:
+        plan.decide(
+            "CUDA graph",
+            "no",
+            f"{', '.join(syncing)} read sizes on the host (data-dependent shapes)",
+        )
+    else:
+        plan.decide(
+            "CUDA graph",
+            "yes",
+            "no stage reads device data on the host; buffers are sized by max_num_tokens",
+        )

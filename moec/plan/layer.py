@@ -1,0 +1,157 @@
+"""The layer as one rank runs it: sizes, number formats and target, derived once from the spec.
+
+Per-rank sizes (TP slices the intermediate, EP splits the experts), the quantization formats of
+the routed and shared experts, and the dtypes. Nothing here is a choice; choices are passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moec.plan.types import DType, ScaleType
+from moec.spec.models import Spec
+from moec.spec.normalize import BLOCK_DEFAULTS
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """How one set of experts (routed or shared) stores weights and quantizes activations."""
+
+    scheme: str
+    weight_block: tuple[int, int] | None
+    """[block_n, block_k] of the weight scales; None for bf16 / per-tensor."""
+    group: int | None
+    """Activation quantization group along K (1 x group); None: no groups."""
+    pow2_scales: bool
+    """Scales are powers of two (UE8M0)."""
+    static: bool = False
+    """Activation scales are fixed, from the checkpoint's `input_scale` (fp8_per_tensor only)."""
+    checkpoint_quantized: bool = False
+    """The checkpoint holds this format's values and `weight_scale_inv` (else it is quantized on
+    load from float weights)."""
+
+    @property
+    def quantized(self) -> bool:
+        return self.scheme != "bf16"
+
+    @property
+    def weight_dtype(self) -> DType:
+        return {"bf16": DType.bfloat16, "mxfp4": DType.e2m1x2}.get(self.scheme, DType.e4m3)
+
+    @property
+    def weight_bytes_per_value(self) -> float:
+        return 0.5 if self.scheme == "mxfp4" else self.weight_dtype.bytes
+
+    def activation_scale(self) -> ScaleType | None:
+        """Scale type of activations quantized for this format's GEMMs (as produced)."""
+        if not self.quantized:
+            return None
+        if self.group is None:
+            return ScaleType("per-tensor", DType.float32)
+        return ScaleType(f"1x{self.group}", DType.float32, "K", False, self.pow2_scales)
+
+    def weight_scale_granularity(self) -> str:
+        if self.scheme == "fp8_per_tensor":
+            return "per-expert"
+        assert self.weight_block is not None
+        return f"{self.weight_block[0]}x{self.weight_block[1]}"
+
+    def label(self) -> str:
+        if not self.quantized:
+            return "bf16"
+        return f"{self.scheme} (weights {self.weight_scale_granularity()}, activations " + (
+            f"1x{self.group})" if self.group else "per-tensor)"
+        )
+
+
+def quant_format(scheme: str, spec: Spec) -> QuantFormat:
+    """Format of `scheme` under `spec` (the spec's own keys apply to its routed scheme)."""
+    quant = spec.quant
+    own = scheme == quant.scheme
+    checkpoint = scheme != "bf16" and quant.checkpoint == "quantized"
+    if scheme == "bf16" or scheme == "fp8_per_tensor":
+        static = scheme == "fp8_per_tensor" and quant.activation_scheme == "static"
+        return QuantFormat(scheme, None, None, False, static, checkpoint)
+    block = (
+        tuple(quant.weight_block) if own and quant.weight_block else tuple(BLOCK_DEFAULTS[scheme])
+    )
+    scale_dtype = (
+        quant.scale_dtype if own else ("ue8m0" if scheme in ("mxfp8", "mxfp4") else "fp32")
+    )
+    return QuantFormat(
+        scheme, (block[0], block[1]), block[1], scale_dtype == "ue8m0", False, checkpoint
+    )
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Sizes and formats of one rank's layer; every pass reads these, none changes them."""
+
+    name: str
+    dtype: DType
+    hidden: int
+    intermediate: int
+    """Per-rank intermediate of one routed expert."""
+    shared_intermediate: int
+    """Per-rank intermediate of the shared experts together (0 = none)."""
+    n_shared: int
+    routed_experts: int
+    """All routed experts of the model."""
+    local_experts: int
+    """Routed experts on this rank."""
+    top_k: int
+    routed: QuantFormat
+    shared: QuantFormat
+    fused_shared: bool
+    tp: int
+    ep: int
+    dispatch: str
+    device: str
+    arch: str | None
+    max_tokens: int
+    activation: str
+    """Gated activation kind (moec/plan/activations.py)."""
+    activation_values: tuple[tuple[str, float], ...]
+    """Its parameters, (name, value) in the spec's order."""
+
+    @property
+    def grouped_experts(self) -> int:
+        """Experts of the grouped GEMM: the local routed ones plus fused shared experts."""
+        return self.local_experts + (self.n_shared if self.fused_shared else 0)
+
+    @property
+    def grouped_top_k(self) -> int:
+        """Rows each token contributes to the grouped GEMM."""
+        return self.top_k + (self.n_shared if self.fused_shared else 0)
+
+
+def layer_of(spec: Spec) -> Layer:
+    """The layer of a normalized spec, as one rank runs it."""
+    model, parallel = spec.model, spec.parallel
+    fused = spec.experts.shared_experts == "fused" and model.n_shared_experts > 0
+    return Layer(
+        name=spec.name,
+        dtype=DType(spec.target.dtype),
+        hidden=model.hidden_size,
+        intermediate=model.moe_intermediate_size // parallel.tp_size,
+        shared_intermediate=model.moe_intermediate_size
+        * model.n_shared_experts
+        // parallel.tp_size,
+        n_shared=model.n_shared_experts,
+        routed_experts=model.n_routed_experts,
+        local_experts=model.n_routed_experts // parallel.ep_size,
+        top_k=model.num_experts_per_tok,
+        routed=quant_format(spec.quant.scheme, spec),
+        shared=quant_format(spec.quant.shared_scheme or spec.quant.scheme, spec),
+        fused_shared=fused,
+        tp=parallel.tp_size,
+        ep=parallel.ep_size,
+        dispatch=parallel.dispatch,
+        device=spec.target.device,
+        arch=spec.target.arch,
+        max_tokens=spec.target.max_num_tokens,
+        activation=spec.activation.kind,
+        activation_values=tuple(
+            (key, value) for key, value in spec.activation.model_dump().items() if key != "kind"
+        ),
+    )

@@ -1,0 +1,279 @@
+"""The weights of one MoE layer: load them from an HF / DeepSeek checkpoint, or draw random ones.
+
+Checkpoint names, after the caller's prefix (e.g. "model.layers.3.mlp."):
+
+    gate.weight [E, H], gate.e_score_correction_bias [E] (noaux_tc routers)
+    experts.{e}.{gate,up,down}_proj.weight (+ .weight_scale_inv, + .input_scale when static)
+    experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I] (transformers, in memory)
+    shared_experts.{gate,up,down}_proj.weight (+ .weight_scale_inv, .input_scale)
+
+Every expert becomes w13 = [gate; up] [2I, H] and w2 = down [H, I] in its `WeightFormat`; with
+tensor parallelism each rank keeps 1/tp of every intermediate, with expert parallelism its own
+experts; fused shared experts are appended to the routed ones as `n_shared` extra experts.
+"""
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+from .checkpoint import WeightError, read_tensors
+from .weight_formats import Pair, WeightFormat
+
+_EXPERT = re.compile(
+    r"experts\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale_inv|weight_scale|input_scale)"
+)
+_SHARED = re.compile(
+    r"shared_experts\.(gate|up|down)_proj\.(weight|weight_scale_inv|weight_scale|input_scale)"
+)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """Which tensors one rank's layer holds, and in which formats."""
+
+    hidden: int
+    intermediate: int
+    """Of one routed expert, all tensor-parallel ranks together."""
+    routed_experts: int
+    local_experts: int
+    """Routed experts on one rank."""
+    n_shared: int
+    shared_intermediate: int
+    """Of all shared experts together, all tensor-parallel ranks together."""
+    tp: int
+    """Tensor-parallel ranks (each keeps 1/tp of every intermediate)."""
+    ep: int
+    """Expert-parallel ranks (each keeps local_experts whole experts)."""
+    has_bias: bool
+    """The router has `e_score_correction_bias`."""
+    fused_shared: bool
+    """Shared experts stored as extra routed experts."""
+    routed: WeightFormat
+    shared: WeightFormat | None
+
+
+def load(layer, source, prefix: str, spec: LayerWeights) -> None:
+    """Read the checkpoint, check every tensor, convert to this layer's formats, copy in.
+    Raises WeightError listing every problem."""
+    first = _first_expert(layer, spec)
+    found, problems = _collect(read_tensors(source, prefix), prefix, first, spec)
+    values: dict[str, torch.Tensor] = {}
+    values["gate_weight"] = _take(
+        found, "gate", (spec.routed_experts, spec.hidden), prefix + "gate.weight", problems
+    )
+    if spec.has_bias:
+        name = prefix + "gate.e_score_correction_bias"
+        values["gate_bias"] = _take(found, "bias", (spec.routed_experts,), name, problems)
+    rank = layer.rank if spec.tp > 1 else 0
+    experts = [
+        _checkpoint_mlp(found, ("expert", e), f"{prefix}experts.{e + first}", spec, rank, problems)
+        for e in range(spec.local_experts)
+    ]
+    shared = None
+    if spec.n_shared:
+        name = f"{prefix}shared_experts"
+        shared = _checkpoint_mlp(found, ("shared", None), name, spec, rank, problems)
+    if problems:
+        raise WeightError(problems)
+    _copy_in(layer, _assemble(values, experts, shared, spec))
+
+
+def randomize(layer, seed: int, spec: LayerWeights) -> None:
+    """Random weights of realistic scale: N(0, 1/fan_in) per expert, drawn per global expert so
+    every rank layout builds the same layer; router bias N(0, 0.02)."""
+    device = layer.gate_weight.device
+    generator = torch.Generator(device=device)
+
+    def normal(rows: int, cols: int, stream: int) -> torch.Tensor:
+        generator.manual_seed(seed * 100_003 + stream)
+        return torch.randn(rows, cols, generator=generator, device=device) / math.sqrt(cols)
+
+    values = {"gate_weight": normal(spec.routed_experts, spec.hidden, 0)}
+    if spec.has_bias:
+        generator.manual_seed(seed * 100_003 + 1)
+        values["gate_bias"] = 0.02 * torch.randn(
+            spec.routed_experts, generator=generator, device=device
+        )
+
+    rank = layer.rank if spec.tp > 1 else 0
+
+    def mlp(inter: int, stream: int, fmt: WeightFormat) -> dict:
+        shapes = (("gate", (inter, spec.hidden)), ("up", (inter, spec.hidden)))
+        shapes += (("down", (spec.hidden, inter)),)
+        weights = {
+            p: fmt.from_float(normal(*shape, stream + i)) for i, (p, shape) in enumerate(shapes)
+        }
+        out = _split_rank(weights, inter, rank, spec.tp, fmt)
+        if fmt.static:  # static activation scales sized for unit-variance inputs (amax about 4)
+            out["w13_input"] = torch.tensor(4.0 / 448.0, device=device)
+            out["w2_input"] = torch.tensor(1.0 / 448.0, device=device)
+        return out
+
+    first = _first_expert(layer, spec)
+    experts = [
+        mlp(spec.intermediate, 16 + 4 * (first + e), spec.routed) for e in range(spec.local_experts)
+    ]
+    shared = mlp(spec.shared_intermediate, 8, spec.shared) if spec.n_shared else None
+    _copy_in(layer, _assemble(values, experts, shared, spec))
+
+
+def _first_expert(layer, spec: LayerWeights) -> int:
+    """Global id of this rank's first routed expert."""
+    return layer.rank * spec.local_experts if spec.ep > 1 else 0
+
+
+def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
+    """Sort checkpoint tensors by what they are: {key: tensor} and the problems found."""
+    found: dict[tuple, torch.Tensor] = {}
+    problems: list[str] = []
+    for name, tensor in tensors:
+        if name == "gate.weight":
+            found["gate"] = tensor
+        elif name == "gate.e_score_correction_bias":
+            if spec.has_bias:
+                found["bias"] = tensor
+            else:
+                problems.append(f"{prefix}{name}: unexpected (this router has no correction bias)")
+        elif name in ("experts.gate_up_proj", "experts.down_proj"):
+            _split_fused(found, name, tensor[first : first + spec.local_experts])
+        elif match := _EXPERT.fullmatch(name):
+            expert = int(match.group(1))
+            if expert >= spec.routed_experts:
+                problems.append(f"{prefix}{name}: unexpected (expert id >= {spec.routed_experts})")
+            elif 0 <= expert - first < spec.local_experts:
+                key = ("expert", expert - first, match.group(2), _field(match.group(3)))
+                found[key] = tensor
+        elif match := _SHARED.fullmatch(name):
+            if spec.n_shared:
+                found[("shared", None, match.group(1), _field(match.group(2)))] = tensor
+            elif tensor.numel():  # transformers saves zero-width shared experts when there are none
+                problems.append(f"{prefix}{name}: unexpected (this layer has no shared experts)")
+        else:
+            problems.append(f"{prefix}{name}: unexpected")
+    return found, problems
+
+
+def _split_fused(found: dict, name: str, fused: torch.Tensor) -> None:
+    """transformers' fused in-memory experts -> per-expert gate / up / down weights."""
+    for expert in range(fused.shape[0]):
+        if name.endswith("gate_up_proj"):
+            half = fused.shape[1] // 2
+            found[("expert", expert, "gate", "weight")] = fused[expert, :half]
+            found[("expert", expert, "up", "weight")] = fused[expert, half:]
+        else:
+            found[("expert", expert, "down", "weight")] = fused[expert]
+
+
+def _field(name: str) -> str:
+    return "scale" if name in ("weight_scale_inv", "weight_scale") else name
+
+
+def _take(found, key, shape, name, problems) -> torch.Tensor | None:
+    tensor = found.get(key)
+    if tensor is None:
+        problems.append(f"{name}: missing")
+        return None
+    if tuple(tensor.shape) != tuple(shape):
+        problems.append(f"{name}: shape {list(tensor.shape)}, expected {list(shape)}")
+        return None
+    return tensor.float()
+
+
+def _checkpoint_mlp(found, key, name: str, spec: LayerWeights, rank: int, problems) -> dict:
+    """One expert's (or the shared experts') w13 and w2 for this rank, from the checkpoint."""
+    kind, index = key
+    shared = kind == "shared"
+    fmt = spec.shared if shared else spec.routed
+    inter = spec.shared_intermediate if shared else spec.intermediate
+    converted = {}
+    for proj in ("gate", "up", "down"):
+        shape = (spec.hidden, inter) if proj == "down" else (inter, spec.hidden)
+        converted[proj] = fmt.from_checkpoint(
+            found.get((kind, index, proj, "weight")),
+            found.get((kind, index, proj, "scale")),
+            shape,
+            f"{name}.{proj}_proj",
+            problems,
+        )
+    if any(part is None for part in converted.values()):
+        return {}
+    result = _split_rank(converted, inter, rank, spec.tp, fmt)
+    if fmt.static:
+        inputs = [found.get((kind, index, proj, "input_scale")) for proj in ("gate", "up", "down")]
+        if any(s is None for s in inputs):
+            problems.append(f"{name}.*_proj.input_scale: missing (static activation scales)")
+            return {}
+        gate, up, down = (s.float().reshape(()) for s in inputs)
+        result["w13_input"] = torch.maximum(gate, up)
+        result["w2_input"] = down
+    return result
+
+
+def _split_rank(weights: dict[str, Pair], inter: int, rank: int, tp: int, fmt) -> dict:
+    """This rank's 1/tp of the intermediate: w13 = [gate; up] rows, w2 = down columns."""
+    if tp > 1:
+        part = inter // tp
+        weights = {
+            "gate": fmt.slice(weights["gate"], 0, rank * part, part),
+            "up": fmt.slice(weights["up"], 0, rank * part, part),
+            "down": fmt.slice(weights["down"], 1, rank * part, part),
+        }
+    return {"w13": fmt.concat_rows(weights["gate"], weights["up"]), "w2": weights["down"]}
+
+
+def _split_shared(shared: dict, spec: LayerWeights) -> list[dict]:
+    """The shared MLP of width n_shared * I as n_shared experts of width I: the gated activation
+    is per column and the down projection a sum over columns, so the sum is the same."""
+    fmt, total = spec.shared, spec.shared_intermediate
+    width = total // spec.n_shared
+    gate = fmt.slice(shared["w13"], 0, 0, total)
+    up = fmt.slice(shared["w13"], 0, total, total)
+    experts = []
+    for j in range(spec.n_shared):
+        g = fmt.slice(gate, 0, j * width, width)
+        u = fmt.slice(up, 0, j * width, width)
+        d = fmt.slice(shared["w2"], 1, j * width, width)
+        experts.append({"w13": fmt.concat_rows(g, u), "w2": d})
+    return experts
+
+
+def _assemble(values: dict, experts: list[dict], shared: dict | None, spec) -> dict:
+    """The layer's parameters from converted experts: stacked values and scales."""
+    if spec.fused_shared:
+        experts = experts + _split_shared(shared, spec)
+    values.update(_stack("w13", [e["w13"] for e in experts]))
+    values.update(_stack("w2", [e["w2"] for e in experts]))
+    if spec.routed.static:
+        values["w13_input_scale"] = torch.stack([e["w13_input"] for e in experts]).amax().reshape(1)
+        values["w2_input_scale"] = torch.stack([e["w2_input"] for e in experts]).amax().reshape(1)
+    if shared is not None and not spec.fused_shared:
+        values.update(_stack("shared_w13", [shared["w13"]], single=True))
+        values.update(_stack("shared_w2", [shared["w2"]], single=True))
+        if spec.shared.static:
+            values["shared_w13_input_scale"] = shared["w13_input"].reshape(1)
+            values["shared_w2_input_scale"] = shared["w2_input"].reshape(1)
+    return values
+
+
+def _stack(name: str, parts: list[Pair], single: bool = False) -> dict[str, torch.Tensor]:
+    """[(value, scale)] per expert -> {name: stacked values, name_scale: stacked scales}."""
+    pick = (lambda xs: xs[0]) if single else torch.stack
+    out = {name: pick([value for value, _ in parts])}
+    if parts[0][1] is not None:
+        out[name + "_scale"] = pick([scale for _, scale in parts])
+    return out
+
+
+def _copy_in(layer, values: dict[str, torch.Tensor]) -> None:
+    for name, tensor in values.items():
+        param = getattr(layer, name)
+        if tuple(tensor.shape) != tuple(param.shape) or tensor.dtype != param.dtype:
+            raise WeightError(
+                [
+                    f"{name}: built {list(tensor.shape)} {tensor.dtype}, the layer holds "
+                    f"{list(param.shape)} {param.dtype}"
+                ]
+            )
+        param.data.copy_(tensor.to(param.device))

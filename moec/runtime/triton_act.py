@@ -1,0 +1,223 @@
+"""act_quant: gated activation of the gate/up GEMM output, optionally quantized to e4m3.
+
+  out[m, :] = quant(act(gate = h[m, :I], up = h[m, I:]))     in fp32
+
+ACTIVATION is a `@triton.jit` function (gate, up) -> out over fp32 tiles, passed as a constexpr:
+each package renders its own from the one definition in moec/plan/activations.py.
+
+QUANT "none"   out [M, I] in the model dtype, rounded once.
+      "group"  out e4m3 + scales [M, ceil(I / G)] fp32, one per 1 x G group (UE8M0: round up).
+      "tensor" out e4m3 with one fp32 scale, read from scale[0].
+      "amax"   no out: atomic max of |act| over the valid rows into scale[0]. Dynamic per-tensor
+               quantization is three launches: "amax", the scale kernel (amax -> scale in
+               place), then "tensor".
+LAYOUT "contiguous" skips rows with m_indices == -1 or at or past num_rows[0]; "masked" skips
+rows at or past masked_m[e] of [E, max_m, 2I]; "dense" uses every row. Skipped rows are not
+written.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_numerics import group_scale, round_output, tensor_scale_kernel, to_e4m3
+
+
+@triton.jit
+def _act_quant_kernel(
+    # pointers
+    h_ptr,  # [M, 2I] model dtype: gate columns [0, I), up columns [I, 2I)
+    out_ptr,  # [M, I] e4m3, or the model dtype for QUANT="none"
+    scale_ptr,  # group: [M, ceil(I / G)] fp32 out; tensor: [1] fp32 in; amax: [1] fp32 in/out
+    index_ptr,  # contiguous: m_indices [M] int32; masked: masked_m [E] int32
+    num_rows_ptr,  # contiguous with HAS_NUM_ROWS: [1] int32, rows in use
+    # dims
+    M,  # rows (masked: E * max_m)
+    N,  # I: out has N columns, h has 2N
+    max_m,
+    # strides
+    stride_hm,
+    stride_hi,
+    stride_om,
+    stride_oi,
+    stride_sm,
+    stride_sg,
+    # meta-parameters
+    ACTIVATION: tl.constexpr,
+    QUANT: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    HAS_NUM_ROWS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    UE8M0: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,  # interpreter: round to bf16 / e4m3 in software (its casts do not)
+    BLOCK_M: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    valid = offs_m < M
+    if LAYOUT == "masked":
+        used = tl.load(index_ptr + offs_m // max_m, mask=valid, other=0)
+        valid = valid & (offs_m % max_m < used)
+    elif LAYOUT == "contiguous":
+        if HAS_NUM_ROWS:
+            valid = valid & (offs_m < tl.load(num_rows_ptr))
+        valid = valid & (tl.load(index_ptr + offs_m, mask=valid, other=-1) >= 0)
+    if tl.max(valid.to(tl.int32), axis=0) == 0:
+        return
+    rows = offs_m.to(tl.int64)
+    mask = valid[:, None] & (offs_i < N)[None, :]
+    h_ptrs = h_ptr + rows[:, None] * stride_hm + offs_i[None, :] * stride_hi
+    gate = tl.load(h_ptrs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(h_ptrs + N * stride_hi, mask=mask, other=0.0).to(tl.float32)
+    out = tl.where(mask, ACTIVATION(gate, up), 0.0)
+    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_i[None, :] * stride_oi
+    # One branch per mode: code after a constexpr branch's `return` is still compiled.
+    if QUANT == "amax":
+        tl.atomic_max(scale_ptr, tl.max(tl.max(tl.abs(out), axis=1), axis=0))
+    elif QUANT == "none":
+        tl.store(out_ptrs, round_output(out, out_ptr.dtype.element_ty, SOFT_ROUND), mask=mask)
+    else:
+        if QUANT == "group":
+            out = tl.reshape(out, (BLOCK_M, BLOCK_I // GROUP_SIZE, GROUP_SIZE))
+            scale = group_scale(tl.max(tl.abs(out), axis=2), UE8M0)
+            q = tl.reshape(tl.math.div_rn(out, scale[:, :, None]), (BLOCK_M, BLOCK_I))
+            offs_g = tl.program_id(1) * (BLOCK_I // GROUP_SIZE) + tl.arange(
+                0, BLOCK_I // GROUP_SIZE
+            )
+            scale_ptrs = scale_ptr + rows[:, None] * stride_sm + offs_g[None, :] * stride_sg
+            scale_mask = valid[:, None] & (offs_g * GROUP_SIZE < N)[None, :]
+            tl.store(scale_ptrs, scale, mask=scale_mask)
+        else:  # "tensor"
+            q = tl.math.div_rn(out, tl.load(scale_ptr))
+        tl.store(out_ptrs, to_e4m3(q, SOFT_ROUND), mask=mask)
+
+
+def act_quant(
+    h,
+    out,
+    scale=None,
+    *,
+    activation,
+    quant,
+    config,
+    group_size=128,
+    ue8m0=False,
+    dynamic=False,
+    m_indices=None,
+    num_rows=None,
+    masked_m=None,
+):
+    """out = act(h[..., :I], h[..., I:]), optionally quantized; see the comment above.
+
+    h [M, 2I] with m_indices [M] int32 (+ num_rows [1] int32), or [E, max_m, 2I] with masked_m [E]
+    int32, or [M, 2I] with neither (every row). out [..., I] (model dtype for quant="none", else
+    e4m3). scale: "group" [..., ceil(I / G)] fp32 written; "tensor" [1] fp32 read, or computed
+    first with dynamic=True. Any strides. config: BLOCK_M, BLOCK_I (a multiple of group_size),
+    num_warps. Returns out.
+    """
+    if quant not in ("none", "group", "tensor"):
+        raise ValueError(f"unknown quant {quant!r}")
+    if quant != "none" and scale is None:
+        raise ValueError(f"quant {quant!r} needs a scale tensor")
+    width = h.shape[-1] // 2
+    h2 = h.view(-1, h.shape[-1])
+    out2 = out.view(-1, width)
+    rows = h2.shape[0]
+    if out2.shape[0] != rows:
+        raise ValueError(f"out has {out2.shape[0]} rows, h has {rows}")
+    if quant == "group" and config["BLOCK_I"] % group_size:
+        raise ValueError(
+            f"BLOCK_I={config['BLOCK_I']} is not a multiple of group_size={group_size}"
+        )
+    layout = "masked" if masked_m is not None else "dense" if m_indices is None else "contiguous"
+    index = masked_m if masked_m is not None else m_indices if m_indices is not None else h2
+    scale2 = scale.view(-1, scale.shape[-1]) if quant == "group" else scale
+    grid = (triton.cdiv(rows, config["BLOCK_M"]), triton.cdiv(width, config["BLOCK_I"]))
+    launch = _act_quant_kernel[grid] if rows > 0 and width > 0 else None
+
+    def run(mode):
+        if launch is not None:
+            launch(
+                # pointers
+                h2,
+                out2,
+                scale2 if scale2 is not None else out2,
+                index,
+                num_rows if num_rows is not None else index,
+                # dims
+                rows,
+                width,
+                h.shape[1] if masked_m is not None else rows,
+                # strides
+                h2.stride(0),
+                h2.stride(1),
+                out2.stride(0),
+                out2.stride(1),
+                *(scale2.stride() if mode == "group" else (0, 0)),
+                # meta-parameters
+                ACTIVATION=activation,
+                QUANT=mode,
+                LAYOUT=layout,
+                HAS_NUM_ROWS=num_rows is not None,
+                GROUP_SIZE=group_size,
+                UE8M0=ue8m0,
+                SOFT_ROUND=triton.knobs.runtime.interpret,
+                BLOCK_M=config["BLOCK_M"],
+                BLOCK_I=config["BLOCK_I"],
+                num_warps=config["num_warps"],
+            )
+
+    if quant == "tensor" and dynamic:
+        scale.zero_()
+        run("amax")
+        tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0)
+    run(quant)
+    return out
+
+
+def act_quant_contiguous(h, routing, **kwargs):
+    """act_quant over a contiguous layout h [M, 2I]; returns (out [M, I], scale or None)."""
+    return _act_into(h, dict(m_indices=routing.m_indices, num_rows=routing.num_rows), **kwargs)
+
+
+def act_quant_masked(h, routing, **kwargs):
+    """act_quant over a masked layout h [E, max_m, 2I]; returns (out, scale or None)."""
+    return _act_into(h, dict(masked_m=routing.counts), **kwargs)
+
+
+def act_quant_rows(h, **kwargs):
+    """act_quant over every row of h [T, 2I]; returns (out [T, I], scale or None)."""
+    return _act_into(h, {}, **kwargs)
+
+
+def _act_into(
+    h,
+    rows,
+    *,
+    activation,
+    config,
+    out_dtype,
+    quant="none",
+    group_size=128,
+    ue8m0=False,
+    scale=None,
+):
+    """Allocate the output (and scales) and run act_quant. quant "tensor" with scale=None
+    computes a dynamic scale; with a scale, it is the static one."""
+    width = h.shape[-1] // 2
+    dtype = out_dtype if quant == "none" else torch.float8_e4m3fn
+    out = torch.empty((*h.shape[:-1], width), dtype=dtype, device=h.device)
+    common = dict(activation=activation, config=config, **rows)
+    if quant == "none":
+        return act_quant(h, out, quant="none", **common), None
+    if quant == "group":
+        groups = -(-width // group_size)
+        scale = torch.empty((*h.shape[:-1], groups), dtype=torch.float32, device=h.device)
+        act_quant(h, out, scale, quant="group", group_size=group_size, ue8m0=ue8m0, **common)
+        return out, scale
+    dynamic = scale is None
+    if dynamic:
+        scale = torch.zeros(1, dtype=torch.float32, device=h.device)
+    act_quant(h, out, scale, quant="tensor", ue8m0=ue8m0, dynamic=dynamic, **common)
+    return out, scale

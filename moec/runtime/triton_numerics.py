@@ -1,0 +1,49 @@
+"""Triton numerics every kernel shares (docs/numerics.md), written once.
+
+group_scale    max(amax, 1e-10) / 448 (true division), rounded up to a power of two for UE8M0
+               (add the mantissa mask to the fp32 bits, keep the exponent: round up unless the
+               mantissa is already zero).
+to_e4m3        clamp to +-448 and cast to e4m3; under the interpreter (SOFT_ROUND) round to
+               nearest even in software first, since its cast does not.
+round_output   round an fp32 tile for a store in the output dtype; under the interpreter a
+               bf16 output is rounded to nearest even in software (its cast truncates).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def group_scale(amax, UE8M0: tl.constexpr):
+    scale = tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)
+    if UE8M0:
+        scale_bits = scale.to(tl.int32, bitcast=True) + 0x7FFFFF
+        scale = (scale_bits & 0x7F800000).to(tl.float32, bitcast=True)
+    return scale
+
+
+@triton.jit
+def to_e4m3(q, SOFT_ROUND: tl.constexpr):
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    if SOFT_ROUND:  # round |q| to nearest even on the e4m3 grid, ulp 2**(e - 3) with e >= -6
+        bits = q.to(tl.int32, bitcast=True)
+        ulp = ((tl.maximum((bits >> 23) & 0xFF, 121) - 3) << 23).to(tl.float32, bitcast=True)
+        q = (tl.abs(q) + ulp * 12582912.0) - ulp * 12582912.0  # fp32 add at 1.5 * 2**23 ulp
+        q = (q.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
+    return q.to(tl.float8e4nv)
+
+
+@triton.jit
+def round_output(x, out_dtype: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    if SOFT_ROUND and out_dtype == tl.bfloat16:  # round to nearest even
+        bits = x.to(tl.uint32, bitcast=True)
+        x = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
+    return x.to(out_dtype)
+
+
+@triton.jit
+def tensor_scale_kernel(
+    scale_ptr,  # [1] fp32: amax in, scale out (the middle pass of dynamic per-tensor quant)
+    UE8M0: tl.constexpr,
+):
+    tl.store(scale_ptr, group_scale(tl.load(scale_ptr), UE8M0))

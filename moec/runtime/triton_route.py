@@ -1,0 +1,327 @@
+"""route: top-k expert selection and the grouped layout's indices, in two launches.
+
+select_topk   one program per token: scores from fp32 logits (SCORING softmax | sigmoid |
+              sqrtsoftplus), choice = scores (+ correction bias), expert groups (METHOD
+              group_limited_greedy: best expert per group; noaux_tc: sum of the top-2), top-k by
+              repeated argmax, weights = scores of the chosen experts (renormalized, scaled),
+              then FUSED_SHARED extra experts E.. with weight 1.
+route_layout  one program per expert: rows of the grouped layout for its assignments, in token
+              order (a running cumulative count: the same indices on every run); the counts
+              come first from integer atomic adds (exact); contiguous: each expert's rows padded to
+              BLOCK_M (m_indices -1 on padding), the last program writes num_rows and fills the
+              unused tail; masked: expert e owns rows e * max_m .. + max_m.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .grouping import ContiguousRouting, MaskedRouting, compact_rows, masked_max_m
+
+
+@triton.jit
+def _select_topk_kernel(
+    # pointers
+    logits_ptr,  # [T, E] fp32
+    bias_ptr,  # [E] fp32 (HAS_BIAS)
+    ids_ptr,  # [T, TOP_K + FUSED_SHARED] int32 out
+    weights_ptr,  # [T, TOP_K + FUSED_SHARED] fp32 out
+    # dims
+    E,
+    # strides
+    stride_lt,
+    stride_it,
+    stride_wt,
+    # meta-parameters
+    SCORING: tl.constexpr,
+    METHOD: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    N_GROUP: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
+    TOP_K: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    ROUTED_SCALING: tl.constexpr,
+    FUSED_SHARED: tl.constexpr,
+    BLOCK_E: tl.constexpr,  # power of two >= E
+):
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    valid = e < E
+    logits = tl.load(logits_ptr + t * stride_lt + e, mask=valid, other=float("-inf"))
+    if SCORING == "softmax":
+        shifted = tl.exp(logits - tl.max(logits, axis=0))
+        scores = shifted / tl.sum(shifted, axis=0)
+    elif SCORING == "sigmoid":
+        scores = tl.sigmoid(logits)
+    else:  # sqrt(softplus(x)), softplus(x) = max(x, 0) + log(1 + exp(-|x|))
+        scores = tl.sqrt(tl.maximum(logits, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(logits))))
+    scores = tl.where(valid, scores, 0.0)
+    choice = scores
+    if HAS_BIAS:
+        choice = choice + tl.load(bias_ptr + e, mask=valid, other=0.0)
+    choice = tl.where(valid, choice, float("-inf"))
+    if METHOD != "greedy" and N_GROUP > 1:
+        per_group = E // N_GROUP
+        group = tl.where(valid, e // per_group, N_GROUP)
+        g = tl.arange(0, N_GROUP)
+        group_scores = tl.zeros((N_GROUP,), dtype=tl.float32)
+        for index in tl.static_range(N_GROUP):
+            members = tl.where(group == index, choice, float("-inf"))
+            best = tl.max(members, axis=0)
+            if METHOD == "noaux_tc":  # sum of the group's top-2 scores
+                first = tl.argmax(members, axis=0)
+                best = best + tl.max(tl.where(e == first, float("-inf"), members), axis=0)
+            group_scores = tl.where(g == index, best, group_scores)
+        kept = tl.zeros((N_GROUP,), dtype=tl.int1)
+        for _ in tl.static_range(TOPK_GROUP):
+            top = tl.argmax(tl.where(kept, float("-inf"), group_scores), axis=0)
+            kept = kept | (g == top)
+        keep_expert = tl.sum(tl.where(kept[None, :] & (g[None, :] == group[:, None]), 1, 0), axis=1)
+        choice = tl.where(keep_expert > 0, choice, float("-inf"))
+    total = 0.0
+    for k in tl.static_range(TOP_K):
+        top = tl.argmax(choice, axis=0)
+        weight = tl.sum(tl.where(e == top, scores, 0.0), axis=0)
+        tl.store(ids_ptr + t * stride_it + k, top.to(tl.int32))
+        tl.store(weights_ptr + t * stride_wt + k, weight)
+        total += weight
+        choice = tl.where(e == top, float("-inf"), choice)
+    if NORMALIZE or ROUTED_SCALING != 1.0:  # as the torch backend: w / (sum + 1e-20) * scale
+        for k in tl.static_range(TOP_K):
+            weight = tl.load(weights_ptr + t * stride_wt + k)
+            if NORMALIZE:
+                weight = weight / (total + 1e-20)
+            tl.store(weights_ptr + t * stride_wt + k, weight * ROUTED_SCALING)
+    for k in tl.static_range(FUSED_SHARED):
+        tl.store(ids_ptr + t * stride_it + TOP_K + k, (E + k).to(tl.int32))
+        tl.store(weights_ptr + t * stride_wt + TOP_K + k, 1.0)
+
+
+@triton.jit
+def _route_count_kernel(
+    ids_ptr,  # [A] int32
+    counts_ptr,  # [BLOCK_E] int32, zeroed: assignments per expert (integer atomics: exact)
+    A,
+    BLOCK_A: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK_A + tl.arange(0, BLOCK_A)
+    ids = tl.load(ids_ptr + offs, mask=offs < A, other=0)
+    tl.atomic_add(counts_ptr + ids, 1, mask=offs < A)
+
+
+@triton.jit
+def _route_layout_kernel(
+    # pointers
+    ids_ptr,  # [A] int32, A = T * K assignments
+    all_counts_ptr,  # [BLOCK_E] int32: assignments per expert (from the count kernel)
+    row_of_ptr,  # [A] int32 out
+    token_of_row_ptr,  # [M] int32 out
+    m_indices_ptr,  # [M] int32 out (contiguous)
+    counts_ptr,  # [E] int32 out
+    starts_ptr,  # [E] int64 out (contiguous)
+    num_rows_ptr,  # [1] int32 out (contiguous)
+    # dims
+    A,
+    K,
+    E,
+    M,  # rows of the layout (contiguous: worst case; masked: E * max_m)
+    MAX_M,  # masked: rows per expert
+    # meta-parameters
+    LAYOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # contiguous row padding
+    BLOCK_A: tl.constexpr,
+    BLOCK_E: tl.constexpr,  # power of two > E
+):
+    expert = tl.program_id(0)
+    bins = tl.arange(0, BLOCK_E)
+    counts = tl.load(all_counts_ptr + bins, mask=bins < E, other=0)
+    if LAYOUT == "contiguous":
+        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        start = tl.sum(tl.where(bins < expert, padded, 0), axis=0)
+        total = tl.sum(padded, axis=0)
+    else:
+        start = expert * MAX_M
+        total = E * MAX_M
+    if expert == E:  # the extra program: unused rows past the last expert, and num_rows
+        if LAYOUT == "contiguous":
+            tl.store(num_rows_ptr, total)
+            for r0 in range(total, M, BLOCK_A):
+                rows = r0 + tl.arange(0, BLOCK_A)
+                tl.store(token_of_row_ptr + rows, -1, mask=rows < M)
+                tl.store(m_indices_ptr + rows, -1, mask=rows < M)
+    else:
+        count = tl.sum(tl.where(bins == expert, counts, 0), axis=0)
+        tl.store(counts_ptr + expert, count)  # the layout's own [E] int32 copy
+        if LAYOUT == "contiguous":
+            tl.store(starts_ptr + expert, start.to(tl.int64))
+        seen = 0
+        for a0 in range(0, A, BLOCK_A):
+            offs = a0 + tl.arange(0, BLOCK_A)
+            mine = tl.load(ids_ptr + offs, mask=offs < A, other=-1) == expert
+            rank = seen + tl.cumsum(mine.to(tl.int32), axis=0) - 1
+            rows = start + rank
+            tl.store(row_of_ptr + offs, rows, mask=mine)
+            tl.store(token_of_row_ptr + rows, (offs // K).to(tl.int32), mask=mine)
+            if LAYOUT == "contiguous":
+                tl.store(m_indices_ptr + rows, expert, mask=mine)
+            seen += tl.sum(mine.to(tl.int32), axis=0)
+        if LAYOUT == "contiguous":
+            end = start + tl.sum(tl.where(bins == expert, padded, 0), axis=0)
+        else:
+            end = start + MAX_M
+        for r0 in range(start + count, end, BLOCK_A):  # this expert's padding rows
+            rows = r0 + tl.arange(0, BLOCK_A)
+            tl.store(token_of_row_ptr + rows, -1, mask=rows < end)
+            if LAYOUT == "contiguous":
+                tl.store(m_indices_ptr + rows, -1, mask=rows < end)
+
+
+def select_topk(
+    logits,
+    bias,
+    *,
+    scoring_func,
+    topk_method,
+    n_group,
+    topk_group,
+    top_k,
+    norm_topk_prob,
+    routed_scaling_factor,
+    fused_shared,
+):
+    """Top-k selection for every token of logits [T, E] fp32 (bias [E] fp32 or None), as
+    torch_select.select_topk: returns (weights [T, K'] fp32, ids [T, K'] int32),
+    K' = top_k + fused_shared; see the comment above."""
+    tokens, experts = logits.shape
+    width = top_k + fused_shared
+    ids = torch.empty((tokens, width), dtype=torch.int32, device=logits.device)
+    weights = torch.empty((tokens, width), dtype=torch.float32, device=logits.device)
+    if tokens:
+        _select_topk_kernel[(tokens,)](
+            # pointers
+            logits,
+            bias if bias is not None else logits,
+            ids,
+            weights,
+            # dims
+            experts,
+            # strides
+            logits.stride(0),
+            ids.stride(0),
+            weights.stride(0),
+            # meta-parameters
+            SCORING=scoring_func,
+            METHOD=topk_method,
+            HAS_BIAS=bias is not None,
+            N_GROUP=n_group,
+            TOPK_GROUP=topk_group,
+            TOP_K=top_k,
+            NORMALIZE=norm_topk_prob,
+            ROUTED_SCALING=routed_scaling_factor,
+            FUSED_SHARED=fused_shared,
+            BLOCK_E=triton.next_power_of_2(experts),
+            num_warps=4,
+        )
+    return weights, ids
+
+
+def route_layout(
+    topk_ids,
+    row_of,
+    token_of_row,
+    counts,
+    *,
+    layout,
+    experts,
+    m_indices=None,
+    starts=None,
+    num_rows=None,
+    block_m=1,
+    max_m=0,
+):
+    """Indices of the grouped layout for topk_ids [T, K] (int32), written in place:
+    row_of [T, K], token_of_row [M], counts [E]; contiguous also m_indices [M], starts [E]
+    (int64) and num_rows [1]. See the comment above."""
+    assignments = topk_ids.numel()
+    dummy = counts
+    block_e = triton.next_power_of_2(experts + 1)
+    histogram = torch.zeros(block_e, dtype=torch.int32, device=topk_ids.device)
+    if assignments:
+        _route_count_kernel[(triton.cdiv(assignments, 1024),)](
+            topk_ids, histogram, assignments, BLOCK_A=1024, num_warps=4
+        )
+    _route_layout_kernel[(experts + 1,)](
+        # pointers
+        topk_ids,
+        histogram,
+        row_of,
+        token_of_row,
+        m_indices if m_indices is not None else dummy,
+        counts,
+        starts if starts is not None else dummy,
+        num_rows if num_rows is not None else dummy,
+        # dims
+        assignments,
+        topk_ids.shape[1] if topk_ids.dim() == 2 else 1,
+        experts,
+        token_of_row.numel(),
+        max_m,
+        # meta-parameters
+        LAYOUT=layout,
+        BLOCK_M=block_m,
+        BLOCK_A=1024,
+        BLOCK_E=block_e,
+        num_warps=4,
+    )
+
+
+def route_contiguous(topk_ids, experts: int, block_m: int) -> ContiguousRouting:
+    """The contiguous layout's indices for topk_ids [T, K] int32 in one pass of two launches
+    (token order within each expert, as grouping.route_contiguous)."""
+    tokens, top_k = topk_ids.shape
+    device = topk_ids.device
+    rows = compact_rows(tokens * top_k, experts, block_m)
+    routing = ContiguousRouting(
+        row_of=torch.empty((tokens, top_k), dtype=torch.int32, device=device),
+        token_of_row=torch.empty(rows, dtype=torch.int32, device=device),
+        counts=torch.empty(experts, dtype=torch.int32, device=device),
+        m_indices=torch.empty(rows, dtype=torch.int32, device=device),
+        starts=torch.empty(experts, dtype=torch.int64, device=device),
+        num_rows=torch.empty(1, dtype=torch.int32, device=device),
+    )
+    route_layout(
+        topk_ids,
+        routing.row_of,
+        routing.token_of_row,
+        routing.counts,
+        layout="contiguous",
+        experts=experts,
+        m_indices=routing.m_indices,
+        starts=routing.starts,
+        num_rows=routing.num_rows,
+        block_m=block_m,
+    )
+    return routing
+
+
+def route_masked(topk_ids, experts: int) -> MaskedRouting:
+    """The masked layout's indices for topk_ids [T, K] int32 (as grouping.route_masked)."""
+    tokens, top_k = topk_ids.shape
+    device = topk_ids.device
+    max_m = masked_max_m(tokens)
+    routing = MaskedRouting(
+        row_of=torch.empty((tokens, top_k), dtype=torch.int32, device=device),
+        token_of_row=torch.empty(experts * max_m, dtype=torch.int32, device=device),
+        counts=torch.empty(experts, dtype=torch.int32, device=device),
+        max_m=max_m,
+    )
+    route_layout(
+        topk_ids,
+        routing.row_of,
+        routing.token_of_row,
+        routing.counts,
+        layout="masked",
+        experts=experts,
+        max_m=max_m,
+    )
+    return routing
