@@ -172,12 +172,14 @@ def _mermaid(data: dict[str, Any]) -> str:
 
 
 def matrix_text() -> str:
-    from moec.spec.matrix import TARGETS, support_matrix
+    from moec.plan.matrix import TARGETS, support_matrix
 
     rows = support_matrix()
     lines = [
-        "Support matrix, generated from moec's rules (local dispatch, layout auto, DeepSeek-V3 dims).",
-        "Each cell: ok, or the rules that reject the combination.",
+        "Support matrix, generated from moec's rules and renderers (local dispatch, layout auto, "
+        "DeepSeek-V3 dims), on a machine with every optional package installed.",
+        'Each cell: ok (it builds), or the rules that reject it ("renderer": a stage of its plan '
+        "has no renderer).",
         "",
         "| gemm backend | scheme | activation | " + " | ".join(TARGETS) + " |",
         "|---|---|---|" + "---|" * len(TARGETS),

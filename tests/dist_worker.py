@@ -30,3 +30,21 @@ def run_rank(rank: int, world: int, init_file: str, folder: str, name: str, x_al
         torch.save(layer(x), f"{out_file}.{rank}")
     finally:
         torch.distributed.destroy_process_group()
+
+
+def run_layers(rank: int, world: int, init_file: str, jobs, x_all, split, out_file):
+    """Several layers on one gloo group: for each (folder, name), build it on this rank, run it
+    on this rank's tokens; save the list of outputs."""
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+    )
+    try:
+        outputs = []
+        for folder, name, replicated in jobs:
+            package = import_package(folder, f"{name}_rank")
+            layer = package.MoELayer(group=torch.distributed.group.WORLD).random_(11)
+            x = x_all if replicated else x_all[split[rank] : split[rank + 1]]
+            outputs.append(layer(x))
+        torch.save(outputs, f"{out_file}.{rank}")
+    finally:
+        torch.distributed.destroy_process_group()

@@ -3,11 +3,15 @@ editors follow, and names a package of its own."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
+import torch
 
+import moec
 from moec.cli import main
+from moec.plan import plan_loaded
 from moec.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,3 +66,41 @@ def test_example_hash_ignores_formatting():
         "[model]", "# the layer\n[model]"
     )
     assert parse_spec(text).content_hash == loaded.content_hash
+
+
+RUN_BUDGET_BYTES = 256 * 2**20
+"""Examples whose weights fit this run a forward on the CPU in CI; DeepSeek-size ones build and
+import only (their random weights alone would take minutes and gigabytes here)."""
+
+
+def _cpu_overrides(example: Path) -> list[str] | None:
+    """The example as it runs on this CPU: as written, or with target.device=cpu where the rules
+    allow it; None where they do not (an example that names a CUDA arch)."""
+    if load_spec(example).spec.target.device == "cpu":
+        return []
+    try:
+        load_spec(example, ["target.device=cpu"])
+    except moec.MoecError:
+        return None
+    return ["target.device=cpu"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
+def test_example_builds_imports_and_runs_where_it_can(example: Path, load_layer):
+    if plan_loaded(load_spec(example)).missing:  # refused where its GPU-only backend is missing
+        with pytest.raises(moec.MoecError, match="not installed here"):
+            load_layer(example)
+        return
+    overrides = _cpu_overrides(example)
+    package = load_layer(example, *(overrides or []))
+    assert hasattr(package, "MoELayer")
+    weights = package.weights.PARAMETERS.values()
+    size = sum(
+        math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in weights
+    )
+    if overrides is None or size > RUN_BUDGET_BYTES or package.PLAN["choices"]["dims"]["ep"] > 1:
+        return  # built and imported; too big (or multi-rank) to run here
+    layer = package.MoELayer().random_(0)
+    x = torch.randn(5, layer.gate_weight.shape[1]).to(package.layer.DTYPE)
+    out = layer(x)
+    assert out.shape == x.shape and torch.isfinite(out).all()

@@ -398,7 +398,7 @@ def parse_matrix(text: str) -> tuple[list[list[str]], list[list[str]]]:
 
 
 def test_matrix_is_the_rules(capsys):
-    from moec.spec.matrix import TARGETS, support_matrix
+    from moec.plan.matrix import TARGETS, support_matrix
 
     code, text, _ = run(capsys, "explain", "--matrix")
     assert code == 0
@@ -482,7 +482,7 @@ def _rules_rejecting(text: str) -> list[str]:
     ],
 )
 def test_matrix_cells_agree_with_specs_written_by_hand(capsys, target, quant, experts, extra, cell):
-    from moec.spec.matrix import TARGETS
+    from moec.plan.matrix import TARGETS
 
     if "mxfp4" in quant:
         quant += '\ncheckpoint = "quantized"'
@@ -505,7 +505,7 @@ def test_matrix_cells_agree_with_specs_written_by_hand(capsys, target, quant, ex
 
 def test_every_supported_combination_plans():
     """Each `ok` cell of the matrix is a spec the planner turns into a consistent plan."""
-    from moec.spec.matrix import ACTIVATIONS, _base, support_matrix
+    from moec.plan.matrix import ACTIVATIONS, _base, support_matrix
     from moec.spec.models import Spec
     from moec.spec.normalize import normalize
 

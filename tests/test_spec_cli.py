@@ -321,3 +321,17 @@ def test_explain_reads_bad_spec_like_validate(capsys):
     code, _, err = _validate(capsys, ["explain", str(bad)])
     assert code == 2
     assert err == expected
+
+
+@pytest.mark.parametrize("command", ["explain", "build", "run"])
+@pytest.mark.parametrize("bad", CORPUS, ids=[bad.file.stem for bad in CORPUS])
+def test_every_command_rejects_bad_specs_as_validate_does(bad: BadSpec, command, capsys, tmp_path):
+    """No command prints a traceback or writes anything for a bad spec: each exits 2 with the
+    problems validate reports."""
+    _, _, expected = _validate(capsys, bad.argv)
+    argv = [command, *bad.argv[1:]]
+    if command == "build":
+        argv += ["-o", str(tmp_path / "out")]
+    code, out, err = _validate(capsys, argv)
+    assert (code, out, err) == (2, "", expected)
+    assert not (tmp_path / "out").exists()

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from moec.codegen.package import python_sources
+from moec.codegen.package import COPY_MARK, python_sources
 from moec.codegen.write import write_package
 from moec.errors import MoecError, problem
 from moec.plan import device_for, plan_loaded
@@ -59,12 +60,13 @@ def check_installed(plan, loaded: LoadedSpec) -> None:
         loaded.located(
             [
                 problem(
-                    "experts.gemm_backend" if module == "deep_gemm" else "parallel.dispatch",
+                    key,
                     f"needs the optional package {module}, which is not installed here",
                     INSTALL_HINTS[module],
-                    value=module,
+                    value=value,
                 )
                 for module in plan.missing
+                for key, value in [_asked_by(module, loaded)]
             ]
         ),
         loaded.source,
@@ -79,34 +81,33 @@ def _spec_copy(loaded: LoadedSpec) -> str:
     return header + "\n" + loaded.text
 
 
+def _asked_by(module: str, loaded: LoadedSpec) -> tuple[str, object]:
+    """The spec key (and its value) that asks for an optional package."""
+    if module == "deep_ep":
+        return "parallel.dispatch", loaded.spec.parallel.dispatch
+    return "experts.gemm_backend", loaded.spec.experts.gemm_backend
+
+
 def format_python(sources: dict[str, str]) -> dict[str, str]:
-    """Format generated Python with the pinned ruff (one process for all files)."""
+    """Sort the imports of and format the rendered files with the pinned ruff and its default
+    settings (what a user's ruff checks), in one process each for all files. The verbatim copies
+    of moec/runtime/ are left as they are (the project's lint checks them)."""
     from ruff.__main__ import find_ruff_bin
 
-    formatted = {}
-    for name, source in sources.items():
-        result = subprocess.run(
-            [
-                find_ruff_bin(),
-                "format",
-                "--isolated",
-                "--line-length",
-                "100",
-                "--stdin-filename",
-                name,
-                "-",
-            ],
-            input=source,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"generated {name} does not parse (a moec bug):\n{result.stderr}\n{source}"
-            )
-        formatted[name] = result.stdout
-    return formatted
+    rendered = {name: text for name, text in sources.items() if COPY_MARK not in text}
+    ruff = find_ruff_bin()
+    with tempfile.TemporaryDirectory(prefix="moec-format-") as folder:
+        for name, source in rendered.items():
+            (Path(folder) / name).write_text(source, encoding="utf-8")
+        for command in (
+            ["check", "--isolated", "--select", "I", "--fix", "--quiet", folder],
+            ["format", "--isolated", "--quiet", folder],
+        ):
+            result = subprocess.run([ruff, *command], capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise RuntimeError(f"generated code does not parse (a moec bug):\n{result.stderr}")
+        formatted = {name: (Path(folder) / name).read_text(encoding="utf-8") for name in rendered}
+    return {**sources, **formatted}
 
 
 def build(

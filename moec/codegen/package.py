@@ -27,6 +27,7 @@ GENERATED_MODULES = ("gated_activation", "tiles")
 """Package modules rendered per plan; every other module a renderer names is copied."""
 WEIGHT_MODULES = ("expert_weights",)
 """Modules every package uses to load and initialize its weights."""
+COPY_MARK = "# A verbatim copy of moec/runtime/"
 _RELATIVE_IMPORT = re.compile(r"^from \.(\w*) import (.+)$", re.MULTILINE)
 
 
@@ -113,7 +114,7 @@ def runtime_closure(modules: set[str]) -> list[str]:
 def _runtime_copy(jinja, module: str, common: dict[str, Any]) -> str:
     header = render(jinja, "package/header.j2", common)
     source = (RUNTIME_DIR / f"{module}.py").read_text(encoding="utf-8")
-    return f"{header}# A verbatim copy of moec/runtime/{module}.py.\n{source}"
+    return f"{header}{COPY_MARK}{module}.py.\n{source}"
 
 
 def _import_lines(statements: set[str], modules: list[str]) -> list[str]:

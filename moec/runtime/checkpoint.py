@@ -48,7 +48,7 @@ def _read_safetensors(path: Path, prefix: str, names: set[str] | None = None):
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as handle:
-        for name in handle.keys():
+        for name in handle.keys():  # noqa: SIM118  (a safe_open handle is no dict)
             if name.startswith(prefix) and (names is None or name in names):
                 yield name[len(prefix) :], handle.get_tensor(name)
 

@@ -272,8 +272,10 @@ def _copy_in(layer, values: dict[str, torch.Tensor]) -> None:
         if tuple(tensor.shape) != tuple(param.shape) or tensor.dtype != param.dtype:
             raise WeightError(
                 [
-                    f"{name}: built {list(tensor.shape)} {tensor.dtype}, the layer holds "
-                    f"{list(param.shape)} {param.dtype}"
+                    (
+                        f"{name}: built {list(tensor.shape)} {tensor.dtype}, the layer holds "
+                        f"{list(param.shape)} {param.dtype}"
+                    )
                 ]
             )
         param.data.copy_(tensor.to(param.device))

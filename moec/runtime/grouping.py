@@ -89,7 +89,7 @@ def route_contiguous(topk_ids: torch.Tensor, experts: int, block_m: int) -> Cont
 
 def route_masked(topk_ids: torch.Tensor, experts: int) -> MaskedRouting:
     """The masked layout of topk_ids [T, K] over `experts` experts."""
-    flat, order, sorted_experts, counts, rank = _sorted_assignments(topk_ids, experts)
+    _, order, sorted_experts, counts, rank = _sorted_assignments(topk_ids, experts)
     max_m = masked_max_m(topk_ids.shape[0])
     sorted_rows = sorted_experts * max_m + rank
     row_of, token_of_row = _rows(topk_ids, order, sorted_rows, experts * max_m)

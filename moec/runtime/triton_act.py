@@ -178,12 +178,13 @@ def act_quant(
 
 def act_quant_contiguous(h, routing, **kwargs):
     """act_quant over a contiguous layout h [M, 2I]; returns (out [M, I], scale or None)."""
-    return _act_into(h, dict(m_indices=routing.m_indices, num_rows=routing.num_rows), **kwargs)
+    rows = {"m_indices": routing.m_indices, "num_rows": routing.num_rows}
+    return _act_into(h, rows, **kwargs)
 
 
 def act_quant_masked(h, routing, **kwargs):
     """act_quant over a masked layout h [E, max_m, 2I]; returns (out, scale or None)."""
-    return _act_into(h, dict(masked_m=routing.counts), **kwargs)
+    return _act_into(h, {"masked_m": routing.counts}, **kwargs)
 
 
 def act_quant_rows(h, **kwargs):
@@ -208,7 +209,7 @@ def _act_into(
     width = h.shape[-1] // 2
     dtype = out_dtype if quant == "none" else torch.float8_e4m3fn
     out = torch.empty((*h.shape[:-1], width), dtype=dtype, device=h.device)
-    common = dict(activation=activation, config=config, **rows)
+    common = {"activation": activation, "config": config, **rows}
     if quant == "none":
         return act_quant(h, out, quant="none", **common), None
     if quant == "group":

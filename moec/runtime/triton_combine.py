@@ -47,7 +47,7 @@ def _combine_kernel(
     t_ok = offs_t < T
     h_ok = offs_h < H
     acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-    for k in range(0, K):
+    for k in range(K):
         row = tl.load(row_of_ptr + offs_t * stride_rt + k * stride_rk, mask=t_ok, other=-1)
         weight = tl.load(weight_ptr + offs_t * stride_wt + k * stride_wk, mask=t_ok, other=0.0)
         y_ptrs = y_ptr + row.to(tl.int64)[:, None] * stride_ym + offs_h[None, :] * stride_yh

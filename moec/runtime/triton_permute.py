@@ -105,14 +105,14 @@ def permute_quant(
         raise ValueError(
             f"BLOCK_H={config['BLOCK_H']} is not a multiple of group_size={group_size}"
         )
-    meta = dict(
-        GROUP_SIZE=group_size,
-        UE8M0=ue8m0,
-        SOFT_ROUND=triton.knobs.runtime.interpret,
-        BLOCK_M=config["BLOCK_M"],
-        BLOCK_H=config["BLOCK_H"],
-        num_warps=config["num_warps"],
-    )
+    meta = {
+        "GROUP_SIZE": group_size,
+        "UE8M0": ue8m0,
+        "SOFT_ROUND": triton.knobs.runtime.interpret,
+        "BLOCK_M": config["BLOCK_M"],
+        "BLOCK_H": config["BLOCK_H"],
+        "num_warps": config["num_warps"],
+    }
     dummy = scale if scale is not None else out2
     if quant == "tensor" and dynamic:  # amax over all of x (its rows in order), then the scale
         scale.zero_()

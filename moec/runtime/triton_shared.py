@@ -33,7 +33,7 @@ def shared_mlp(
     tokens = x.shape[0]
     one_expert = torch.zeros(tokens, dtype=torch.int32, device=x.device)  # every row: expert 0
     static = input_scales or (None, None)
-    quantized = dict(quant=quant, group_size=group_size, ue8m0=ue8m0)
+    quantized = {"quant": quant, "group_size": group_size, "ue8m0": ue8m0}
     if quant == "none":
         xq, x_scale = x, None
     else:

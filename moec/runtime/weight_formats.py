@@ -101,11 +101,11 @@ class WeightFormat:
                 f"{name}.weight_scale_inv: shape {list(scale.shape)}, expected {list(expected)}"
             )
             return None
-        if self.pow2 and self.scheme in ("fp8_block", "mxfp8"):
-            if not torch.equal(scale, quant.round_up_pow2(scale)):
-                # fp32 scales where UE8M0 is needed: requantize with power-of-two scales.
-                dequantized = quant.dequantize_blocks(value, scale, self.block[0], self.block[1])
-                return self.from_float(dequantized)
+        needs_pow2 = self.pow2 and self.scheme in ("fp8_block", "mxfp8")
+        if needs_pow2 and not torch.equal(scale, quant.round_up_pow2(scale)):
+            # fp32 scales where UE8M0 is needed: requantize with power-of-two scales.
+            dequantized = quant.dequantize_blocks(value, scale, self.block[0], self.block[1])
+            return self.from_float(dequantized)
         return value, scale
 
     def slice(self, pair: Pair, dim: int, start: int, count: int) -> Pair:

@@ -31,7 +31,9 @@ def router(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.float(), gate_weight)  # [T, E]
 
 
-def select(logits: torch.Tensor, gate_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def select(
+    logits: torch.Tensor, gate_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-2 of 8 experts: sigmoid scores, choice biased by e_score_correction_bias, 1 of 2 groups kept, weights renormalized, x2.5; one Triton program per token."""
     return triton_route.select_topk(
         logits,

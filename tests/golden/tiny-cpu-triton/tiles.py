@@ -43,8 +43,16 @@ PERMUTE = {
     "BLOCK_H": 256,
     "num_warps": 4,
 }  # permute_quant: BLOCK_M, BLOCK_H, num_warps
-ACT = {"BLOCK_M": 16, "BLOCK_I": 256, "num_warps": 4}  # act_quant: BLOCK_M, BLOCK_I, num_warps
-COMBINE = {"BLOCK_T": 16, "BLOCK_H": 256, "num_warps": 4}  # combine: BLOCK_T, BLOCK_H, num_warps
+ACT = {
+    "BLOCK_M": 16,
+    "BLOCK_I": 256,
+    "num_warps": 4,
+}  # act_quant: BLOCK_M, BLOCK_I, num_warps
+COMBINE = {
+    "BLOCK_T": 16,
+    "BLOCK_H": 256,
+    "num_warps": 4,
+}  # combine: BLOCK_T, BLOCK_H, num_warps
 
 
 def bucket(tokens: int) -> Bucket:

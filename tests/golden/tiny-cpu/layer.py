@@ -62,7 +62,11 @@ class MoELayer(nn.Module):
         hq, hq_scale = stages.activation(h, routing)
         y = stages.gemm_down(hq, hq_scale, routing, self.w2, self.w2_scale)
         shared = stages.shared_expert(
-            x, self.shared_w13, self.shared_w13_scale, self.shared_w2, self.shared_w2_scale
+            x,
+            self.shared_w13,
+            self.shared_w13_scale,
+            self.shared_w2,
+            self.shared_w2_scale,
         )
         out = stages.combine(y, topk_weights, routing, shared)
         return out
@@ -84,7 +88,9 @@ def _rank(group) -> int:
     if WORLD_SIZE == 1:
         return 0
     if not torch.distributed.is_initialized():
-        raise RuntimeError(f"{NAME} runs on {WORLD_SIZE} ranks: initialize torch.distributed first")
+        raise RuntimeError(
+            f"{NAME} runs on {WORLD_SIZE} ranks: initialize torch.distributed first"
+        )
     if torch.distributed.get_world_size(group) != WORLD_SIZE:
         raise ValueError(f"{NAME} needs a process group of {WORLD_SIZE} ranks")
     return torch.distributed.get_rank(group)

@@ -31,7 +31,9 @@ def router(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.float(), gate_weight)  # [T, E]
 
 
-def select(logits: torch.Tensor, gate_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def select(
+    logits: torch.Tensor, gate_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-4 of 16 experts: sigmoid scores, choice biased by e_score_correction_bias, 2 of 4 groups kept, weights renormalized, x2.5."""
     return torch_select.select_topk(
         logits,
@@ -70,12 +72,16 @@ def gemm_gate_up(
 ) -> torch.Tensor:
     """[E, max_m, H] x [E, 2I, H] -> [E, max_m, 2I]: each expert's rows times its weight; per-expert loop over the rows each expert received (host sync for the counts)."""
     out = torch.zeros((*a.shape[:-1], 256), dtype=DTYPE, device=a.device)
-    counts = routing.counts.tolist()  # host sync: the loop needs each expert's row count
+    counts = (
+        routing.counts.tolist()
+    )  # host sync: the loop needs each expert's row count
     for expert, count in enumerate(counts):
         if count == 0:
             continue
         rows = (expert, slice(0, count))
-        out[rows] = matmul_routed(a[rows], a_scale[rows], w13[expert], w13_scale[expert])
+        out[rows] = matmul_routed(
+            a[rows], a_scale[rows], w13[expert], w13_scale[expert]
+        )
     return out
 
 
@@ -98,7 +104,9 @@ def gemm_down(
 ) -> torch.Tensor:
     """[E, max_m, I] x [E, H, I] -> [E, max_m, H]: each expert's rows times its weight; per-expert loop over the rows each expert received (host sync for the counts)."""
     out = torch.zeros((*a.shape[:-1], 256), dtype=DTYPE, device=a.device)
-    counts = routing.counts.tolist()  # host sync: the loop needs each expert's row count
+    counts = (
+        routing.counts.tolist()
+    )  # host sync: the loop needs each expert's row count
     for expert, count in enumerate(counts):
         if count == 0:
             continue

@@ -1,5 +1,6 @@
-"""The support matrix: every combination of the main choices, checked by the same rules that
-check a spec, so the documentation never keeps a table by hand.
+"""The support matrix: every combination of the main choices, checked as `moec build` checks a
+spec (the rules, then the plan and its renderer registry) on a machine where every optional
+package is installed; so the table shows what builds, and is never kept by hand.
 """
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from moec.errors import MoecError
+from moec.plan.resolve import Environment
 from moec.spec import rules
 from moec.spec.models import Spec
 from moec.spec.normalize import normalize
@@ -42,10 +45,24 @@ def _base(target: str) -> dict[str, Any]:
     return data
 
 
+EVERYTHING = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
+"""A machine with every optional package: the matrix says what moec can build, anywhere."""
+
+
 def rejecting_rules(data: dict[str, Any]) -> list[str]:
-    """Names of the rules that reject spec `data` ([] if valid)."""
+    """Names of the rules that reject spec `data` ([] if it builds): a spec rule, or "renderer"
+    where the plan needs a stage no renderer takes."""
+    from moec.plan import make_plan
+
     spec = normalize(Spec.model_validate(data))
-    return sorted({found.rule for found in rules.check(spec)})
+    found = sorted({problem.rule for problem in rules.check(spec)})
+    if found:
+        return found
+    try:
+        make_plan(spec, EVERYTHING)
+    except MoecError as error:
+        return sorted({problem.rule for problem in error.problems})
+    return []
 
 
 def support_matrix() -> dict[str, list[dict[str, Any]]]:
