@@ -33,18 +33,26 @@ def run_rank(rank: int, world: int, init_file: str, folder: str, name: str, x_al
 
 
 def run_layers(rank: int, world: int, init_file: str, jobs, x_all, split, out_file):
-    """Several layers on one gloo group: for each (folder, name), build it on this rank, run it
-    on this rank's tokens; save the list of outputs."""
+    """Several layers on one gloo group: for each (folder, name, replicated[, bias]), build it
+    on this rank (random weights, then `bias` edits of the router's correction bias), run it on
+    this rank's tokens (all of them when replicated); save the list of outputs."""
     torch.distributed.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
     )
     try:
         outputs = []
-        for folder, name, replicated in jobs:
+        for folder, name, replicated, *bias in jobs:
             package = import_package(folder, f"{name}_rank")
             layer = package.MoELayer(group=torch.distributed.group.WORLD).random_(11)
+            edit_bias(layer, bias[0] if bias else {})
             x = x_all if replicated else x_all[split[rank] : split[rank + 1]]
             outputs.append(layer(x))
         torch.save(outputs, f"{out_file}.{rank}")
     finally:
         torch.distributed.destroy_process_group()
+
+
+def edit_bias(layer, bias: dict[int, float]) -> None:
+    """Steer the router: set e_score_correction_bias of some experts (noaux_tc routers)."""
+    for expert, value in bias.items():
+        layer.gate_bias.data[expert] = value

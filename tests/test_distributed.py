@@ -1,11 +1,15 @@
-"""Tensor- and expert-parallel layers on a 2-rank gloo group equal the single-rank layer.
+"""Tensor- and expert-parallel layers on 2 and 4 gloo ranks equal the single-rank layer.
 
-Random weights are drawn per global expert and sliced per rank, so a 2-rank layer and the
+Random weights are drawn per global expert and sliced per rank, so a multi-rank layer and the
 1-rank layer built from the same seed are the same function. float32 throughout: the results
-differ only by summation order (relative error <= 1e-5).
+differ only by summation order (relative error <= 1e-5). The support-matrix tests run every
+scheme and layout on 2 ranks in bfloat16; these cover 4 ranks, a rank that sends or receives
+no tokens, and one expert taking every token.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import dist_worker
 import pytest
@@ -34,65 +38,87 @@ device = "cpu"
 dtype = "float32"
 max_num_tokens = 64
 """
+HIDDEN = 256
+FP8 = ["quant.scheme=fp8_block", "quant.checkpoint=bf16"]
 
 
-def _run(load_layer, tmp_path, overrides, split):
-    package = load_layer(SPEC, *overrides)
-    folder = str(__import__("pathlib").Path(package.__file__).parent)
-    x = torch.randn(split[-1], 256, generator=torch.Generator().manual_seed(12))
+def _ep(ranks: int) -> list[str]:
+    return ["parallel.dispatch=all2all", f"parallel.ep_size={ranks}"]
+
+
+def _run(load_layer, tmp_path, world, cases, x, split):
+    """Run every case [(overrides, replicated, bias)] on `world` gloo ranks in one group;
+    returns, per case, the outputs of each rank."""
+    jobs = []
+    for overrides, replicated, bias in cases:
+        package = load_layer(SPEC, *overrides)
+        jobs.append((str(Path(package.__file__).parent), package.__name__, replicated, bias))
     out_file = str(tmp_path / "out")
     mp.start_processes(
-        dist_worker.run_rank,
-        args=(2, str(tmp_path / "init"), folder, package.__name__ + "_rank", x, split, out_file),
-        nprocs=2,
+        dist_worker.run_layers,
+        args=(world, str(tmp_path / "init"), jobs, x, split, out_file),
+        nprocs=world,
         start_method="spawn",
     )
-    outputs = [torch.load(f"{out_file}.{rank}") for rank in range(2)]
-    return x, outputs
+    per_rank = [torch.load(f"{out_file}.{rank}") for rank in range(world)]
+    return list(zip(*per_rank, strict=True))
+
+
+def _one_rank(load_layer, x, overrides, bias=None):
+    layer = load_layer(SPEC, *overrides).MoELayer().random_(11)
+    dist_worker.edit_bias(layer, bias or {})
+    return layer(x)
+
+
+def _error(out, expected) -> float:
+    return ((out - expected).abs().max() / expected.abs().max()).item()
+
+
+def test_two_ranks(load_layer, tmp_path):
+    """EP=2 on uneven token counts (bf16 and fp8 exchanges); a rank with no tokens at all, a
+    rank whose experts receive none, one expert taking every token; TP=2."""
+    tokens = 20
+    x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(12))
+    starve_rank_1 = {e: -100.0 for e in range(4, 8)}  # rank 1's experts are never chosen
+    everyone_to_5 = {5: 100.0}
+    cases = [
+        (_ep(2), False, {}),
+        ([*_ep(2), *FP8], False, {}),
+        ([*_ep(2), "experts.layout=masked"], False, starve_rank_1),
+        (_ep(2), False, everyone_to_5),
+        (["parallel.tp_size=2", *FP8], True, {}),
+    ]
+    split = [0, 13, tokens]
+    results = _run(load_layer, tmp_path, 2, cases, x, split)
+    for (overrides, replicated, bias), outputs in zip(cases, results, strict=True):
+        one_rank = [o for o in overrides if "dispatch" not in o and "_size" not in o]
+        expected = _one_rank(load_layer, x, one_rank, bias)
+        out = outputs[0] if replicated else torch.cat(outputs)
+        if replicated:
+            assert torch.equal(outputs[0], outputs[1])
+        assert _error(out, expected) <= 1e-5, overrides
+
+
+def test_rank_without_tokens(load_layer, tmp_path):
+    x = torch.randn(9, HIDDEN, generator=torch.Generator().manual_seed(13))
+    (outputs,) = _run(load_layer, tmp_path, 2, [(_ep(2), False, {})], x, [0, 0, 9])
+    assert outputs[0].shape == (0, HIDDEN)
+    assert _error(outputs[1], _one_rank(load_layer, x, [])) <= 1e-5
 
 
 @pytest.mark.parametrize(
-    "scheme", [["quant.scheme=bf16"], ["quant.scheme=fp8_block", "quant.checkpoint=bf16"]]
+    "overrides",
+    [
+        ["experts.layout=contiguous"],
+        ["experts.layout=masked", *FP8],
+        ["experts.gemm_backend=triton", "experts.layout=contiguous", *FP8],
+    ],
+    ids=["torch-contiguous", "torch-masked-fp8", "triton-contiguous-fp8"],
 )
-def test_expert_parallel_all2all_equals_one_rank(load_layer, tmp_path, scheme):
-    ep = ["parallel.dispatch=all2all", "parallel.ep_size=2", *scheme]
-    split = [0, 13, 13 + 7]  # uneven token counts per rank
-    x, (first, second) = _run(load_layer, tmp_path, ep, split)
-    single = load_layer(SPEC, *scheme).MoELayer().random_(11)
-    expected = single(x)
-    out = torch.cat([first, second])
-    assert ((out - expected).abs().max() / expected.abs().max()).item() <= 1e-5
-
-
-def test_expert_parallel_rank_without_tokens(load_layer, tmp_path):
-    ep = ["parallel.dispatch=all2all", "parallel.ep_size=2"]
-    x, (first, second) = _run(load_layer, tmp_path, ep, [0, 0, 9])
-    expected = load_layer(SPEC).MoELayer().random_(11)(x)
-    assert first.shape == (0, 256)
-    assert ((second - expected).abs().max() / expected.abs().max()).item() <= 1e-5
-
-
-def test_tensor_parallel_equals_one_rank(load_layer, tmp_path):
-    tp = ["parallel.tp_size=2", "quant.scheme=fp8_block", "quant.checkpoint=bf16"]
-    split = [0, 11, 22]
-    package = load_layer(SPEC, *tp)
-    folder = str(__import__("pathlib").Path(package.__file__).parent)
-    x = torch.randn(11, 256, generator=torch.Generator().manual_seed(13))
-    both = torch.cat([x, x])  # every TP rank sees the same tokens
-    out_file = str(tmp_path / "out")
-    mp.start_processes(
-        dist_worker.run_rank,
-        args=(2, str(tmp_path / "init"), folder, package.__name__ + "_rank", both, split, out_file),
-        nprocs=2,
-        start_method="spawn",
-    )
-    first, second = (torch.load(f"{out_file}.{rank}") for rank in range(2))
-    expected = (
-        load_layer(SPEC, "quant.scheme=fp8_block", "quant.checkpoint=bf16")
-        .MoELayer()
-        .random_(11)(x)
-    )
-    assert torch.equal(first, second)
-    # TP ranks quantize their own halves of the intermediate: 1x128 groups that do not cross
-    # the split, so the same values are quantized the same way; only summation order differs.
-    assert ((first - expected).abs().max() / expected.abs().max()).item() <= 1e-5
+def test_four_ranks(load_layer, tmp_path, overrides):
+    tokens = 14
+    x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(14))
+    split = [0, 5, 5, 11, tokens]  # rank 1 has no tokens
+    (outputs,) = _run(load_layer, tmp_path, 4, [([*_ep(4), *overrides], False, {})], x, split)
+    expected = _one_rank(load_layer, x, overrides)
+    assert _error(torch.cat(outputs), expected) <= 1e-5

@@ -241,6 +241,8 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
     )
     plan.connect(source, "dispatch", tensor, "x")
     plan.connect("select", "dispatch", "topk_ids")
+    if mode != "local":  # the weights travel with the tokens; the expert ranks apply them
+        plan.connect("select", "dispatch", "topk_weights")
     if layout == "contiguous":
         why = "each expert's rows start on a GEMM tile boundary, so a tile never mixes experts"
         if padding:
@@ -310,9 +312,10 @@ def _combine_and_finalize(plan: Plan, spec: Spec, around: str) -> None:
         )
     )
     plan.connect("gemm_down", "combine", "y")
-    plan.connect("select", "combine", "topk_weights")
     plan.connect("dispatch", "combine", "routing")
-    if mode != "local":
+    if mode == "local":
+        plan.connect("select", "combine", "topk_weights")
+    else:
         plan.connect("dispatch", "combine", "exchange")
 
     plan.add_stage(

@@ -1,11 +1,15 @@
 """Expert parallelism over torch.distributed all_to_all_single (NCCL on GPUs, gloo on CPU).
 
-Each rank holds `local_experts` whole experts (rank r: experts r * local_experts ..). dispatch
-sends every (token, k) assignment's row to the rank owning its expert; combine sends the expert
-rows back in the same order and sums them on the token's rank. Row counts travel first (a host
-sync), so neither step can be captured in a CUDA graph.
+Each rank holds `local_experts` whole experts (rank r: experts r * local_experts ..).
+dispatch sends each token once to every rank that owns one of its top-k experts, with its
+top-k ids and weights; the receiver keeps the (row, k) assignments of its own experts.
+combine weights and sums each received row's expert outputs on the expert rank (fp32), sends
+that partial sum back in the model dtype, and the token's rank adds the partials (fp32, one
+rounding). Row counts travel first (a host sync), so neither step fits a CUDA graph.
+Shapes: T tokens here, K top-k, R rows received, P assignments received for local experts.
 """
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -13,62 +17,80 @@ import torch.distributed as dist
 
 
 class Exchange(NamedTuple):
-    """How this rank's T*K assignments were sent to the ranks owning their experts."""
+    """What dispatch sent and received, for combine to send the partial sums back."""
 
-    order: torch.Tensor  # [T*K] assignment index in send order (grouped by owner rank)
+    token_of_sent: torch.Tensor  # [S] token of each sent row, grouped by destination rank
     send: list[int]  # rows sent to each rank
     received: list[int]  # rows received from each rank
+    row_of_assignment: torch.Tensor  # [P] received row of each local assignment
+    weight_of_assignment: torch.Tensor  # [P] fp32 top-k weight of each local assignment
     tokens: int
-    top_k: int
 
 
 def exchange_rows(rows: torch.Tensor, received: list[int], send: list[int], group) -> torch.Tensor:
     """all_to_all of rows: `send[r]` rows go to rank r, `received[r]` rows come from it."""
     out = rows.new_empty((sum(received), *rows.shape[1:]))
-    if rows.element_size() == 1:  # fp8 travels as bytes
-        dist.all_to_all_single(
-            out.view(torch.uint8), rows.contiguous().view(torch.uint8), received, send, group=group
-        )
-    else:
-        dist.all_to_all_single(out, rows.contiguous(), received, send, group=group)
+    width = math.prod(rows.shape[1:])  # exchanged flat: a rank may send and receive no rows
+    wire = torch.uint8 if rows.element_size() == 1 else rows.dtype  # fp8 travels as bytes
+    dist.all_to_all_single(
+        out.view(wire).view(-1),
+        rows.contiguous().view(wire).view(-1),
+        [count * width for count in received],
+        [count * width for count in send],
+        group=group,
+    )
     return out
 
 
-def send_assignments(x, x_scale, topk_ids, local_experts: int, group):
-    """Send each assignment's token row (and its 1 x group scales) to the rank owning its
-    expert. Returns (rows [R, H], row scales [R, H/group] or x_scale, local expert ids [R]
-    int32, Exchange)."""
-    world = dist.get_world_size(group)
-    tokens, top_k = topk_ids.shape
-    flat = topk_ids.reshape(-1).long()
-    owner = flat // local_experts  # rank holding each assignment's expert
-    order = torch.argsort(owner, stable=True)
-    send_counts = torch.bincount(owner, minlength=world)
+def send_tokens(x, x_scale, topk_ids, topk_weights, local_experts: int, group):
+    """Send each token row (and its 1 x group scales) once to every rank owning one of its
+    experts. Returns (rows [R, H], row scales [R, H/group] or x_scale (per tensor), local
+    expert of each local assignment [P] int32, Exchange)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    tokens = topk_ids.shape[0]
+    owner = topk_ids.long() // local_experts  # [T, K] rank owning each chosen expert
+    wanted = torch.zeros(tokens, world, dtype=torch.bool, device=x.device)
+    wanted.scatter_(1, owner, True)  # [T, world]: does rank r need token t
+    destination, token_of_sent = wanted.t().nonzero(as_tuple=True)  # grouped by rank, then token
+    send_counts = torch.bincount(destination, minlength=world)
     received_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(received_counts, send_counts, group=group)
     send, received = send_counts.tolist(), received_counts.tolist()  # host sync: split sizes
-    local_ids = (flat[order] % local_experts).to(torch.int32)
-    local_ids = exchange_rows(local_ids, received, send, group)
-    rows = exchange_rows(x[order // top_k], received, send, group)
+
+    rows = exchange_rows(x[token_of_sent], received, send, group)
     row_scales = x_scale
     if x_scale is not None and x_scale.dim() == 2:
-        row_scales = exchange_rows(x_scale[order // top_k], received, send, group)
-    return rows, row_scales, local_ids, Exchange(order, send, received, tokens, top_k)
+        row_scales = exchange_rows(x_scale[token_of_sent], received, send, group)
+    ids = exchange_rows(topk_ids[token_of_sent], received, send, group).long()  # [R, K]
+    weights = exchange_rows(topk_weights[token_of_sent], received, send, group)  # [R, K]
+    row_of_assignment, k = (ids // local_experts == rank).nonzero(as_tuple=True)
+    local_ids = (ids[row_of_assignment, k] % local_experts).to(torch.int32)
+    exchange = Exchange(
+        token_of_sent, send, received, row_of_assignment, weights[row_of_assignment, k], tokens
+    )
+    return rows, row_scales, local_ids, exchange
 
 
-def return_rows(y, routing, exchange: Exchange, group) -> torch.Tensor:
-    """Each expert row back to the rank of its token: [T, K, H], in the token's k order."""
-    rows = y.reshape(-1, y.shape[-1])[routing.row_of[:, 0].long()]  # [R, H] in received order
-    returned = exchange_rows(rows, exchange.send, exchange.received, group)  # [T*K, H]
-    per_assignment = torch.empty_like(returned)
-    per_assignment[exchange.order] = returned
-    return per_assignment.view(exchange.tokens, exchange.top_k, rows.shape[1])
+def rows_of(routing, exchange: Exchange):
+    """`routing` of the local assignments, with each layout row pointing at its received row
+    (the layout's `token_of_row` names assignments; the permute copies received rows)."""
+    row_of = exchange.row_of_assignment
+    lookup = torch.cat((row_of, row_of.new_full((1,), -1)))  # the last entry: padding rows
+    assignment = routing.token_of_row.long()
+    row = lookup[torch.where(assignment >= 0, assignment, row_of.numel())]
+    return routing._replace(token_of_row=row.to(torch.int32))
 
 
-def combine(y, topk_weights, routing, exchange: Exchange, shared, group, out_dtype):
-    """out[t] = sum_k w[t, k] * row(t, k) (+ shared[t]), in fp32, rounded once."""
-    rows = return_rows(y, routing, exchange, group).float()
-    out = (rows * topk_weights.unsqueeze(-1)).sum(dim=1)
+def combine(y, routing, exchange: Exchange, shared, group, out_dtype):
+    """out[t] = sum over t's experts of w * row (+ shared[t]): weighted partial sums per
+    received row on this rank (fp32), sent back in out_dtype, summed on the token's rank."""
+    rows = y.reshape(-1, y.shape[-1])[routing.row_of[:, 0].long()].float()  # [P, H]
+    received_rows = sum(exchange.received)
+    partial = torch.zeros(received_rows, rows.shape[1], dtype=torch.float32, device=y.device)
+    partial.index_add_(0, exchange.row_of_assignment, rows * exchange.weight_of_assignment[:, None])
+    returned = exchange_rows(partial.to(out_dtype), exchange.send, exchange.received, group)
+    out = torch.zeros(exchange.tokens, rows.shape[1], dtype=torch.float32, device=y.device)
+    out.index_add_(0, exchange.token_of_sent, returned.float())
     if shared is not None:
         out += shared.float()
     return out.to(out_dtype)

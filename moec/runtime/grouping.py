@@ -115,8 +115,8 @@ def permute(x: torch.Tensor, x_scale, routing, experts: int):
     if x_scale is not None and x_scale.dim() == 2:
         a_scale = x_scale.new_ones((routing.token_of_row.numel(), x_scale.shape[1]))
         a_scale[valid] = x_scale[source]
-        a_scale = a_scale.view(*leading, -1)
-    return a.view(*leading, -1), a_scale
+        a_scale = a_scale.view(*leading, x_scale.shape[1])
+    return a.view(*leading, x.shape[1]), a_scale
 
 
 def combine(y: torch.Tensor, topk_weights, routing, shared, out_dtype) -> torch.Tensor:

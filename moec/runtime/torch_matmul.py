@@ -15,7 +15,7 @@ def quantize_groups(x: torch.Tensor, group: int, pow2: bool) -> tuple[torch.Tens
     """[..., K] -> e4m3 [..., K] and fp32 scales [..., K/group], one per 1 x group
     (rounded up to powers of two when `pow2`)."""
     q, scale = quant.quantize_blocks(x.reshape(-1, x.shape[-1]), 1, group, pow2=pow2)
-    return q.view(x.shape), scale.view(*x.shape[:-1], -1)
+    return q.view(x.shape), scale.view(*x.shape[:-1], scale.shape[-1])
 
 
 def quantize_per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,8 +40,9 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
     }
     quantized = " (e4m3 and scales)" if scaled else ""
     return StageCode(
-        f"Send each assignment's token row{quantized} to the rank owning its expert, then "
-        f"group the received rows by local expert in the {stage.layout} layout.",
+        f"Send each token row{quantized} once to every rank owning one of its experts, with its "
+        "top-k ids and weights; lay out this rank's assignments by local expert in the "
+        f"{stage.layout} layout.",
         fields,
     )
 
@@ -56,8 +57,8 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
 def combine(plan, stage: Combine) -> StageCode:
     shared = " + shared[t]" if stage.add_shared else ""
     return StageCode(
-        "Send each expert row back to the rank of its token; there out[t] = sum_k w[t, k] * "
-        f"row(t, k){shared}, in fp32, rounded once.",
+        "Weight and sum each received row's expert outputs here (fp32), send the partial sums "
+        f"back in the model dtype; out[t] = the sum of t's partials{shared}, rounded once.",
         {"shared": "shared" if stage.add_shared else "None"},
     )
 
