@@ -35,7 +35,9 @@ def explain(path: str, overrides, tokens: str | None, fmt: str, ceilings: dict[s
     loaded = load_spec(path, overrides)
     spec = loaded.spec
     plan = plan_loaded(loaded)
-    device = device_for(spec.target.device, spec.target.arch, ceilings)
+    device = device_for(
+        spec.target.device, spec.target.arch, ceilings, spec.parallel.nic_bandwidth_gbs
+    )
     data = plan_data(plan, spec, device, parse_tokens(tokens))
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
@@ -106,8 +108,14 @@ def _text(data: dict[str, Any]) -> str:
     lines += ["", "decisions"]
     for decision in data["decisions"]:
         lines.append(f"  {decision['what']} = {decision['choice']}: {decision['reason']}")
-    device = data["device"]
-    lines += [
+    lines += _cost_text(data)
+    return "\n".join(lines) + "\n"
+
+
+def _cost_text(data: dict[str, Any]) -> list[str]:
+    device, dims = data["device"], data["choices"]["dims"]
+    ranks = dims["tp"] * dims["ep"]
+    lines = [
         "",
         f"cost on {device['name']} ({device['bandwidth_gbs']:.0f} GB/s, {device['bf16_tflops']:.0f} "
         f"TFLOP/s bf16, {device['fp8_tflops']:.0f} TFLOP/s fp8, {device['fp32_tflops']:.0f} TFLOP/s "
@@ -115,6 +123,12 @@ def _text(data: dict[str, Any]) -> str:
         "floor = max(bytes / bandwidth, FLOPs / rate of the stage's operands); experts hit under "
         "uniform routing",
     ]
+    if ranks > 1:
+        lines.append(
+            f"{ranks} ranks on {dims['nodes']} node(s): NVLink {device['link_gbs']:.1f} GB/s, "
+            f"network {device['nic_gbs']:.1f} GB/s one-way per GPU; sent = bytes this rank sends "
+            "(NVLink + network), in the floor as sent / link bandwidth"
+        )
     for row in data["cost"]:
         lines.append("")
         lines.append(
@@ -122,13 +136,17 @@ def _text(data: dict[str, Any]) -> str:
             f"{row['floor_ms']:.4f} ms, peak {_mb(row['peak_bytes'])}, "
             f"{row['experts_hit']:.1f} experts hit"
         )
-        lines.append(f"    {'stage':<28}{'bytes':>12}{'FLOPs':>12}{'floor ms':>12}")
+        sent_head = f"{'NVLink':>12}{'network':>12}" if ranks > 1 else ""
+        lines.append(f"    {'stage':<28}{'bytes':>12}{'FLOPs':>12}{sent_head}{'floor ms':>12}")
         for stage in row["stages"]:
+            sent = (
+                f"{_mb(stage['link_bytes']):>12}{_mb(stage['nic_bytes']):>12}" if ranks > 1 else ""
+            )
             lines.append(
                 f"    {stage['stage']:<28}{_mb(stage['bytes']):>12}{_flops(stage['flops']):>12}"
-                f"{stage['floor_ms']:>12.4f}"
+                f"{sent}{stage['floor_ms']:>12.4f}"
             )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 # --- graphs -------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ STAGE_KEYS = {
 TYPE_KEYS = {"dtype", "shape", "layout", "label"}
 SCALE_KEYS = {"granularity", "dtype", "major", "tma_aligned", "power_of_two"}
 COST_KEYS = {"tokens", "bytes", "flops", "floor_ms", "peak_bytes", "experts_hit", "stages"}
-COST_STAGE_KEYS = {"stage", "bytes", "flops", "compute", "floor_ms"}
+COST_STAGE_KEYS = {"stage", "bytes", "flops", "compute", "floor_ms", "link_bytes", "nic_bytes"}
 
 
 def _check_type(value):
@@ -169,6 +169,8 @@ def test_json_structure_is_pinned(capsys, name):
         "fp32_tflops",
         "memory_gib",
         "measured",
+        "link_gbs",
+        "nic_gbs",
     }
     facts = data["choices"]
     for key in ("gemm_backend", "layout", "dispatch_backend", "requires", "missing", "dims"):

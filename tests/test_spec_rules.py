@@ -181,6 +181,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         {"experts.shared_experts": "fused", "parallel.dispatch": "all2all", "parallel.ep_size": 2},
         "experts.shared_experts",
     ),
+    (
+        "fused_shared_experts",
+        {"experts.shared_experts": "fused", "parallel.tp_size": 2},
+        "experts.shared_experts",
+    ),
     ("deep_gemm_target", {"experts.gemm_backend": "deep_gemm"}, "experts.gemm_backend"),
     (
         "deep_gemm_target",
@@ -257,6 +262,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         {"experts.layout": "contiguous", "experts.masked_memory_budget_gib": 4.0},
         "experts.masked_memory_budget_gib",
     ),
+    ("nodes_divide_ranks", {"parallel.tp_size": 2, "parallel.nodes": 3}, "parallel.nodes"),
     ("tp_within_experts", {"parallel.tp_size": 32}, "parallel.tp_size"),
     ("tp_within_experts", {"parallel.tp_size": 5}, "parallel.tp_size"),
     (

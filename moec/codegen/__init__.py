@@ -43,7 +43,7 @@ def render_package(loaded: LoadedSpec, env: Environment | None = None) -> dict[s
     spec = loaded.spec
     plan = plan_loaded(loaded, env)
     check_installed(plan, loaded)
-    device = device_for(spec.target.device, spec.target.arch)
+    device = device_for(spec.target.device, spec.target.arch, None, spec.parallel.nic_bandwidth_gbs)
     plan_json = json.dumps(plan_data(plan, spec, device, list(PLAN_TOKENS)), indent=2) + "\n"
     files = {name: data.encode() for name, data in format_python(python_sources(plan)).items()}
     files["plan.json"] = plan_json.encode()

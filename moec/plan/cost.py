@@ -6,14 +6,16 @@ count of E experts hit by T tokens choosing k each is E * (1 - (1 - k/E)^T). Wit
 parallelism the E/ep experts of a rank receive the tokens of all ep ranks: E/ep * (1 - (1 -
 k/E)^(ep*T)). A converter rewrites only the scales of its tensor (the values pass through
 unchanged), so it costs, and allocates, only scale bytes.
-floor: max(bytes / bandwidth, FLOPs / rate of the stage's operand type), per stage and for the
-whole layer (total bytes and the sum of each stage's compute time).
+floor: max(bytes / bandwidth, FLOPs / rate of the stage's operand type, bytes sent over NVLink /
+link bandwidth, bytes sent between nodes / NIC bandwidth), per stage and for the whole layer
+(totals, and the sum of each stage's compute time).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from moec.plan.comm import stage_traffic
 from moec.plan.devices import Device
 from moec.plan.graph import Plan
 from moec.plan.layer import Layer
@@ -29,6 +31,10 @@ class StageCost:
     flops: float
     compute: str
     floor_ms: float
+    link_bytes: float = 0.0
+    """Bytes this rank sends to ranks of its node (moec/plan/comm.py)."""
+    nic_bytes: float = 0.0
+    """Bytes this rank sends to other nodes."""
 
 
 @dataclass(frozen=True)
@@ -71,15 +77,24 @@ def cost(plan: Plan, device: Device, tokens: int) -> Cost:
             continue
         moved = _io_bytes(plan, stage, table, rows) + _weights_touched(stage, table, hit)
         flops, compute = _flops(stage, layer, tokens, rows)
+        sent = stage_traffic(plan, stage, tokens)
         floor = max(
             moved / (device.bandwidth_gbs * 1e9),
             flops / (device.rate_tflops(compute) * 1e12) if flops else 0.0,
+            sent.link_bytes / (device.link_gbs * 1e9) if sent.link_bytes else 0.0,
+            sent.nic_bytes / (device.nic_gbs * 1e9) if sent.nic_bytes else 0.0,
         )
-        stages.append(StageCost(stage.name, moved, flops, compute, floor * 1e3))
+        stages.append(
+            StageCost(
+                stage.name, moved, flops, compute, floor * 1e3, sent.link_bytes, sent.nic_bytes
+            )
+        )
     total_bytes = sum(s.bytes for s in stages)
     total_flops = sum(s.flops for s in stages)
     compute_s = sum(s.flops / (device.rate_tflops(s.compute) * 1e12) for s in stages if s.flops)
-    floor_ms = max(total_bytes / (device.bandwidth_gbs * 1e9), compute_s) * 1e3
+    link_s = sum(s.link_bytes for s in stages) / (device.link_gbs * 1e9) if device.link_gbs else 0
+    nic_s = sum(s.nic_bytes for s in stages) / (device.nic_gbs * 1e9) if device.nic_gbs else 0
+    floor_ms = max(total_bytes / (device.bandwidth_gbs * 1e9), compute_s, link_s, nic_s) * 1e3
     return Cost(tokens, total_bytes, total_flops, floor_ms, peak_bytes(plan, tokens), hit, stages)
 
 

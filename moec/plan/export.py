@@ -6,7 +6,7 @@ Top-level keys (pinned by tests/test_explain.py):
     spec          {name, hash}
     target        {device, arch, dtype, max_num_tokens}
     device        {name, bandwidth_gbs, bf16_tflops, fp8_tflops, fp32_tflops, memory_gib,
-                   measured}
+                   measured, link_gbs, nic_gbs}
     choices       what the plan chose for the whole layer, and the per-rank dims
     stages        [{name, kind, backend, inputs, outputs, weights, choices, fused, syncs_host,
                     graph_safe, note}]; choices: the stage kind's own fields; inputs:
@@ -14,7 +14,8 @@ Top-level keys (pinned by tests/test_explain.py):
                     {dtype, shape, layout, scale?, record?, label}
     decisions     [{what, choice, reason}]
     cost          [{tokens, bytes, flops, floor_ms, peak_bytes, experts_hit,
-                    stages: [{stage, bytes, flops, compute, floor_ms}]}]
+                    stages: [{stage, bytes, flops, compute, floor_ms, link_bytes,
+                    nic_bytes}]}]
 """
 
 from __future__ import annotations

@@ -105,6 +105,8 @@ class Layer:
     fused_shared: bool
     tp: int
     ep: int
+    nodes: int
+    """Nodes the tp * ep ranks span, evenly."""
     dispatch: str
     device: str
     arch: str | None
@@ -146,6 +148,7 @@ def layer_of(spec: Spec) -> Layer:
         fused_shared=fused,
         tp=parallel.tp_size,
         ep=parallel.ep_size,
+        nodes=parallel.nodes,
         dispatch=parallel.dispatch,
         device=spec.target.device,
         arch=spec.target.arch,

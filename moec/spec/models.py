@@ -177,6 +177,11 @@ class Parallel(Table):
     """Expert-parallel ranks: each holds n_routed_experts / ep_size whole experts."""
     max_tokens_per_rank: PositiveInt | None = None
     """Per-rank token bound of the dispatch buffers (DeepEP low-latency needs it)."""
+    nodes: PositiveInt = 1
+    """Nodes the tp_size * ep_size ranks span, evenly: ranks of one node talk over NVLink,
+    ranks of different nodes over the NIC (the cost model uses both)."""
+    nic_bandwidth_gbs: Annotated[float, Field(gt=0)] | None = None
+    """One-way network bandwidth per GPU between nodes, GB/s; default the device table's."""
 
 
 class Target(Table):

@@ -497,6 +497,20 @@ def _masked_budget(spec: Spec) -> Iterator[Problem]:
 # --- parallelism --------------------------------------------------------------------------
 
 
+@rule("nodes_divide_ranks")
+def _nodes(spec: Spec) -> Iterator[Problem]:
+    """Ranks are spread evenly over the nodes: nodes divides tp_size * ep_size."""
+    parallel = spec.parallel
+    world = parallel.tp_size * parallel.ep_size
+    if world % parallel.nodes:
+        yield problem(
+            "parallel.nodes",
+            f"does not divide the {world} ranks (tp_size * ep_size)",
+            f"a divisor of {world}",
+            value=parallel.nodes,
+        )
+
+
 @rule("tp_within_experts")
 def _tp(spec: Spec) -> Iterator[Problem]:
     """Tensor parallelism splits each expert's intermediate: tp_size <= n_routed_experts (as
