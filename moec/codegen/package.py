@@ -277,4 +277,5 @@ def _tile_fields(plan: Plan) -> dict[str, Any]:
         "permute": tiles.permute,
         "act": tiles.act,
         "combine": tiles.combine,
+        "pdl": tiles.pdl,
     }

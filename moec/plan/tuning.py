@@ -20,6 +20,8 @@ from moec.plan.layer import Layer
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 ARCH_DEVICE = {"sm90": "h200"}
 """The device whose shipped table a CUDA arch uses."""
+PDL_ARCHS = ("sm90", "sm100", "sm120")
+"""Architectures with programmatic dependent launch."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Tiles:
     """combine: BLOCK_T, BLOCK_H, num_warps."""
     source: str
     """Where the table came from."""
+    pdl: bool
+    """Launch the kernels with programmatic dependent launch (Hopper and newer)."""
 
 
 def choose_tiles(plan: Plan) -> None:
@@ -54,15 +58,25 @@ def choose_tiles(plan: Plan) -> None:
     layer = plan.layer
     buckets, source = gemm_buckets(layer)
     elementwise = elementwise_configs(layer)
+    pdl = layer.device == "cuda" and layer.arch in PDL_ARCHS
     plan.tiles = Tiles(
         tuple(TileBucket(b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in buckets),
         elementwise["permute"],
         elementwise["act"],
         elementwise["combine"],
         source,
+        pdl,
     )
     limits = ", ".join(f"T<={b['max_tokens']}" if b["max_tokens"] else "larger" for b in buckets)
     plan.decide("triton tiles", f"{len(buckets)} token buckets ({limits})", source)
+    plan.decide(
+        "programmatic dependent launch",
+        "yes" if pdl else "no",
+        f"{layer.arch} lets each Triton kernel start while the previous one drains (it waits for "
+        "its inputs first): the launch gaps of the decode path overlap"
+        if pdl
+        else f"{layer.arch or layer.device} has no programmatic dependent launch (sm90 and newer)",
+    )
     if plan.has("shared_expert"):
         plan.decide(
             "shared expert tiles",

@@ -20,7 +20,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_numerics import group_scale, round_output, tensor_scale_kernel, to_e4m3
+from .triton_numerics import (
+    group_scale,
+    launch_options,
+    release_dependents,
+    round_output,
+    tensor_scale_kernel,
+    to_e4m3,
+    wait_inputs,
+)
 
 
 @triton.jit
@@ -52,7 +60,9 @@ def _act_quant_kernel(
     SOFT_ROUND: tl.constexpr,  # interpreter: round to bf16 / e4m3 in software (its casts do not)
     BLOCK_M: tl.constexpr,
     BLOCK_I: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_inputs(PDL)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     valid = offs_m < M
@@ -91,6 +101,7 @@ def _act_quant_kernel(
         else:  # "tensor"
             q = tl.math.div_rn(out, tl.load(scale_ptr))
         tl.store(out_ptrs, to_e4m3(q, SOFT_ROUND), mask=mask)
+    release_dependents(PDL)
 
 
 def act_quant(
@@ -107,6 +118,7 @@ def act_quant(
     m_indices=None,
     num_rows=None,
     masked_m=None,
+    pdl=False,
 ):
     """out = act(h[..., :I], h[..., I:]), optionally quantized; see the comment above.
 
@@ -166,12 +178,13 @@ def act_quant(
                 BLOCK_M=config["BLOCK_M"],
                 BLOCK_I=config["BLOCK_I"],
                 num_warps=config["num_warps"],
+                **launch_options(pdl),
             )
 
     if quant == "tensor" and dynamic:
         scale.zero_()
         run("amax")
-        tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0)
+        tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0, **launch_options(pdl))
     run(quant)
     return out
 
@@ -203,13 +216,14 @@ def _act_into(
     group_size=128,
     ue8m0=False,
     scale=None,
+    pdl=False,
 ):
     """Allocate the output (and scales) and run act_quant. quant "tensor" with scale=None
     computes a dynamic scale; with a scale, it is the static one."""
     width = h.shape[-1] // 2
     dtype = out_dtype if quant == "none" else torch.float8_e4m3fn
     out = torch.empty((*h.shape[:-1], width), dtype=dtype, device=h.device)
-    common = {"activation": activation, "config": config, **rows}
+    common = {"activation": activation, "config": config, "pdl": pdl, **rows}
     if quant == "none":
         return act_quant(h, out, quant="none", **common), None
     if quant == "group":

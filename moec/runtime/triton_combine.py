@@ -10,7 +10,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_numerics import round_output
+from .triton_numerics import (
+    launch_options,
+    release_dependents,
+    round_output,
+    wait_inputs,
+)
 
 
 @triton.jit
@@ -41,7 +46,9 @@ def _combine_kernel(
     SOFT_ROUND: tl.constexpr,  # interpreter: round to bf16 in software (its cast truncates)
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_inputs(PDL)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     t_ok = offs_t < T
@@ -60,9 +67,10 @@ def _combine_kernel(
         acc += tl.load(shared_ptrs, mask=mask, other=0.0).to(tl.float32)
     out_ptrs = out_ptr + tokens[:, None] * stride_ot + offs_h[None, :] * stride_oh
     tl.store(out_ptrs, round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND), mask=mask)
+    release_dependents(PDL)
 
 
-def combine(y, row_of, weights, out, shared=None, *, config):
+def combine(y, row_of, weights, out, shared=None, *, config, pdl=False):
     """out[T, H] = sum_k weights[t, k] * y[row_of[t, k]] (+ shared[T, H]), see above.
 
     y [M, H] or masked [E, max_m, H] (viewed as [E * max_m, H]), model dtype; row_of [T, K] int32;
@@ -108,11 +116,12 @@ def combine(y, row_of, weights, out, shared=None, *, config):
         BLOCK_T=config["BLOCK_T"],
         BLOCK_H=config["BLOCK_H"],
         num_warps=config["num_warps"],
+        **launch_options(pdl),
     )
     return out
 
 
-def combine_tokens(y, topk_weights, routing, shared, *, config, out_dtype):
+def combine_tokens(y, topk_weights, routing, shared, *, config, out_dtype, pdl=False):
     """out [T, H] = sum_k w[t, k] * y[row_of[t, k]] (+ shared[t]), one Triton pass."""
     out = torch.empty((topk_weights.shape[0], y.shape[-1]), dtype=out_dtype, device=y.device)
-    return combine(y, routing.row_of, topk_weights, out, shared, config=config)
+    return combine(y, routing.row_of, topk_weights, out, shared, config=config, pdl=pdl)

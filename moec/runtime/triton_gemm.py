@@ -19,7 +19,12 @@ import triton
 import triton.language as tl
 
 from .triton_gemm_tma import grouped_gemm_tma
-from .triton_numerics import round_output
+from .triton_numerics import (
+    launch_options,
+    release_dependents,
+    round_output,
+    wait_inputs,
+)
 
 
 @triton.jit
@@ -71,7 +76,10 @@ def _grouped_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
     SWAP_AB: tl.constexpr,  # bf16 / fp8: compute W A^T (small row counts per expert)
+    FP8_ACC: tl.constexpr,  # fp8: K elements summed in the tensor core before fp32 promotion
+    PDL: tl.constexpr,
 ):
+    wait_inputs(PDL)
     # Program -> (pid_m, pid_n), grouped along M for L2 reuse (Triton matmul tutorial).
     blocks_per_expert = tl.cdiv(M, BLOCK_M)
     num_pid_m = E * blocks_per_expert if LAYOUT == "masked" else blocks_per_expert
@@ -163,7 +171,7 @@ def _grouped_gemm_kernel(
                     w = w.to(tl.float32)
                 acc = tl.dot(w, a, acc, input_precision="ieee")
             elif SCHEME == "fp8_per_tensor":  # promoted to fp32 per K block, see below
-                acc += tl.dot(w, a) * tensor_scale
+                acc += tl.dot(w, a, max_num_imprecise_acc=FP8_ACC) * tensor_scale
             else:  # "fp8_block"
                 a_s_ptrs = a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask
                 a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
@@ -171,11 +179,11 @@ def _grouped_gemm_kernel(
                     w_s = tl.load(
                         ws_expert + (pid_n * BLOCK_N // 128) * stride_wsn + (k0 // 128) * stride_wsk
                     )
-                    acc += tl.dot(w, a) * (a_s * w_s)[None, :]
+                    acc += tl.dot(w, a, max_num_imprecise_acc=FP8_ACC) * (a_s * w_s)[None, :]
                 else:
                     w_s_ptrs = ws_expert + (offs_n // 128) * stride_wsn + (k0 // 128) * stride_wsk
                     w_s = tl.load(w_s_ptrs, mask=offs_n < N, other=0.0)
-                    acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
+                    acc += tl.dot(w, a, max_num_imprecise_acc=FP8_ACC) * w_s[:, None] * a_s[None, :]
         else:
             w_ptrs = w_expert + offs_n[None, :] * stride_wn + k[:, None] * stride_wk  # W^T tile
             w = tl.load(w_ptrs, mask=(k < K)[:, None] & (offs_n < N)[None, :], other=0.0)
@@ -188,7 +196,7 @@ def _grouped_gemm_kernel(
                 # Scaled per K block, not once at the end: the multiply keeps each BLOCK_K partial
                 # product out of the tensor core's accumulator, whose fp8 accumulation on Hopper
                 # is narrower than fp32 (measured over the bound on the H200 without it).
-                acc += tl.dot(a, w) * tensor_scale
+                acc += tl.dot(a, w, max_num_imprecise_acc=FP8_ACC) * tensor_scale
             else:  # "fp8_block": scale each BLOCK_K partial product
                 a_s_ptrs = a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask
                 a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
@@ -196,21 +204,33 @@ def _grouped_gemm_kernel(
                     w_s = tl.load(
                         ws_expert + (pid_n * BLOCK_N // 128) * stride_wsn + (k0 // 128) * stride_wsk
                     )
-                    acc += tl.dot(a, w) * (a_s * w_s)[:, None]
+                    acc += tl.dot(a, w, max_num_imprecise_acc=FP8_ACC) * (a_s * w_s)[:, None]
                 else:
                     w_s_ptrs = ws_expert + (offs_n // 128) * stride_wsn + (k0 // 128) * stride_wsk
                     w_s = tl.load(w_s_ptrs, mask=offs_n < N, other=0.0)
-                    acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
+                    acc += tl.dot(a, w, max_num_imprecise_acc=FP8_ACC) * a_s[:, None] * w_s[None, :]
     if SWAP_AB:
         acc = tl.trans(acc)
 
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
     out_mask = valid[:, None] & (offs_n < N)[None, :]
     tl.store(out_ptrs, round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND), mask=out_mask)
+    release_dependents(PDL)
 
 
 def grouped_gemm(
-    a, a_scale, w, w_scale, out, *, scheme, config, m_indices=None, masked_m=None, num_rows=None
+    a,
+    a_scale,
+    w,
+    w_scale,
+    out,
+    *,
+    scheme,
+    config,
+    m_indices=None,
+    masked_m=None,
+    num_rows=None,
+    pdl=False,
 ):
     """out = A @ W[e]^T per row's expert; see the comment above for each scheme's tensors.
 
@@ -218,7 +238,10 @@ def grouped_gemm(
     a [M, K], out [M, N]. Masked layout (pass masked_m [E] int32): a [E, max_m, K], out
     [E, max_m, N] (each viewable as 2-D). Any strides. config: BLOCK_M (dividing the layout's
     row alignment), BLOCK_N, BLOCK_K (dividing 128 for fp8_block, a multiple of 32 for mx),
-    GROUP_SIZE_M, num_warps, num_stages. Launches nothing when there are no rows. Returns out.
+    GROUP_SIZE_M, num_warps, num_stages; optional SWAP_AB, TMA (+ WARP_SPECIALIZE, PROGRAMS), and
+    FP8_ACC: K elements the fp8 tensor cores sum before the fp32 promotion (default 32, one
+    Hopper wgmma: Hopper's fp8 accumulation is narrower than fp32, see docs/numerics.md).
+    pdl: programmatic dependent launch. Launches nothing when there are no rows. Returns out.
     """
     if (m_indices is None) == (masked_m is None):
         raise ValueError("pass exactly one of m_indices (contiguous) or masked_m (masked)")
@@ -265,6 +288,7 @@ def grouped_gemm(
             stride_as,
             stride_ws,
             interpret,
+            pdl,
         )
         return out
     _grouped_gemm_kernel[grid](
@@ -302,13 +326,22 @@ def grouped_gemm(
         BLOCK_K=config["BLOCK_K"],
         GROUP_SIZE_M=config["GROUP_SIZE_M"],
         SWAP_AB=config.get("SWAP_AB", False),
+        FP8_ACC=fp8_accumulation(config),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
+        **launch_options(pdl),
     )
     return out
 
 
-def grouped_gemm_contiguous(a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype):
+def fp8_accumulation(config) -> int:
+    """K elements one fp8 MMA chain sums before its fp32 promotion: FP8_ACC, at most BLOCK_K."""
+    return min(config.get("FP8_ACC", 32), config["BLOCK_K"])
+
+
+def grouped_gemm_contiguous(
+    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False
+):
     """The grouped GEMM over a contiguous layout a [M, K] (routing: grouping.ContiguousRouting):
     returns [M, N] in out_dtype; padding rows and rows past num_rows are not written."""
     out = torch.empty((a.shape[0], w.shape[1]), dtype=out_dtype, device=a.device)
@@ -322,13 +355,22 @@ def grouped_gemm_contiguous(a, a_scale, w, w_scale, routing, *, scheme, config, 
         config=config,
         m_indices=routing.m_indices,
         num_rows=routing.num_rows,
+        pdl=pdl,
     )
 
 
-def grouped_gemm_masked(a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype):
+def grouped_gemm_masked(a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False):
     """The grouped GEMM over a masked layout a [E, max_m, K] (routing: grouping.MaskedRouting):
     returns [E, max_m, N] in out_dtype; rows past each expert's count are not written."""
     out = torch.empty((*a.shape[:-1], w.shape[1]), dtype=out_dtype, device=a.device)
     return grouped_gemm(
-        a, a_scale, w, w_scale, out, scheme=scheme, config=config, masked_m=routing.counts
+        a,
+        a_scale,
+        w,
+        w_scale,
+        out,
+        scheme=scheme,
+        config=config,
+        masked_m=routing.counts,
+        pdl=pdl,
     )

@@ -9,7 +9,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_numerics import round_output
+from .triton_numerics import (
+    launch_options,
+    release_dependents,
+    round_output,
+    wait_inputs,
+)
 
 
 @triton.jit
@@ -47,10 +52,13 @@ def _grouped_gemm_tma_kernel(
     GROUP_SIZE_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,  # producer/consumer warps for the K loop (8 warps only)
+    FP8_ACC: tl.constexpr,  # fp8: K elements summed in the tensor core before fp32 promotion
+    PDL: tl.constexpr,
 ):
     """The same GEMM with TMA tile loads and a persistent grid: NUM_PROGRAMS programs walk the
     tiles; a tile with no valid row is skipped. Every expert's N rows of W start on a BLOCK_N
     boundary (N % BLOCK_N == 0), so a W tile never mixes experts."""
+    wait_inputs(PDL)
     blocks_per_expert = tl.cdiv(M, BLOCK_M)
     if LAYOUT == "masked":
         num_pid_m = E * blocks_per_expert
@@ -100,7 +108,7 @@ def _grouped_gemm_tma_kernel(
                         w = w.to(tl.float32)
                     acc = tl.dot(a, w.T, acc, input_precision="ieee")
                 elif SCHEME == "fp8_per_tensor":  # scaled per K block: fp32 promotion
-                    acc += tl.dot(a, w.T) * tensor_scale
+                    acc += tl.dot(a, w.T, max_num_imprecise_acc=FP8_ACC) * tensor_scale
                 else:
                     a_s = tl.load(
                         a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask,
@@ -112,18 +120,23 @@ def _grouped_gemm_tma_kernel(
                     )
                     if 128 % BLOCK_N == 0:  # one weight scale for the tile: fold it into a_s
                         w_s = tl.load(ws_block + (n0 // 128) * stride_wsn)
-                        acc += tl.dot(a, w.T) * (a_s * w_s)[:, None]
+                        acc += tl.dot(a, w.T, max_num_imprecise_acc=FP8_ACC) * (a_s * w_s)[:, None]
                     else:
                         w_s = tl.load(
                             ws_block + (offs_n // 128) * stride_wsn, mask=offs_n < N, other=0.0
                         )
-                        acc += tl.dot(a, w.T) * a_s[:, None] * w_s[None, :]
+                        acc += (
+                            tl.dot(a, w.T, max_num_imprecise_acc=FP8_ACC)
+                            * a_s[:, None]
+                            * w_s[None, :]
+                        )
             out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
             tl.store(
                 out_ptrs,
                 round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND),
                 mask=valid[:, None] & (offs_n < N)[None, :],
             )
+    release_dependents(PDL)
 
 
 def grouped_gemm_tma(
@@ -141,6 +154,7 @@ def grouped_gemm_tma(
     stride_as,
     stride_ws,
     interpret,
+    pdl,
 ):
     """Launch the TMA, persistent variant (bf16, fp8_tensor, fp8_block; N % BLOCK_N == 0), with
     the operands and scale strides grouped_gemm() prepared."""
@@ -189,6 +203,8 @@ def grouped_gemm_tma(
         GROUP_SIZE_M=config["GROUP_SIZE_M"],
         NUM_PROGRAMS=programs,
         WARP_SPECIALIZE=config.get("WARP_SPECIALIZE", False),
+        FP8_ACC=min(config.get("FP8_ACC", 32), config["BLOCK_K"]),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
+        **launch_options(pdl),
     )

@@ -45,5 +45,33 @@ def round_output(x, out_dtype: tl.constexpr, SOFT_ROUND: tl.constexpr):
 def tensor_scale_kernel(
     scale_ptr,  # [1] fp32: amax in, scale out (the middle pass of dynamic per-tensor quant)
     UE8M0: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_inputs(PDL)
     tl.store(scale_ptr, group_scale(tl.load(scale_ptr), UE8M0))
+    release_dependents(PDL)
+
+
+# Programmatic dependent launch (Hopper and newer): a kernel launched with it may start while
+# its predecessor drains; it waits for the predecessor's writes before it reads (`wait_inputs`)
+# and lets its own successor launch once it has stored its results (`release_dependents`).
+
+
+def launch_options(pdl: bool) -> dict:
+    """The PDL meta-parameter and launch option of a kernel: programmatic dependent launch when
+    asked for and compiled (the interpreter runs launches one after the other anyway)."""
+    if pdl and not triton.knobs.runtime.interpret:
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
+
+
+@triton.jit
+def wait_inputs(PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def release_dependents(PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()

@@ -16,7 +16,14 @@ import triton
 import triton.language as tl
 
 from .grouping import rows_shape
-from .triton_numerics import group_scale, tensor_scale_kernel, to_e4m3
+from .triton_numerics import (
+    group_scale,
+    launch_options,
+    release_dependents,
+    tensor_scale_kernel,
+    to_e4m3,
+    wait_inputs,
+)
 
 
 @triton.jit
@@ -44,7 +51,9 @@ def _permute_quant_kernel(
     SOFT_ROUND: tl.constexpr,  # round to e4m3 in software (the interpreter's cast does not RNE)
     BLOCK_M: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_inputs(PDL)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     if GATHER:
@@ -75,10 +84,21 @@ def _permute_quant_kernel(
         else:  # "tensor"
             q = tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr))
         tl.store(out_ptrs, to_e4m3(q, SOFT_ROUND), mask=store_mask)
+    release_dependents(PDL)
 
 
 def permute_quant(
-    x, token_of_row, out, scale=None, *, quant, config, group_size=128, ue8m0=False, dynamic=False
+    x,
+    token_of_row,
+    out,
+    scale=None,
+    *,
+    quant,
+    config,
+    group_size=128,
+    ue8m0=False,
+    dynamic=False,
+    pdl=False,
 ):
     """Gather `x[T, H]` rows into `out[M, H]` by `token_of_row[M]` (int32, -1 = padding row).
 
@@ -137,8 +157,9 @@ def permute_quant(
                 QUANT="amax",
                 GATHER=False,
                 **meta,
+                **launch_options(pdl),
             )
-        tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0)
+        tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0, **launch_options(pdl))
     if rows == 0 or hidden == 0:
         return out
     strides_s = scale.view(-1, scale.shape[-1]).stride() if quant == "group" else (0, 0)
@@ -162,31 +183,34 @@ def permute_quant(
         QUANT=quant,
         GATHER=True,
         **meta,
+        **launch_options(pdl),
     )
     return out
 
 
-def permute(x, routing, experts, *, config, quant="none", group_size=128, ue8m0=False, scale=None):
+def permute(
+    x, routing, experts, *, config, quant="none", group_size=128, ue8m0=False, scale=None, pdl=False
+):
     """Token rows x [T, H] copied into the grouped layout of `routing` ([M, H] contiguous,
     [E, max_m, H] masked), quantized to e4m3 on the way for quant "group" or "tensor" (with
     `scale` the static per-tensor scale, or None for a dynamic one). Returns (a, a_scale), a_scale
     None for quant "none"."""
     leading = rows_shape(routing, experts)
-    return _into(x, routing.token_of_row, leading, config, quant, group_size, ue8m0, scale)
+    return _into(x, routing.token_of_row, leading, config, quant, group_size, ue8m0, scale, pdl)
 
 
-def quantize_rows(x, *, config, quant, group_size=128, ue8m0=False, scale=None):
+def quantize_rows(x, *, config, quant, group_size=128, ue8m0=False, scale=None, pdl=False):
     """x [T, H] quantized row by row (no permutation): (e4m3 [T, H], scales)."""
     rows = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
-    return _into(x, rows, (x.shape[0],), config, quant, group_size, ue8m0, scale)
+    return _into(x, rows, (x.shape[0],), config, quant, group_size, ue8m0, scale, pdl)
 
 
-def _into(x, token_of_row, leading, config, quant, group_size, ue8m0, scale):
+def _into(x, token_of_row, leading, config, quant, group_size, ue8m0, scale, pdl):
     hidden = x.shape[1]
     dtype = x.dtype if quant == "none" else torch.float8_e4m3fn
     out = torch.empty((*leading, hidden), dtype=dtype, device=x.device)
     if quant == "none":
-        permute_quant(x, token_of_row, out, quant="none", config=config)
+        permute_quant(x, token_of_row, out, quant="none", config=config, pdl=pdl)
         return out, None
     if quant == "group":
         groups = -(-hidden // group_size)
@@ -200,12 +224,21 @@ def _into(x, token_of_row, leading, config, quant, group_size, ue8m0, scale):
             config=config,
             group_size=group_size,
             ue8m0=ue8m0,
+            pdl=pdl,
         )
         return out, scale
     dynamic = scale is None
     if dynamic:
         scale = torch.zeros(1, dtype=torch.float32, device=x.device)
     permute_quant(
-        x, token_of_row, out, scale, quant="tensor", config=config, ue8m0=ue8m0, dynamic=dynamic
+        x,
+        token_of_row,
+        out,
+        scale,
+        quant="tensor",
+        config=config,
+        ue8m0=ue8m0,
+        dynamic=dynamic,
+        pdl=pdl,
     )
     return out, scale

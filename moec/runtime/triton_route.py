@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .grouping import ContiguousRouting, MaskedRouting, compact_rows, masked_max_m
+from .triton_numerics import launch_options, release_dependents, wait_inputs
 
 
 @triton.jit
@@ -43,7 +44,9 @@ def _select_topk_kernel(
     ROUTED_SCALING: tl.constexpr,
     FUSED_SHARED: tl.constexpr,
     BLOCK_E: tl.constexpr,  # power of two >= E
+    PDL: tl.constexpr,
 ):
+    wait_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     valid = e < E
@@ -95,6 +98,7 @@ def _select_topk_kernel(
     for k in tl.static_range(FUSED_SHARED):
         tl.store(ids_ptr + t * stride_it + TOP_K + k, (E + k).to(tl.int32))
         tl.store(weights_ptr + t * stride_wt + TOP_K + k, 1.0)
+    release_dependents(PDL)
 
 
 @triton.jit
@@ -103,10 +107,13 @@ def _route_count_kernel(
     counts_ptr,  # [BLOCK_E] int32, zeroed: assignments per expert (integer atomics: exact)
     A,
     BLOCK_A: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_inputs(PDL)
     offs = tl.program_id(0) * BLOCK_A + tl.arange(0, BLOCK_A)
     ids = tl.load(ids_ptr + offs, mask=offs < A, other=0)
     tl.atomic_add(counts_ptr + ids, 1, mask=offs < A)
+    release_dependents(PDL)
 
 
 @triton.jit
@@ -131,7 +138,9 @@ def _route_layout_kernel(
     BLOCK_M: tl.constexpr,  # contiguous row padding
     BLOCK_A: tl.constexpr,
     BLOCK_E: tl.constexpr,  # power of two > E
+    PDL: tl.constexpr,
 ):
+    wait_inputs(PDL)
     expert = tl.program_id(0)
     bins = tl.arange(0, BLOCK_E)
     counts = tl.load(all_counts_ptr + bins, mask=bins < E, other=0)
@@ -174,6 +183,7 @@ def _route_layout_kernel(
             tl.store(token_of_row_ptr + rows, -1, mask=rows < end)
             if LAYOUT == "contiguous":
                 tl.store(m_indices_ptr + rows, -1, mask=rows < end)
+    release_dependents(PDL)
 
 
 def select_topk(
@@ -188,6 +198,7 @@ def select_topk(
     norm_topk_prob,
     routed_scaling_factor,
     fused_shared,
+    pdl=False,
 ):
     """Top-k selection for every token of logits [T, E] fp32 (bias [E] fp32 or None), as
     torch_select.select_topk: returns (weights [T, K'] fp32, ids [T, K'] int32),
@@ -221,6 +232,7 @@ def select_topk(
             FUSED_SHARED=fused_shared,
             BLOCK_E=triton.next_power_of_2(experts),
             num_warps=4,
+            **launch_options(pdl),
         )
     return weights, ids
 
@@ -238,6 +250,7 @@ def route_layout(
     num_rows=None,
     block_m=1,
     max_m=0,
+    pdl=False,
 ):
     """Indices of the grouped layout for topk_ids [T, K] (int32), written in place:
     row_of [T, K], token_of_row [M], counts [E]; contiguous also m_indices [M], starts [E]
@@ -248,7 +261,7 @@ def route_layout(
     histogram = torch.zeros(block_e, dtype=torch.int32, device=topk_ids.device)
     if assignments:
         _route_count_kernel[(triton.cdiv(assignments, 1024),)](
-            topk_ids, histogram, assignments, BLOCK_A=1024, num_warps=4
+            topk_ids, histogram, assignments, BLOCK_A=1024, num_warps=4, **launch_options(pdl)
         )
     _route_layout_kernel[(experts + 1,)](
         # pointers
@@ -272,10 +285,11 @@ def route_layout(
         BLOCK_A=1024,
         BLOCK_E=block_e,
         num_warps=4,
+        **launch_options(pdl),
     )
 
 
-def route_contiguous(topk_ids, experts: int, block_m: int) -> ContiguousRouting:
+def route_contiguous(topk_ids, experts: int, block_m: int, pdl: bool = False) -> ContiguousRouting:
     """The contiguous layout's indices for topk_ids [T, K] int32 in one pass of two launches
     (token order within each expert, as grouping.route_contiguous)."""
     tokens, top_k = topk_ids.shape
@@ -300,11 +314,12 @@ def route_contiguous(topk_ids, experts: int, block_m: int) -> ContiguousRouting:
         starts=routing.starts,
         num_rows=routing.num_rows,
         block_m=block_m,
+        pdl=pdl,
     )
     return routing
 
 
-def route_masked(topk_ids, experts: int) -> MaskedRouting:
+def route_masked(topk_ids, experts: int, pdl: bool = False) -> MaskedRouting:
     """The masked layout's indices for topk_ids [T, K] int32 (as grouping.route_masked)."""
     tokens, top_k = topk_ids.shape
     device = topk_ids.device
@@ -323,5 +338,6 @@ def route_masked(topk_ids, experts: int) -> MaskedRouting:
         layout="masked",
         experts=experts,
         max_m=max_m,
+        pdl=pdl,
     )
     return routing

@@ -26,14 +26,16 @@ def shared_mlp(
     down_config,
     permute_config,
     act_config,
+    pdl=False,
 ):
     """x [T, H] -> [T, H] in x's dtype. w13 [2Is, H], w2 [H, Is] in `scheme` (with their scales,
     or None); quant: how activations are quantized ("none", "group", "tensor");
-    input_scales: the static (w13, w2) per-tensor activation scales, or None (dynamic)."""
+    input_scales: the static (w13, w2) per-tensor activation scales, or None (dynamic);
+    pdl: programmatic dependent launch of the four kernels."""
     tokens = x.shape[0]
     one_expert = torch.zeros(tokens, dtype=torch.int32, device=x.device)  # every row: expert 0
     static = input_scales or (None, None)
-    quantized = {"quant": quant, "group_size": group_size, "ue8m0": ue8m0}
+    quantized = {"quant": quant, "group_size": group_size, "ue8m0": ue8m0, "pdl": pdl}
     if quant == "none":
         xq, x_scale = x, None
     else:
@@ -48,6 +50,7 @@ def shared_mlp(
         scheme=scheme,
         config=gate_up_config,
         m_indices=one_expert,
+        pdl=pdl,
     )
     g, g_scale = act_quant_rows(
         h,
@@ -67,4 +70,5 @@ def shared_mlp(
         scheme=scheme,
         config=down_config,
         m_indices=one_expert,
+        pdl=pdl,
     )

@@ -24,12 +24,14 @@ def _quant_options(fmt, scale_weight: str | None) -> str:
     return ", " + options
 
 
-@register("select", "triton", "stages/select.py.j2", runtime=("triton_route",), requires=TRITON)
+@register(
+    "select", "triton", "stages/select.py.j2", runtime=("triton_route", "tiles"), requires=TRITON
+)
 def select(plan, stage: Select) -> StageCode:
     fields = {
         "function": "triton_route.select_topk",
         "bias": "gate_bias" if stage.has_bias else "None",
-        "options": select_options(stage),
+        "options": select_options(stage) + ", pdl=tiles.PDL",
     }
     return StageCode(select_doc(stage)[:-1] + "; one Triton program per token.", fields)
 

@@ -46,6 +46,7 @@ def select(
         norm_topk_prob=True,
         routed_scaling_factor=2.5,
         fused_shared=0,
+        pdl=tiles.PDL,
     )
 
 
@@ -53,9 +54,16 @@ def dispatch(
     x: torch.Tensor, topk_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, grouping.MaskedRouting]:
     """The masked layout's indices (one Triton launch), then one Triton pass copies and quantizes each token row into it."""
-    routing = triton_route.route_masked(topk_ids, 8)
+    routing = triton_route.route_masked(topk_ids, 8, pdl=tiles.PDL)
     a, a_scale = triton_permute.permute(
-        x, routing, 8, config=tiles.PERMUTE, quant="group", group_size=128, ue8m0=False
+        x,
+        routing,
+        8,
+        config=tiles.PERMUTE,
+        pdl=tiles.PDL,
+        quant="group",
+        group_size=128,
+        ue8m0=False,
     )
     return a, a_scale, routing
 
@@ -77,6 +85,7 @@ def gemm_gate_up(
         scheme="fp8_block",
         config=tiles.bucket(routing.row_of.shape[0]).gate_up,
         out_dtype=DTYPE,
+        pdl=tiles.PDL,
     )
 
 
@@ -89,6 +98,7 @@ def activation(
         routing,
         activation=gated_activation.triton_gated,
         config=tiles.ACT,
+        pdl=tiles.PDL,
         out_dtype=DTYPE,
         quant="group",
         group_size=128,
@@ -114,6 +124,7 @@ def gemm_down(
         scheme="fp8_block",
         config=tiles.bucket(routing.row_of.shape[0]).down,
         out_dtype=DTYPE,
+        pdl=tiles.PDL,
     )
 
 
@@ -142,6 +153,7 @@ def shared_expert(
         down_config=bucket.down,
         permute_config=tiles.PERMUTE,
         act_config=tiles.ACT,
+        pdl=tiles.PDL,
     )
 
 
@@ -153,5 +165,11 @@ def combine(
 ) -> torch.Tensor:
     """out[t] = sum_k w[t, k] * y[row_of[t, k]] + shared[t], in fp32, rounded once: one Triton pass."""
     return triton_combine.combine_tokens(
-        y, topk_weights, routing, shared, config=tiles.COMBINE, out_dtype=DTYPE
+        y,
+        topk_weights,
+        routing,
+        shared,
+        config=tiles.COMBINE,
+        out_dtype=DTYPE,
+        pdl=tiles.PDL,
     )

@@ -53,6 +53,7 @@ COMBINE = {
     "BLOCK_H": 256,
     "num_warps": 4,
 }  # combine: BLOCK_T, BLOCK_H, num_warps
+PDL = False  # programmatic dependent launch of every kernel
 
 
 def bucket(tokens: int) -> Bucket:
