@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: demo test setup lint schema clean
+.PHONY: demo test setup lint schema clean gpu-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -x --durations=15
+
+# On a CUDA machine, with moec's dependencies importable by $(PY) (the GPU image's python3 plus
+# carried wheels, see README "On the GPU"): the kernel suite compiled, and the GPU layer tests.
+gpu-test:
+	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+	MOEC_KERNEL_DEVICE=cuda TRITON_INTERPRET=0 $(PY) -m pytest -q -p no:cacheprovider tests/kernels tests/gpu
 
 lint: $(STAMP)
 	$(BIN)/ruff check moec tests benchmarks

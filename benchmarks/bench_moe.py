@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -55,6 +56,19 @@ def expert_bytes(package) -> float:
     return values + scales.get(scheme, 0)
 
 
+def apply_variant(package, no_pdl: bool, fp8_acc: int | None) -> None:
+    """A/B switches of the Triton layer: launches without PDL, another fp8 promotion interval."""
+    tiles = sys.modules.get(f"{package.__name__}.tiles")
+    if tiles is None:
+        return
+    if no_pdl:
+        tiles.PDL = False
+    if fp8_acc:
+        for bucket in tiles.BUCKETS:
+            bucket.gate_up["FP8_ACC"] = fp8_acc
+            bucket.down["FP8_ACC"] = fp8_acc
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scheme", default="fp8_block", choices=sorted(PACKAGES))
@@ -62,6 +76,10 @@ def main() -> None:
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     parser.add_argument("--torch-max-tokens", type=int, default=16384)
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--no-pdl", action="store_true", help="launch without programmatic dependent launch"
+    )
+    parser.add_argument("--fp8-acc", type=int, default=None, help="FP8_ACC of every GEMM config")
     args = parser.parse_args()
     fast_name, slow_name = PACKAGES[args.scheme]
     fast, slow = import_package(fast_name), import_package(slow_name)
@@ -74,6 +92,7 @@ def main() -> None:
         if table:
             apply_buckets(fast, table, tuned.get(f"elementwise/{key}"))
             print(f"applied tuned buckets for {key}")
+    apply_variant(fast, args.no_pdl, args.fp8_acc)
     layer = fast.MoELayer(device=DEVICE).random_(0)
     reference = slow.MoELayer(device=DEVICE).random_(0)
     graph_safe = fast.PLAN["decisions"] and any(
@@ -132,6 +151,8 @@ def main() -> None:
             "scheme": args.scheme,
             "package": fast_name,
             "tuned": args.tuned,
+            "pdl": not args.no_pdl,
+            "fp8_acc": args.fp8_acc,
             "rows": rows,
             "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
             "torch": torch.__version__,

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One call on the GPU machine, from the repo root, with .whl (moec's own dependencies as wheels)
+# and, for the DeepGEMM / DeepEP steps, .deps carried. Logs and JSON go to /tmp/session, packed
+# into $RESULTS/session.tgz at the end (the device tool returns at most 8 files).
+#   STEPS="test bench"  (any of: deps test bench bench-ab)
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+RESULTS=/tmp/session
+mkdir -p "$RESULTS"
+trap 'tar -czf "${OUT:-/tmp}/session.tgz" -C /tmp session' EXIT
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+export MOEC_GPU_REPORT=$RESULTS
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
+
+deps() {  # DeepGEMM / DeepEP, built in the ignored .deps folder by its own scripts
+  for script in .deps/build_deep_gemm.sh .deps/build_deep_ep.sh; do
+    if [ -x "$script" ]; then "$script" > "$RESULTS/$(basename "$script" .sh).log" 2>&1 & fi
+  done
+  wait
+  tail -3 "$RESULTS"/build_*.log
+}
+
+packages() {  # the benchmark packages, built here with moec itself
+  MOEC="python3 -m moec" ./benchmarks/build_packages.sh > "$RESULTS/packages.log" 2>&1
+}
+
+for step in ${STEPS:-test bench}; do
+  start=$(date +%s)
+  case $step in
+    deps) deps ;;
+    test) make gpu-test PY=python3 2>&1 | tee "$RESULTS/gpu-test.log" | tail -25 ;;
+    bench)
+      packages
+      for scheme in ${SCHEMES:-fp8_block bf16 fp8_block_fused}; do
+        python3 benchmarks/bench_moe.py --scheme "$scheme" --tokens "${TOKENS:-1,16,64,256,1024,4096,16384}" \
+          --out "$RESULTS/bench_$scheme.json" > "$RESULTS/bench_$scheme.log" 2>&1
+        tail -9 "$RESULTS/bench_$scheme.log"
+      done
+      ;;
+    bench-ab)  # the default Triton layer, then without PDL, then fp8 promoted every 128 K
+      packages
+      for variant in default no-pdl fp8-acc-128; do
+        case $variant in
+          default) flags="" ;;
+          no-pdl) flags="--no-pdl" ;;
+          fp8-acc-128) flags="--fp8-acc 128" ;;
+        esac
+        python3 benchmarks/bench_moe.py --scheme fp8_block --tokens "${AB_TOKENS:-1,64,4096}" \
+          --torch-max-tokens 64 $flags --out "$RESULTS/ab_$variant.json" > "$RESULTS/ab_$variant.log" 2>&1
+        echo "== $variant"; tail -4 "$RESULTS/ab_$variant.log"
+      done
+      ;;
+  esac
+  echo "step $step: $(( $(date +%s) - start )) s"
+done

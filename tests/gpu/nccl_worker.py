@@ -1,0 +1,59 @@
+"""Worker of the multi-GPU tests: one rank of an NCCL group, one GPU each."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from dist_worker import edit_bias, import_package
+
+# NVLink multicast stays off on the shared GPU machines (FACTS.md).
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def run_layers(rank: int, world: int, init_file: str, jobs, x_all, split, out_file):
+    """For each (folder, name, replicated[, bias]): build the layer on GPU `rank` (random
+    weights), run it on this rank's tokens (all of them when replicated), time it; save the
+    outputs (on the CPU) and the times."""
+    os.environ.update(MULTICAST_OFF)
+    torch.cuda.set_device(rank)
+    torch.distributed.init_process_group(
+        "nccl", init_method=f"file://{init_file}", rank=rank, world_size=world
+    )
+    try:
+        outputs, times = [], []
+        for folder, name, replicated, *bias in jobs:
+            package = import_package(folder, f"{name}_rank")
+            layer = package.MoELayer(device="cuda", group=torch.distributed.group.WORLD)
+            layer.random_(11)
+            edit_bias(layer, bias[0] if bias else {})
+            x = x_all if replicated else x_all[split[rank] : split[rank + 1]]
+            x = x.cuda()
+            out = layer(x)
+            outputs.append(out.cpu())
+            times.append(median_ms(lambda layer=layer, x=x: layer(x)))
+            del layer
+            torch.cuda.empty_cache()
+        torch.save({"outputs": outputs, "times": times}, f"{out_file}.{rank}")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def median_ms(fn, repeats: int = 10) -> float:
+    """Median time of fn() over `repeats` runs after two warm-ups, every rank in step."""
+    for _ in range(2):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        torch.distributed.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return sorted(samples)[len(samples) // 2]
