@@ -1,9 +1,11 @@
 """The generated Triton layer at DeepSeek-V3 dims on the GPU against the torch backend of the same
 spec, on the same weights and input.
 
-Bound (as tests/test_triton_layer.py derives it on the CPU): both backends compute the same
-quantized values; the outputs differ by fp32 summation order, one bf16 rounding of each output
-and rare one-ulp flips of a re-quantized intermediate: 2**-7 norm-wise.
+Bounds (docs/numerics.md, "Comparing two fp8 layers"): bf16 layers differ by fp32 summation order
+and one bf16 rounding of each output: 2**-7 norm-wise. fp8 layers quantize their intermediate
+after a GEMM whose bf16 output may differ by one bf16 ulp between the backends; an intermediate
+value then lands on the neighbouring e4m3 value with probability <= 2**-7 / 2**-3, moving by one
+e4m3 ulp (<= 2**-3 relative): rms <= 2**-2 * 2**-3, so 2**-5 + 2**-7 norm-wise.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ CASES = [
 ]
 
 
+BOUND = {"bf16": 2**-7, "fp8_block": 2**-5 + 2**-7}
+
+
 @pytest.fixture(scope="module")
 def layers(load_layer):
     built = {}
@@ -30,6 +35,9 @@ def layers(load_layer):
     def get(scheme, layout, backend, shared="separate"):
         key = (scheme, layout, backend, shared)
         if key not in built:
+            if len(built) >= 2:  # 11-22 GB each at these dims: keep the last two
+                built.pop(next(iter(built)))
+                torch.cuda.empty_cache()
             overrides = [
                 *SCHEMES[scheme],
                 f"experts.layout={layout}",
@@ -54,14 +62,14 @@ def test_triton_layer_equals_torch_backend(layers, scheme, layout, tokens):
     out = layers(scheme, layout, "triton")(x)
     expected = layers(scheme, layout, "torch")(x)
     assert torch.isfinite(out).all()
-    assert norm_error(out, expected) <= 2**-7
+    assert norm_error(out, expected) <= BOUND[scheme]
 
 
 def test_fused_shared_expert_equals_separate(layers):
     x = torch.randn(256, HIDDEN, device="cuda").bfloat16()
     fused = layers("fp8_block", "contiguous", "triton", "fused")(x)
     separate = layers("fp8_block", "contiguous", "torch", "separate")(x)
-    assert norm_error(fused, separate) <= 2**-7
+    assert norm_error(fused, separate) <= BOUND["fp8_block"]
 
 
 def test_cuda_graph_replay_equals_eager(layers):

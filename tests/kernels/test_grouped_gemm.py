@@ -9,10 +9,12 @@ times powers of two, are exact in fp32) plus the per-K-block scale multiplies of
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from .harness import load
+from .harness import ROOT, load
 from .reference import E4M3, UNIT_ROUNDOFF, e2m1_pack, e2m1_unpack, is_nan, poison, route
 
 SCHEMES = ["bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"]
@@ -238,3 +240,24 @@ def test_fp8_block_tile_spanning_two_weight_blocks():
     """BLOCK_N = 256 covers two 128-row weight blocks: per-column scales, not one per tile."""
     run_contiguous("fp8_block", config=dict(CONFIG, BLOCK_N=256))
     run_contiguous("fp8_block", config=dict(TMA_CONFIG, BLOCK_N=256))
+
+
+def _shipped_configs():
+    """Every distinct GEMM config of the shipped tuned table, with its scheme."""
+    table = json.loads((ROOT / "moec" / "plan" / "tuned" / "h200.json").read_text())
+    found = {}
+    for key, buckets in table.items():
+        scheme = key.split("/")[0]
+        if scheme not in SCHEMES:
+            continue
+        for bucket in buckets:
+            for config in (bucket["gate_up"], bucket["down"]):
+                found[json.dumps([scheme, config], sort_keys=True)] = (scheme, config)
+    return sorted(found.values(), key=json.dumps)
+
+
+@pytest.mark.parametrize(("scheme", "config"), _shipped_configs(), ids=lambda v: str(v)[:60])
+def test_shipped_tuned_configs(scheme, config):
+    """What ships runs within the bound, on the GPU too (its fp8 accumulation interval: FP8_ACC),
+    over several K blocks."""
+    run_contiguous(scheme, n=256, k=512, config=config)
