@@ -103,8 +103,8 @@ def test_text_shows_stages_types_decisions_and_cost(capsys):
                 re.M,
             ), stage
     assert text.count("stage        ") == 3
-    assert "T = 1: 404.40 MB" in text
-    assert "8.0 experts hit" in text
+    assert "T = 1: 404.42 MB" in text  # 9 experts (the shared one fused in) of 44 MB
+    assert "9.0 experts hit" in text  # 8 routed + the fused shared expert
 
 
 def test_text_default_tokens(capsys):

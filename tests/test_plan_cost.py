@@ -82,7 +82,9 @@ def spec_of(name: str, *overrides: str):
 
 
 def plan_of(name: str, *overrides: str, env: Environment = PLAIN):
-    return make_plan(spec_of(name, *overrides), env)
+    """The plan with the shared expert a stage of its own, as the hand computations count it
+    (`experts.shared_experts = "auto"` fuses it for Triton and DeepGEMM; see the fused test)."""
+    return make_plan(spec_of(name, "experts.shared_experts=separate", *overrides), env)
 
 
 def cost_of(plan: Plan, tokens: int, device=H200):
@@ -165,6 +167,17 @@ def test_floor_follows_the_ceilings():
     )
     gemm_s = sum(f / r for _, f, r in expected.values() if r == FP8)
     assert faster.floor_ms == pytest.approx((compute_s - gemm_s / 2) * 1e3, rel=1e-6)
+
+
+def test_fused_shared_expert_at_one_token_is_still_nine_experts_of_weights():
+    """Fused (the auto choice for Triton), the shared expert is a ninth expert of the GEMMs."""
+    fused = {s.stage: s for s in cost_of(plan_of("deepseek-v3-fp8.toml", "experts.shared_experts=fused"), 1).stages}
+    separate = {s.stage: s for s in cost_of(plan_of("deepseek-v3-fp8.toml"), 1).stages}
+    assert "shared_expert" not in fused
+    weights = 3 * H * I + 9 * (g(2 * I) * g(H) + g(H) * g(I)) * 4 / 9  # one expert's values + scales
+    moved = fused["gemm_gate_up"].bytes + fused["gemm_down"].bytes
+    before = separate["gemm_gate_up"].bytes + separate["gemm_down"].bytes
+    assert moved - before == pytest.approx(weights, rel=0.01)
 
 
 def test_bf16_plan_computes_at_the_bf16_rate():

@@ -461,7 +461,7 @@ def test_routed_scaling_folded_into_topk_weights(factor, choice):
 
 
 def test_finalize_fused_into_combine_with_shared_add():
-    plan = plan_of("deepseek-v3-fp8.toml")
+    plan = plan_of("deepseek-v3-fp8.toml", "experts.shared_experts=separate")
     assert not plan.has("finalize")
     combine = plan.stage("combine")
     assert combine.fused == ("finalize",)

@@ -130,7 +130,7 @@ class Layer:
 def layer_of(spec: Spec) -> Layer:
     """The layer of a normalized spec, as one rank runs it."""
     model, parallel = spec.model, spec.parallel
-    fused = spec.experts.shared_experts == "fused" and model.n_shared_experts > 0
+    fused = spec.experts.shared_experts == "fused" and model.n_shared_experts > 0  # auto: resolve
     return Layer(
         name=spec.name,
         dtype=DType(spec.target.dtype),

@@ -160,9 +160,11 @@ class Experts(Table):
     masked_memory_budget_gib."""
     masked_memory_budget_gib: Annotated[float, Field(gt=0)] | None = None
     """Memory the masked layout may take; default 20% of the target's device memory."""
-    shared_experts: Literal["separate", "fused"] = "separate"
+    shared_experts: Literal["auto", "separate", "fused"] = "auto"
     """separate: a dense MLP beside the routed experts; fused: appended as extra experts that
-    every token selects with weight 1."""
+    every token selects with weight 1; auto: fused where the GEMM backend is triton or deep_gemm
+    and the rules allow it (the shared experts in the routed scheme, no EP or TP), else
+    separate."""
 
 
 class Parallel(Table):
