@@ -171,10 +171,15 @@ def test_floor_follows_the_ceilings():
 
 def test_fused_shared_expert_at_one_token_is_still_nine_experts_of_weights():
     """Fused (the auto choice for Triton), the shared expert is a ninth expert of the GEMMs."""
-    fused = {s.stage: s for s in cost_of(plan_of("deepseek-v3-fp8.toml", "experts.shared_experts=fused"), 1).stages}
+    fused = {
+        s.stage: s
+        for s in cost_of(plan_of("deepseek-v3-fp8.toml", "experts.shared_experts=fused"), 1).stages
+    }
     separate = {s.stage: s for s in cost_of(plan_of("deepseek-v3-fp8.toml"), 1).stages}
     assert "shared_expert" not in fused
-    weights = 3 * H * I + 9 * (g(2 * I) * g(H) + g(H) * g(I)) * 4 / 9  # one expert's values + scales
+    weights = (
+        3 * H * I + 9 * (g(2 * I) * g(H) + g(H) * g(I)) * 4 / 9
+    )  # one expert's values + scales
     moved = fused["gemm_gate_up"].bytes + fused["gemm_down"].bytes
     before = separate["gemm_gate_up"].bytes + separate["gemm_down"].bytes
     assert moved - before == pytest.approx(weights, rel=0.01)
