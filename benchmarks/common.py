@@ -60,14 +60,19 @@ def design_floor_ms(
     """DESIGN.md's floor: max(bytes of the experts actually touched (routed hit + shared) plus
     the router weight / bandwidth, FLOPs / matmul rate), from this input's real routing."""
     stages = stages_of(package)
-    logits = stages.router(x, layer.gate_weight)
+    router_weight = getattr(layer, "gate_weight", None)
+    if router_weight is None:  # the bf16 x 3 router: its parts
+        router_weight = layer.gate_parts
+    logits = stages.router(x, router_weight)
     args = (logits, layer.gate_bias) if hasattr(layer, "gate_bias") else (logits,)
     _, ids = stages.select(*args)
     plan = package.PLAN["choices"]["dims"]
     routed = plan["routed_experts"]
     hit = int(torch.unique(ids[ids < routed]).numel())
     shared = plan["n_shared"]
-    bytes_moved = (hit + shared) * weight_bytes_per_expert + layer.gate_weight.numel() * 4
+    bytes_moved = (
+        hit + shared
+    ) * weight_bytes_per_expert + router_weight.numel() * router_weight.element_size()
     tokens = x.shape[0]
     hidden, inter = plan["hidden"], plan["intermediate"]
     flops = 2 * tokens * hidden * routed + 6 * tokens * hidden * inter * (plan["top_k"] + shared)

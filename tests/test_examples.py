@@ -101,6 +101,6 @@ def test_example_builds_imports_and_runs_where_it_can(example: Path, load_layer)
     if overrides is None or size > RUN_BUDGET_BYTES or package.PLAN["choices"]["dims"]["ep"] > 1:
         return  # built and imported; too big (or multi-rank) to run here
     layer = package.MoELayer().random_(0)
-    x = torch.randn(5, layer.gate_weight.shape[1]).to(package.layer.DTYPE)
+    x = torch.randn(5, package.layer.HIDDEN).to(package.layer.DTYPE)
     out = layer(x)
     assert out.shape == x.shape and torch.isfinite(out).all()

@@ -103,7 +103,7 @@ def test_text_shows_stages_types_decisions_and_cost(capsys):
                 re.M,
             ), stage
     assert text.count("stage        ") == 3
-    assert "T = 1: 404.42 MB" in text  # 9 experts (the shared one fused in) of 44 MB
+    assert "T = 1: 408.09 MB" in text  # 9 experts of 44 MB (the shared one fused) + 11 MB router
     assert "9.0 experts hit" in text  # 8 routed + the fused shared expert
 
 
@@ -338,7 +338,7 @@ def test_dot_is_well_formed(capsys, monkeypatch, name, env):
     for source, target, _ in edges:
         assert source in nodes and target in nodes
     # node labels break lines with DOT's \n escape (not a literal backslash)
-    assert '[label="router\\nrouter / torch"]' in text
+    assert '[label="router\\nrouter / triton"]' in text
     assert "\\\\n" not in text
     if env is FULL and name == "mxfp8-sm100.toml":
         assert any("ue8m0x4(int32) MN-major TMA-aligned" in label for *_, label in edges)

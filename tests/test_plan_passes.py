@@ -540,11 +540,16 @@ def test_cuda_graph_safety(name, env, safe, syncing):
 COMMON = {
     "fuse finalize into combine": "yes",
 }
-ROUTER = {  # the top-k runs in Triton beside Triton or DeepGEMM GEMMs, in torch beside torch
-    "triton": "fp32 GEMM in torch; top-k and routing indices in Triton",
-    "torch": "torch",
-    "deep_gemm": "fp32 GEMM in torch; top-k and routing indices in Triton",
-}
+TOP_K = {"triton": "Triton", "torch": "torch", "deep_gemm": "Triton"}
+"""Top-k runs in Triton beside Triton or DeepGEMM GEMMs, in torch beside torch."""
+
+
+def router_choice(plan) -> str:
+    """The three-part bf16 router beside Triton kernels on a bf16 layer, else fp32 in torch."""
+    beside_triton = plan.backends.gemm != "torch" and plan.layer.dtype.value == "bfloat16"
+    return "bf16 x 3 parts in Triton" if beside_triton else "fp32 GEMM in torch"
+
+
 EXPECTED = {
     # example: (environment, decisions, decisions that must be absent)
     "deepseek-v2-lite": (
@@ -692,7 +697,7 @@ def test_decisions_of_examples(example):
     env, expected, absent = EXPECTED[example]
     plan = plan_of(f"{example}.toml", env=env)
     found = choices(plan)
-    router = {"router and top-k": ROUTER[plan.backends.gemm]}
+    router = {"top-k": TOP_K[plan.backends.gemm], "router": router_choice(plan)}
     for what, choice in {**COMMON, **router, **expected}.items():
         assert found.get(what) == choice, what
     for what in absent:

@@ -191,6 +191,7 @@ def _weight_fields(plan: Plan) -> dict[str, Any]:
         ("tp", layer.tp),
         ("ep", layer.ep),
         ("has_bias", select.has_bias),
+        ("router_parts", plan.stage("router").precision == "bf16x3"),
         ("fused_shared", layer.fused_shared),
     ]
     rows = [(key, literal(value)) for key, value in values]
@@ -277,5 +278,7 @@ def _tile_fields(plan: Plan) -> dict[str, Any]:
         "permute": tiles.permute,
         "act": tiles.act,
         "combine": tiles.combine,
+        "router": tiles.router,
+        "router_decode": tiles.router_decode,
         "pdl": tiles.pdl,
     }

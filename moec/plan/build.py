@@ -93,16 +93,7 @@ def build_stages(plan: Plan, spec: Spec) -> None:
     x_type = TensorType(dtype, ("T", "H"))
 
     plan.add_stage(Input(name="input", backend="-", outputs={"x": x_type}))
-    plan.add_stage(
-        Router(
-            name="router",
-            backend="torch",
-            experts=layer.routed_experts,
-            outputs={"logits": TensorType(FP32, ("T", "E"))},
-            weights={"gate_weight": TensorType(FP32, ("E", "H"))},
-            note="fp32 GEMM, as the checkpoint's fp32 router computes it",
-        )
-    )
+    _router(plan, around)
     plan.connect("input", "router", "x")
     _select(plan, spec, around)
     if layer.n_shared and not layer.fused_shared:
@@ -147,6 +138,47 @@ def build_stages(plan: Plan, spec: Spec) -> None:
     _combine_and_finalize(plan, spec, around)
 
 
+def _router(plan: Plan, around: str) -> None:
+    """fp32 logits: one fp32 GEMM (torch), or, beside Triton kernels on a bf16 layer, the fp32
+    weight split in three bf16 parts on bf16 tensor cores: exact products, fp32 sums."""
+    layer = plan.layer
+    split = around == "triton" and layer.dtype is DType.bfloat16
+    if split:
+        weights = {"gate_parts": TensorType(DType.bfloat16, ("3", "E", "H"))}
+        note = "x W^T with W = three bf16 parts (fp32 to one rounding), fp32 sums"
+    else:
+        weights = {"gate_weight": TensorType(FP32, ("E", "H"))}
+        note = "fp32 GEMM, as the checkpoint's fp32 router computes it"
+    plan.add_stage(
+        Router(
+            name="router",
+            backend="triton" if split else "torch",
+            experts=layer.routed_experts,
+            precision="bf16x3" if split else "fp32",
+            outputs={"logits": TensorType(FP32, ("T", "E"))},
+            weights=weights,
+            note=note,
+            origin=("experts.gemm_backend", "target.dtype"),
+        )
+    )
+    if split:
+        plan.decide(
+            "router",
+            "bf16 x 3 parts in Triton",
+            "a bf16 x times each bf16 part of the fp32 weight is exact in fp32 and the tensor "
+            "cores sum in fp32: the fp32 GEMM's logits up to summation order, at the bf16 rate "
+            "(three bf16 GEMMs) instead of the fp32 rate",
+        )
+    else:
+        plan.decide(
+            "router",
+            "fp32 GEMM in torch",
+            "the reference path"
+            if around == "torch"
+            else f"a {layer.dtype.value} input has no exact three-part bf16 split",
+        )
+
+
 def _select(plan: Plan, spec: Spec, backend: str) -> None:
     layer, router = plan.layer, spec.router
     weights = {}
@@ -175,17 +207,13 @@ def _select(plan: Plan, spec: Spec, backend: str) -> None:
     plan.connect("router", "select", "logits")
     if backend == "triton":
         plan.decide(
-            "router and top-k",
-            "fp32 GEMM in torch; top-k and routing indices in Triton",
-            "the router GEMM is one cuBLAS call; selection and the layout's indices are two "
-            "Triton launches instead of ~30 small torch kernels on the decode critical path",
+            "top-k",
+            "Triton",
+            "selection and the layout's indices are two Triton launches instead of ~30 small "
+            "torch kernels on the decode critical path",
         )
     else:
-        plan.decide(
-            "router and top-k",
-            "torch",
-            "an [T, H] x [H, E] fp32 GEMM and elementwise top-k: a few percent of the layer's bytes",
-        )
+        plan.decide("top-k", "torch", "elementwise top-k: a few percent of the layer's bytes")
 
 
 def _quantize(plan: Plan, name: str, fmt: QuantFormat, backend: str, shape, out: str) -> None:

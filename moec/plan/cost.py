@@ -123,7 +123,9 @@ def _flops(stage: Stage, layer: Layer, tokens: int, rows: int) -> tuple[float, s
     kind = stage.kind
     compute = "fp8" if layer.routed.quantized else "bf16"
     if kind == "router":
-        return 2.0 * tokens * hidden * layer.routed_experts, "fp32"
+        parts = 3 if stage.precision == "bf16x3" else 1
+        flops = 2.0 * parts * tokens * hidden * layer.routed_experts
+        return flops, "bf16" if parts == 3 else "fp32"
     if kind == "gemm":
         n, k = stage.n_value, stage.k_value
         return 2.0 * rows * n * k, compute

@@ -59,6 +59,8 @@ class Router(Stage):
 
     kind: ClassVar[str] = "router"
     experts: int
+    precision: str = "fp32"
+    """fp32: one fp32 GEMM; bf16x3: the fp32 weight as three bf16 parts on bf16 tensor cores."""
 
 
 @dataclass(frozen=True, kw_only=True)

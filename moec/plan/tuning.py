@@ -49,6 +49,10 @@ class Tiles:
     """combine: BLOCK_T, BLOCK_H, num_warps."""
     source: str
     """Where the table came from."""
+    router: dict[str, int]
+    """The Triton router for many tokens: BLOCK_T, BLOCK_E, BLOCK_K, num_warps, num_stages."""
+    router_decode: dict[str, int]
+    """The Triton router for at most DECODE_TOKENS tokens."""
     pdl: bool
     """Launch the kernels with programmatic dependent launch (Hopper and newer)."""
 
@@ -65,6 +69,7 @@ def choose_tiles(plan: Plan) -> None:
         elementwise["act"],
         elementwise["combine"],
         source,
+        *router_configs(layer),
         pdl,
     )
     limits = ", ".join(f"T<={b['max_tokens']}" if b["max_tokens"] else "larger" for b in buckets)
@@ -84,6 +89,17 @@ def choose_tiles(plan: Plan) -> None:
             "the shared MLP runs as a one-expert grouped GEMM over T rows with the same "
             "kernels; it has no table of its own",
         )
+
+
+def router_configs(layer: Layer) -> tuple[dict[str, int], dict[str, int]]:
+    """Router tiles (untuned): wide T tiles that read the weight once per 128 tokens, and
+    16-token tiles that spread the weight over programs at decode; one small tile interpreted."""
+    if layer.device == "cpu":
+        small = {"BLOCK_T": 16, "BLOCK_E": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1}
+        return small, dict(small)
+    large = {"BLOCK_T": 128, "BLOCK_E": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
+    decode = {"BLOCK_T": 16, "BLOCK_E": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3}
+    return large, decode
 
 
 def _gemm(block_m: int, block_n: int, block_k: int, warps: int, stages: int, group: int = 8):

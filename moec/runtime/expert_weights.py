@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import quant
 from .checkpoint import WeightError, read_tensors
 from .weight_formats import Pair, WeightFormat
 
@@ -48,6 +49,8 @@ class LayerWeights:
     """Expert-parallel ranks (each keeps local_experts whole experts)."""
     has_bias: bool
     """The router has `e_score_correction_bias`."""
+    router_parts: bool
+    """The layer holds the router weight as three bf16 parts (`gate_parts`), not fp32."""
     fused_shared: bool
     """Shared experts stored as extra routed experts."""
     routed: WeightFormat
@@ -80,10 +83,17 @@ def load(layer, source, prefix: str, spec: LayerWeights) -> None:
     _copy_in(layer, _assemble(values, experts, shared, spec))
 
 
+def _router_values(values: dict, spec: LayerWeights) -> dict:
+    """The router weight as the layer holds it: fp32, or its three bf16 parts."""
+    if spec.router_parts:
+        values["gate_parts"] = quant.split_bf16x3(values.pop("gate_weight"))
+    return values
+
+
 def randomize(layer, seed: int, spec: LayerWeights) -> None:
     """Random weights of realistic scale: N(0, 1/fan_in) per expert, drawn per global expert so
     every rank layout builds the same layer; router bias N(0, 0.02)."""
-    device = layer.gate_weight.device
+    device = next(layer.parameters()).device
     generator = torch.Generator(device=device)
 
     def normal(rows: int, cols: int, stream: int) -> torch.Tensor:
@@ -241,6 +251,7 @@ def _split_shared(shared: dict, spec: LayerWeights) -> list[dict]:
 
 def _assemble(values: dict, experts: list[dict], shared: dict | None, spec) -> dict:
     """The layer's parameters from converted experts: stacked values and scales."""
+    values = _router_values(values, spec)
     if spec.fused_shared:
         experts = experts + _split_shared(shared, spec)
     values.update(_stack("w13", [e["w13"] for e in experts]))

@@ -91,3 +91,14 @@ def quantize_e2m1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes = (magnitude | ((scaled < 0).to(torch.int64) << 3)).to(torch.uint8)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return packed.contiguous(), scale
+
+
+def split_bf16x3(w: torch.Tensor) -> torch.Tensor:
+    """fp32 [..] -> bf16 [3, ..] whose sum in fp32 is w to within one fp32 rounding: bf16(w),
+    then bf16 of what is left, twice (8 significant bits each)."""
+    w = w.float()
+    first = w.to(torch.bfloat16)
+    rest = w - first.float()
+    second = rest.to(torch.bfloat16)
+    third = (rest - second.float()).to(torch.bfloat16)
+    return torch.stack((first, second, third))

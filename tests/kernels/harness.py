@@ -38,6 +38,7 @@ from moec.runtime import (  # noqa: E402  (after TRITON_INTERPRET is set)
     triton_gemm,
     triton_permute,
     triton_route,
+    triton_router,
 )
 
 _TMP = Path(tempfile.mkdtemp(prefix="moec_activation_"))
@@ -47,6 +48,7 @@ LAUNCHERS = {
     "select_topk": triton_route.select_topk,
     "route_layout": triton_route.route_layout,
     "combine": triton_combine.combine,
+    "router_logits": triton_router.router_logits,
 }
 
 

@@ -24,6 +24,27 @@ def _quant_options(fmt, scale_weight: str | None) -> str:
     return ", " + options
 
 
+def _bf16x3_only(plan, stage) -> str | None:
+    if stage.precision != "bf16x3":
+        return f"the Triton router runs the bf16x3 split, not {stage.precision}"
+    return None
+
+
+@register(
+    "router",
+    "triton",
+    "stages/triton/router.py.j2",
+    runtime=("triton_router", "tiles"),
+    requires=TRITON,
+    refuses=_bf16x3_only,
+)
+def router(plan, stage) -> StageCode:
+    return StageCode(
+        "Router logits [T, E] in fp32: x times the fp32 weight's three bf16 parts on the tensor "
+        "cores, summed in fp32 (the fp32 GEMM's values up to summation order)."
+    )
+
+
 @register(
     "select", "triton", "stages/select.py.j2", runtime=("triton_route", "tiles"), requires=TRITON
 )

@@ -9,7 +9,6 @@ E x max_m rows of the grouped layout (masked).
 """
 
 import torch
-import torch.nn.functional as F
 
 from . import (
     gated_activation,
@@ -20,14 +19,17 @@ from . import (
     triton_gemm,
     triton_permute,
     triton_route,
+    triton_router,
 )
 
 DTYPE = torch.bfloat16
 
 
-def router(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
-    """Router logits [T, E] in fp32, as the checkpoint's fp32 router computes them."""
-    return F.linear(x.float(), gate_weight)  # [T, E]
+def router(x: torch.Tensor, gate_parts: torch.Tensor) -> torch.Tensor:
+    """Router logits [T, E] in fp32: x times the fp32 weight's three bf16 parts on the tensor cores, summed in fp32 (the fp32 GEMM's values up to summation order)."""
+    return triton_router.router_logits(
+        x, gate_parts, config=tiles.router(x.shape[0]), pdl=tiles.PDL
+    )
 
 
 def select(

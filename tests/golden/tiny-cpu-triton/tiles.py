@@ -53,7 +53,27 @@ COMBINE = {
     "BLOCK_H": 256,
     "num_warps": 4,
 }  # combine: BLOCK_T, BLOCK_H, num_warps
+ROUTER = {
+    "BLOCK_T": 16,
+    "BLOCK_E": 64,
+    "BLOCK_K": 64,
+    "num_warps": 4,
+    "num_stages": 1,
+}  # router: BLOCK_T, BLOCK_E, BLOCK_K, warps, stages
+ROUTER_DECODE = {
+    "BLOCK_T": 16,
+    "BLOCK_E": 64,
+    "BLOCK_K": 64,
+    "num_warps": 4,
+    "num_stages": 1,
+}  # the router for at most DECODE_TOKENS tokens
+DECODE_TOKENS = 64
 PDL = False  # programmatic dependent launch of every kernel
+
+
+def router(tokens: int) -> dict:
+    """The router's tiles for T tokens."""
+    return ROUTER_DECODE if tokens <= DECODE_TOKENS else ROUTER
 
 
 def bucket(tokens: int) -> Bucket:

@@ -16,7 +16,7 @@ from .weight_formats import WeightFormat
 
 # name -> (shape, dtype) of every parameter of MoELayer, this rank's sizes.
 PARAMETERS = {
-    "gate_weight": ((8, 256), torch.float32),
+    "gate_parts": ((3, 8, 256), torch.bfloat16),
     "gate_bias": ((8,), torch.float32),
     "w13": ((9, 256, 256), torch.float8_e4m3fn),
     "w13_scale": ((9, 2, 2), torch.float32),
@@ -34,6 +34,7 @@ LAYER_WEIGHTS = LayerWeights(
     tp=1,
     ep=1,
     has_bias=True,
+    router_parts=True,
     fused_shared=True,
     routed=WeightFormat(
         scheme="fp8_block",

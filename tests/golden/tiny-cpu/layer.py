@@ -48,10 +48,9 @@ class MoELayer(nn.Module):
             raise ValueError(f"{NAME}: x must be [T, {HIDDEN}], got {list(x.shape)}")
         if x.dtype != DTYPE:
             raise ValueError(f"{NAME}: x must be {DTYPE}, got {x.dtype}")
-        if x.device != self.gate_weight.device:
-            raise ValueError(
-                f"{NAME}: x is on {x.device}, the weights on {self.gate_weight.device}"
-            )
+        weights_on = next(self.parameters()).device
+        if x.device != weights_on:
+            raise ValueError(f"{NAME}: x is on {x.device}, the weights on {weights_on}")
         if x.shape[0] == 0:
             return torch.empty_like(x)
         logits = stages.router(x, self.gate_weight)

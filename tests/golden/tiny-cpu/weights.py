@@ -38,6 +38,7 @@ LAYER_WEIGHTS = LayerWeights(
     tp=1,
     ep=1,
     has_bias=True,
+    router_parts=False,
     fused_shared=False,
     routed=WeightFormat(
         scheme="fp8_block",
