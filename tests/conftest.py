@@ -35,12 +35,10 @@ def load_layer(cache_dir):
 
 
 STAND_IN_PAIRS = (
-    ("gemm", "deep_gemm"),
-    ("convert", "torch"),
     ("dispatch", "deep_ep"),
     ("combine", "deep_ep"),
 )
-"""Pairs the plan tests plan "as if installed" (deep_gemm, deep_ep) before moec renders them."""
+"""Pairs the plan tests plan "as if installed" (deep_ep) before moec renders them."""
 
 
 @pytest.fixture(scope="session", autouse=True)

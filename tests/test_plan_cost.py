@@ -16,6 +16,7 @@ import pytest
 from moec.plan import Backends, Environment, Plan, cost, device_for, make_plan
 from moec.plan.cost import experts_hit, peak_bytes
 from moec.plan.devices import H200
+from moec.plan.sizes import scale_bytes
 from moec.plan.stages import Convert, Input, Output
 from moec.plan.types import DType, ScaleType, TensorType
 from moec.spec import load_spec
@@ -231,17 +232,16 @@ def test_fused_shared_experts_count_as_hit_experts():
 def test_converters_cost_only_their_scales():
     """A converter rewrites scales; the e4m3 values pass through untouched."""
     rows = 64 * K
-    sm90 = {s.stage: s.bytes for s in cost_of(plan_of("deepseek-v3-fp8.toml", env=FULL), 64).stages}
+    masked = plan_of("deepseek-v3-fp8.toml", "experts.layout=masked", env=FULL)
+    sm90 = {s.stage: s.bytes for s in cost_of(masked, 64).stages}
     # K-major fp32 in, MN-major TMA-aligned fp32 out (512 rows: already 16-byte aligned)
     assert sm90["convert_a_for_gemm_gate_up"] == 2 * rows * g(H) * 4
     assert sm90["convert_hq_for_gemm_down"] == 2 * rows * g(I) * 4
-    sm100 = plan_of(
-        "deepseek-v3-fp8.toml", 'target.arch="sm100"', 'quant.scale_dtype="ue8m0"', env=FULL
+    # UE8M0 packed four per int32 (sm100's layout): a byte per group, groups padded to 4
+    packed = TensorType(
+        DType.e4m3, ("M", "H"), scale=ScaleType("1x128", DType.ue8m0x4, "MN", True, True)
     )
-    got = {s.stage: s.bytes for s in cost_of(sm100, 64, device_for("cuda", "sm100")).stages}
-    # fp32 powers of two in; UE8M0 packed four per int32 out: a byte per group
-    assert got["convert_a_for_gemm_gate_up"] == rows * g(H) * 4 + rows * g(H)
-    assert got["convert_hq_for_gemm_down"] == rows * g(I) * 4 + rows * g(I)
+    assert scale_bytes(packed, rows, H) == rows * ((g(H) + 3) // 4 * 4)
 
 
 # --- buffer lifetimes and peak memory -----------------------------------------------------

@@ -53,12 +53,13 @@ def choices(plan) -> dict[str, str]:
         ("deepseek-v3-bf16.toml", [], FULL, "deep_gemm", "deep_gemm is installed"),
         # sm100 fp8_block: deep_gemm needs UE8M0 scales; the default (fp32) keeps it out
         ("deepseek-v3-fp8.toml", ['target.arch="sm100"'], FULL, "triton", "does not run"),
+        # ... and with UE8M0 scales moec does not drive DeepGEMM's sm100 fp8 kernels
         (
             "deepseek-v3-fp8.toml",
             ['target.arch="sm100"', 'quant.scale_dtype="ue8m0"'],
             FULL,
-            "deep_gemm",
-            "installed",
+            "triton",
+            "moec does not drive deep_gemm for fp8_block on sm100",
         ),
         # deep_gemm has no fused kernel for SiTU
         (
@@ -69,7 +70,7 @@ def choices(plan) -> dict[str, str]:
             "does not run this combination",
         ),
         ("deepseek-v4-style.toml", [], FULL, "triton", "does not run this combination"),
-        ("mxfp8-sm100.toml", [], FULL, "deep_gemm", "installed"),
+        ("mxfp8-sm100.toml", [], FULL, "triton", "moec does not drive deep_gemm for mxfp8"),
         # no fp8 tensor cores on sm80: the torch reference
         ("deepseek-v3-fp8.toml", ['target.arch="sm80"'], FULL, "torch", "no fp8 tensor cores"),
         ("deepseek-v3-fp8.toml", ['target.arch="sm89"'], FULL, "triton", "does not run"),
@@ -314,9 +315,17 @@ def converters(plan):
     return [s for s in plan.order() if s.kind == "convert"]
 
 
-def test_no_ue8m0_converter_for_deep_gemm_on_sm90():
-    plan = plan_of("deepseek-v3-fp8.toml", env=FULL)
-    found = converters(plan)
+def test_deep_gemm_scales_on_sm90_written_by_the_triton_quantizers():
+    """Contiguous: the permute and activation kernels write MN-major, TMA-aligned fp32 scales,
+    so there is no converter; masked (3-D): a converter transposes and pads."""
+    plan = plan_of("deepseek-v3-fp8.toml", "experts.layout=contiguous", env=FULL)
+    assert converters(plan) == []
+    wanted = ScaleType("1x128", DType.float32, "MN", True, False)
+    assert plan.stage("dispatch").outputs["a"].scale == wanted
+    assert plan.stage("dispatch").mn_major_scales and plan.stage("activation").mn_major_scales
+    assert plan.decision("scales of a").choice == "written MN-major, TMA-aligned"
+    masked = plan_of("deepseek-v3-fp8.toml", "experts.layout=masked", env=FULL)
+    found = converters(masked)
     assert [s.name for s in found] == ["convert_a_for_gemm_gate_up", "convert_hq_for_gemm_down"]
     for stage in found:
         assert stage.backend == "torch"
@@ -325,8 +334,8 @@ def test_no_ue8m0_converter_for_deep_gemm_on_sm90():
             "pad scale columns to 16-byte TMA alignment",
         )
         (out,) = stage.outputs.values()
-        assert out.scale == ScaleType("1x128", DType.float32, "MN", True, False)
-    assert DType.ue8m0x4 not in _scale_dtypes(plan)
+        assert out.scale == wanted
+    assert DType.ue8m0x4 not in _scale_dtypes(masked)
 
 
 def _scale_dtypes(plan):
@@ -334,29 +343,22 @@ def _scale_dtypes(plan):
 
 
 @pytest.mark.parametrize(
-    ("name", "overrides", "granularity"),
+    "overrides",
     [
-        ("deepseek-v3-fp8.toml", ['target.arch="sm100"', 'quant.scale_dtype="ue8m0"'], "1x128"),
-        ("mxfp8-sm100.toml", [], "1x32"),
+        ['target.arch="sm100"', 'quant.scale_dtype="ue8m0"', 'experts.gemm_backend="deep_gemm"'],
+        ['target.arch="sm100"', 'quant.scheme="mxfp8"', 'experts.gemm_backend="deep_gemm"'],
     ],
 )
-def test_ue8m0_converters_for_deep_gemm_on_sm100(name, overrides, granularity):
-    plan = plan_of(name, *overrides, env=FULL)
-    found = converters(plan)
-    assert [s.name for s in found] == ["convert_a_for_gemm_gate_up", "convert_hq_for_gemm_down"]
-    for stage in found:
-        assert "pack UE8M0 exponents four per int32" in stage.steps
-        # the producer already writes powers of two: no rounding step
-        assert "round scales up to powers of two" not in stage.steps
-        (out,) = stage.outputs.values()
-        assert out.scale == ScaleType(granularity, DType.ue8m0x4, "MN", True, True)
-    # the converter sits between the producer and the GEMM, and the decision says so
-    (producer, edge), _ = plan.inputs("gemm_gate_up")
-    assert producer == "convert_a_for_gemm_gate_up"
-    assert edge.type.scale.dtype is DType.ue8m0x4
-    decision = plan.decision("convert a for gemm_gate_up")
-    assert "pack UE8M0" in decision.choice
-    assert "ue8m0x4(int32) MN-major TMA-aligned" in decision.reason
+def test_deep_gemm_fp8_on_sm100_is_refused_by_its_renderer(overrides):
+    """moec drives DeepGEMM's Hopper fp8 kernels (verified on the H200); the sm100 ones (UE8M0
+    packed scales, see test_conversion_steps) are planned by the rules but not rendered."""
+    from moec.errors import MoecError
+
+    with pytest.raises(MoecError, match="moec drives DeepGEMM") as error:
+        plan_of("deepseek-v3-fp8.toml", *overrides, env=FULL)
+    assert error.value.problems[0].path == "experts.gemm_backend"
+    auto = plan_of("mxfp8-sm100.toml", env=FULL)
+    assert auto.backends.gemm == "triton"  # auto does not pick what moec does not drive
 
 
 @pytest.mark.parametrize(
@@ -376,7 +378,7 @@ def test_no_converters_where_types_agree(name, env):
 
 
 def test_converter_is_inserted_only_on_the_edge_that_disagrees():
-    plan = plan_of("deepseek-v3-fp8.toml", env=FULL)
+    plan = plan_of("deepseek-v3-fp8.toml", "experts.layout=masked", env=FULL)
     # routing still goes straight from dispatch to the GEMM
     assert plan.graph.has_edge("dispatch", "gemm_gate_up")
     tensors = [e.tensor for e in plan.graph.edges["dispatch", "gemm_gate_up"]["tensors"]]
@@ -633,25 +635,21 @@ EXPECTED = {
             "routed scaling": "x2.827 folded into the top-k weights",
             "fuse activation + quantize": "yes",
             "fuse quantize + dispatch": "yes",
-            "convert a for gemm_gate_up": "transpose scales to MN-major; "
-            "pad scale columns to 16-byte TMA alignment",
+            "scales of a": "written MN-major, TMA-aligned",
+            "scales of hq": "written MN-major, TMA-aligned",
         },
-        [],
+        ["convert a for gemm_gate_up"],
     ),
     "mxfp8-sm100": (
         FULL,
         {
-            "gemm_backend": "deep_gemm",
+            "gemm_backend": "triton",
             "layout": "masked",
             "fuse activation + quantize": "yes",
             "fuse quantize + dispatch": "yes",
-            "convert a for gemm_gate_up": "transpose scales to MN-major; pad scale columns to "
-            "16-byte TMA alignment; pack UE8M0 exponents four per int32",
-            "convert hq for gemm_down": "transpose scales to MN-major; pad scale columns to "
-            "16-byte TMA alignment; pack UE8M0 exponents four per int32",
             "CUDA graph": "yes",
         },
-        [],
+        ["convert a for gemm_gate_up"],
     ),
     "tiny-cpu-bf16": (
         FULL,

@@ -49,13 +49,14 @@ def make_plan(spec: Spec, env: Environment | None = None) -> Plan:
     plan = Plan(spec.name, spec_hash(spec), layer_of(spec), spec.description)
     resolve_backends(plan, spec, env)  # auto -> gemm backend, layout, dispatch backend
     build_stages(plan, spec)  # the unfused stage graph
-    if plan.backends.gemm == "triton":
-        choose_tiles(plan)  # tile configs per token bucket, tuned or default
+    if plan.backends.gemm in ("triton", "deep_gemm"):
+        choose_tiles(plan)  # Triton tile configs, tuned or default
     fuse.fuse_activation_quant(plan)
     fuse.fuse_routed_scaling(plan)
     fuse.fuse_quantize_dispatch(plan)
     fuse.fuse_finalize_combine(plan)
     insert_converters(plan)  # scale-layout converters where types disagree
+    fuse.fuse_scale_layout(plan)  # ... unless a Triton quantizer can write that layout itself
     checks.check_renderers(plan, spec)  # every stage has a renderer, or the spec is rejected
     checks.record_requirements(plan, env)  # optional packages imported, and missing here
     checks.decide_graph_safety(plan)  # CUDA graph capture

@@ -54,6 +54,41 @@ def fuse_quantize_dispatch(plan: Plan) -> None:
     )
 
 
+LAYOUT_STEPS = {"transpose scales to MN-major", "pad scale columns to 16-byte TMA alignment"}
+"""Converter steps a Triton quantizer can do itself, by writing its scales with other strides."""
+
+
+def fuse_scale_layout(plan: Plan) -> None:
+    """A converter that only transposes and pads the scales of a Triton quantizer's 2-D output
+    disappears: the quantizer writes them in the wanted layout (its kernels take any strides)."""
+    for convert in [s for s in plan.order() if s.kind == "convert"]:
+        ((producer, edge),) = plan.inputs(convert.name)
+        source = plan.stage(producer)
+        fits = (
+            set(convert.steps) <= LAYOUT_STEPS
+            and source.backend == "triton"
+            and source.kind in ("dispatch", "activation")
+            and getattr(source, "quantize", None) is not None
+            and len(edge.type.shape) == 2
+        )
+        if not fits:
+            continue
+        (converted,) = convert.outputs.values()
+        outputs = {**source.outputs, edge.tensor: converted}
+        ((consumer, out_edge),) = plan.consumers(convert.name)
+        plan.graph.remove_node(convert.name)
+        plan.update(producer, outputs=outputs, mn_major_scales=True)
+        plan.connect(producer, consumer, edge.tensor, out_edge.input)
+        dropped = f"convert {edge.tensor} for {consumer}"
+        plan.decisions[:] = [d for d in plan.decisions if d.what != dropped]
+        plan.decide(
+            f"scales of {edge.tensor}",
+            "written MN-major, TMA-aligned",
+            f"the {producer} kernel stores its scales in the layout {consumer} reads: no "
+            "converter pass over them",
+        )
+
+
 def fuse_finalize_combine(plan: Plan) -> None:
     finalize = plan.stage("finalize")
     if finalize.all_reduce:

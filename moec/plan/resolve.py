@@ -113,13 +113,16 @@ def _gemm_backend(spec: Spec, env: Environment, decide) -> str:
         )
         return "torch"
     renders = "deep_gemm" in renderable_backends("gemm")
-    if env.has("deep_gemm") and _deep_gemm_fits(spec) and renders:
+    fits = _deep_gemm_fits(spec) and _deep_gemm_driven(spec)
+    if env.has("deep_gemm") and fits and renders:
         decide("gemm_backend", "deep_gemm", f"auto on cuda {target.arch}: deep_gemm is installed")
         return "deep_gemm"
     if not env.has("deep_gemm"):
         why_not = "deep_gemm is not installed here"
     elif not _deep_gemm_fits(spec):
         why_not = "deep_gemm does not run this combination"
+    elif not _deep_gemm_driven(spec):
+        why_not = f"moec does not drive deep_gemm for {spec.quant.scheme} on {target.arch}"
     else:
         why_not = "deep_gemm is installed, but moec renders no deep_gemm GEMM"
     if spec.quant.scheme != "bf16" and arch_number(spec) < 89:
@@ -132,6 +135,10 @@ def _gemm_backend(spec: Spec, env: Environment, decide) -> str:
     return "triton"
 
 
+DEEP_GEMM_DRIVEN = {("fp8_block", "sm90"), ("bf16", "sm90"), ("bf16", "sm100")}
+"""(scheme, arch) pairs whose DeepGEMM GEMMs moec renders (codegen/renderers/deep_gemm.py)."""
+
+
 def _deep_gemm_fits(spec: Spec) -> bool:
     from moec.spec import rules
 
@@ -139,6 +146,10 @@ def _deep_gemm_fits(spec: Spec) -> bool:
         update={"experts": spec.experts.model_copy(update={"gemm_backend": "deep_gemm"})}
     )
     return not rules.problems_of("deep_gemm_target", probe)
+
+
+def _deep_gemm_driven(spec: Spec) -> bool:
+    return (spec.quant.scheme, spec.target.arch) in DEEP_GEMM_DRIVEN
 
 
 def _layout(spec: Spec, layer: Layer, decide) -> str:

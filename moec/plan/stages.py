@@ -110,6 +110,8 @@ class Dispatch(Stage):
     """Who computes the layout's indices: torch or triton."""
     quantize: QuantFormat | None = None
     """Quantization fused into the copy (the fuse pass), or None."""
+    mn_major_scales: bool = False
+    """The fused quantization writes its scales MN-major, TMA-aligned (what DeepGEMM reads)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +146,8 @@ class Activation(Stage):
     intermediate: int
     quantize: QuantFormat | None = None
     """Quantization of the output for the down GEMM, fused in (the fuse pass), or None."""
+    mn_major_scales: bool = False
+    """The fused quantization writes its scales MN-major, TMA-aligned (what DeepGEMM reads)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -73,7 +73,14 @@ def choose_tiles(plan: Plan) -> None:
         pdl,
     )
     limits = ", ".join(f"T<={b['max_tokens']}" if b["max_tokens"] else "larger" for b in buckets)
-    plan.decide("triton tiles", f"{len(buckets)} token buckets ({limits})", source)
+    if plan.backends.gemm == "triton":
+        plan.decide("triton tiles", f"{len(buckets)} token buckets ({limits})", source)
+    else:
+        plan.decide(
+            "triton tiles",
+            "the router, permute, activation and combine kernels' tiles",
+            f"the GEMMs run on {plan.backends.gemm}; {source}",
+        )
     plan.decide(
         "programmatic dependent launch",
         "yes" if pdl else "no",
@@ -82,7 +89,7 @@ def choose_tiles(plan: Plan) -> None:
         if pdl
         else f"{layer.arch or layer.device} has no programmatic dependent launch (sm90 and newer)",
     )
-    if plan.has("shared_expert"):
+    if plan.has("shared_expert") and plan.stage("shared_expert").backend == "triton":
         plan.decide(
             "shared expert tiles",
             "the routed experts' bucket for T",

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .scale_layout import mn_major as mn_major_empty
 from .triton_numerics import (
     group_scale,
     launch_options,
@@ -217,6 +218,7 @@ def _act_into(
     ue8m0=False,
     scale=None,
     pdl=False,
+    mn_major_scales=False,
 ):
     """Allocate the output (and scales) and run act_quant. quant "tensor" with scale=None
     computes a dynamic scale; with a scale, it is the static one."""
@@ -228,7 +230,10 @@ def _act_into(
         return act_quant(h, out, quant="none", **common), None
     if quant == "group":
         groups = -(-width // group_size)
-        scale = torch.empty((*h.shape[:-1], groups), dtype=torch.float32, device=h.device)
+        if mn_major_scales:  # 2-D: [M, groups] MN-major, TMA-aligned
+            scale = mn_major_empty(h.shape[0], groups, device=h.device)
+        else:
+            scale = torch.empty((*h.shape[:-1], groups), dtype=torch.float32, device=h.device)
         act_quant(h, out, scale, quant="group", group_size=group_size, ue8m0=ue8m0, **common)
         return out, scale
     dynamic = scale is None

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .grouping import rows_shape
+from .scale_layout import mn_major as mn_major_empty
 from .triton_numerics import (
     group_scale,
     launch_options,
@@ -189,23 +190,34 @@ def permute_quant(
 
 
 def permute(
-    x, routing, experts, *, config, quant="none", group_size=128, ue8m0=False, scale=None, pdl=False
+    x,
+    routing,
+    experts,
+    *,
+    config,
+    quant="none",
+    group_size=128,
+    ue8m0=False,
+    scale=None,
+    pdl=False,
+    mn_major_scales=False,
 ):
     """Token rows x [T, H] copied into the grouped layout of `routing` ([M, H] contiguous,
     [E, max_m, H] masked), quantized to e4m3 on the way for quant "group" or "tensor" (with
     `scale` the static per-tensor scale, or None for a dynamic one). Returns (a, a_scale), a_scale
-    None for quant "none"."""
+    None for quant "none"; mn_major_scales: group scales written MN-major, TMA-aligned (2-D)."""
     leading = rows_shape(routing, experts)
-    return _into(x, routing.token_of_row, leading, config, quant, group_size, ue8m0, scale, pdl)
+    scales = (quant, group_size, ue8m0, scale, mn_major_scales)
+    return _into(x, routing.token_of_row, leading, config, *scales, pdl)
 
 
 def quantize_rows(x, *, config, quant, group_size=128, ue8m0=False, scale=None, pdl=False):
     """x [T, H] quantized row by row (no permutation): (e4m3 [T, H], scales)."""
     rows = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
-    return _into(x, rows, (x.shape[0],), config, quant, group_size, ue8m0, scale, pdl)
+    return _into(x, rows, (x.shape[0],), config, quant, group_size, ue8m0, scale, False, pdl)
 
 
-def _into(x, token_of_row, leading, config, quant, group_size, ue8m0, scale, pdl):
+def _into(x, token_of_row, leading, config, quant, group_size, ue8m0, scale, mn_major, pdl):
     hidden = x.shape[1]
     dtype = x.dtype if quant == "none" else torch.float8_e4m3fn
     out = torch.empty((*leading, hidden), dtype=dtype, device=x.device)
@@ -214,7 +226,10 @@ def _into(x, token_of_row, leading, config, quant, group_size, ue8m0, scale, pdl
         return out, None
     if quant == "group":
         groups = -(-hidden // group_size)
-        scale = torch.empty((*leading, groups), dtype=torch.float32, device=x.device)
+        if mn_major:
+            scale = mn_major_empty(leading[0], groups, device=x.device)
+        else:
+            scale = torch.empty((*leading, groups), dtype=torch.float32, device=x.device)
         permute_quant(
             x,
             token_of_row,

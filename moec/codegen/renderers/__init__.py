@@ -1,3 +1,8 @@
 """Every renderer moec has, one module per backend; importing this package registers them."""
 
-from moec.codegen.renderers import distributed, torch_stages, triton_stages  # noqa: F401
+from moec.codegen.renderers import (  # noqa: F401
+    deep_gemm,
+    distributed,
+    torch_stages,
+    triton_stages,
+)

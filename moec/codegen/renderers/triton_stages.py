@@ -16,6 +16,11 @@ from moec.plan.stages import Activation, Combine, Dispatch, Gemm, Quantize, Sele
 TRITON = ("triton",)
 
 
+def _mn_major(stage) -> str:
+    """The option that makes a Triton quantizer write DeepGEMM's scale layout."""
+    return ", mn_major_scales=True" if stage.mn_major_scales else ""
+
+
 def _quant_options(fmt, scale_weight: str | None) -> str:
     """`, quant=..., group_size=..., ue8m0=...[, scale=<static input scale>]` of a launcher call."""
     options = call_kwargs(**kernel_quant(fmt))
@@ -86,7 +91,9 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
         "route": route_call(stage, "triton_route", "topk_ids"),
         "targets": dispatch_targets(stage),
         "experts": stage.experts,
-        "options": _quant_options(stage.quantize, static) if stage.quantize else "",
+        "options": _quant_options(stage.quantize, static) + _mn_major(stage)
+        if stage.quantize
+        else "",
     }
     quantized = " and quantizes" if stage.quantize else ""
     return StageCode(
@@ -135,7 +142,7 @@ def activation(plan, stage: Activation) -> StageCode:
     fields = {
         "function": f"triton_act.act_quant_{stage.layout}",
         "targets": f"{returns}, {returns}_scale" if quantized else f"{returns}, _",
-        "options": _quant_options(stage.quantize, static),
+        "options": _quant_options(stage.quantize, static) + _mn_major(stage),
     }
     rows = shape_doc(stage)
     doc = f"{stage.activation} of [{rows}, 2I] gate|up halves -> [{rows}, I]"

@@ -1,0 +1,64 @@
+"""Renderers of DeepGEMM (the expert GEMMs on sm90 / sm100) and of the scale-layout converters
+its kernels need where no quantizer writes their layout directly."""
+
+from __future__ import annotations
+
+from moec.codegen.registry import register
+from moec.codegen.renderers.common import StageCode, shape_doc
+from moec.plan.fuse import LAYOUT_STEPS
+from moec.plan.stages import Convert, Gemm
+
+DEEP_GEMM = ("deep_gemm",)
+
+
+def _fp8_block_or_bf16(plan, stage: Gemm) -> str | None:
+    scheme = stage.format.scheme
+    if scheme not in ("fp8_block", "bf16"):
+        return f"moec drives DeepGEMM's fp8_block and bf16 grouped GEMMs, not {scheme}"
+    if scheme == "fp8_block" and plan.layer.arch != "sm90":
+        return "moec drives DeepGEMM's fp8 grouped GEMMs on sm90 (its Hopper kernels) only"
+    return None
+
+
+@register(
+    "gemm",
+    "deep_gemm",
+    "stages/deep_gemm/gemm.py.j2",
+    runtime=("deep_gemm_grouped",),
+    requires=DEEP_GEMM,
+    refuses=_fp8_block_or_bf16,
+)
+def gemm(plan, stage: Gemm) -> StageCode:
+    quantized = stage.format.quantized
+    scaled = f"{stage.weight}_scale" in stage.weights
+    kind = "fp8" if quantized else "bf16"
+    fields = {
+        "function": f"deep_gemm_grouped.{kind}_{stage.layout}",
+        "a_scale": "a_scale" if quantized else "None",
+        "weight": stage.weight,
+        "weight_scale": f"{stage.weight}_scale" if scaled else "None",
+    }
+    rows = shape_doc(stage)
+    return StageCode(
+        f"[{rows}, {stage.k}] x [E, {stage.n}, {stage.k}] -> [{rows}, {stage.n}] through "
+        f"DeepGEMM's m-grouped {kind} NT {stage.layout} GEMM.",
+        fields,
+    )
+
+
+def _transpose_and_pad_only(plan, stage: Convert) -> str | None:
+    other = [step for step in stage.steps if step not in LAYOUT_STEPS]
+    if other:
+        return f"moec's scale converter transposes and pads (sm90), it does not {other[0]}"
+    return None
+
+
+@register(
+    "convert",
+    "torch",
+    "stages/torch/convert.py.j2",
+    runtime=("scale_layout",),
+    refuses=_transpose_and_pad_only,
+)
+def convert(plan, stage: Convert) -> StageCode:
+    return StageCode(f"The same values; scales: {'; '.join(stage.steps)}.")

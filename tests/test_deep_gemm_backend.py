@@ -1,0 +1,85 @@
+"""The deep_gemm backend's rendering and glue, on the CPU with a stand-in DeepGEMM
+(tests/stand_ins/deep_gemm: DeepGEMM's calls in plain torch) and the Triton stages around it
+interpreted: the same layer as the torch backend on the same weights, within 2**-7 norm-wise
+(the bound tests/test_triton_layer.py derives). The real DeepGEMM runs in tests/gpu."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+SPEC = """
+name = "dg"
+[model]
+hidden_size = 256
+moe_intermediate_size = 256
+n_routed_experts = 4
+num_experts_per_tok = 2
+n_shared_experts = 1
+[router]
+scoring_func = "sigmoid"
+topk_method = "noaux_tc"
+n_group = 2
+topk_group = 1
+norm_topk_prob = true
+routed_scaling_factor = 2.5
+[target]
+{target}
+max_num_tokens = 64
+"""
+CUDA = 'device = "cuda"\narch = "sm90"'
+CPU = 'device = "cpu"'
+SCHEMES = {"fp8_block": ["quant.scheme=fp8_block", "quant.checkpoint=bf16"], "bf16": []}
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    sys.path.insert(0, str(STAND_INS))
+    sys.modules.pop("deep_gemm", None)
+    import deep_gemm
+
+    yield deep_gemm
+    sys.path.remove(str(STAND_INS))
+    sys.modules.pop("deep_gemm", None)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_deep_gemm_layer_equals_torch_backend(stand_in, load_layer, scheme, layout):
+    overrides = [*SCHEMES[scheme], f"experts.layout={layout}"]
+    package = load_layer(SPEC.format(target=CUDA), "experts.gemm_backend=deep_gemm", *overrides)
+    reference = load_layer(SPEC.format(target=CPU), "experts.gemm_backend=torch", *overrides)
+    gemms = [s for s in package.PLAN["stages"] if s["kind"] == "gemm"]
+    assert [s["backend"] for s in gemms] == ["deep_gemm", "deep_gemm"]
+    x = torch.randn(12, 256, generator=torch.Generator().manual_seed(3)).bfloat16()
+    stand_in.CALLS.clear()
+    out = package.MoELayer(device="cpu").random_(0)(x).double()
+    expected = reference.MoELayer().random_(0)(x).double()
+    kind = "fp8" if scheme == "fp8_block" else "bf16"
+    assert stand_in.CALLS == [f"m_grouped_{kind}_gemm_nt_{layout}"] * 2
+    assert ((out - expected).norm() / expected.norm()).item() <= 2**-7
+
+
+def test_contiguous_fp8_scales_are_written_in_deep_gemms_layout(stand_in, load_layer):
+    """No converter stage: the Triton quantizers write MN-major, TMA-aligned scales."""
+    package = load_layer(
+        SPEC.format(target=CUDA),
+        "experts.gemm_backend=deep_gemm",
+        "experts.layout=contiguous",
+        *SCHEMES["fp8_block"],
+    )
+    kinds = [s["kind"] for s in package.PLAN["stages"]]
+    assert "convert" not in kinds
+    decisions = {d["what"]: d["choice"] for d in package.PLAN["decisions"]}
+    assert decisions["scales of a"] == decisions["scales of hq"] == "written MN-major, TMA-aligned"
+    masked = load_layer(
+        SPEC.format(target=CUDA),
+        "experts.gemm_backend=deep_gemm",
+        "experts.layout=masked",
+        *SCHEMES["fp8_block"],
+    )
+    assert [s["kind"] for s in masked.PLAN["stages"]].count("convert") == 2  # 3-D: a converter
