@@ -35,7 +35,9 @@ from common import (
 
 PACKAGES = {
     "fp8_block": ("bench_v3_fp8_triton", "bench_v3_fp8_torch"),
-    "fp8_block_fused": ("bench_v3_fp8fused_triton", "bench_v3_fp8fused_torch"),
+    "fp8_block_separate": ("bench_v3_fp8sep_triton", "bench_v3_fp8sep_torch"),
+    "fp8_block_deep_gemm": ("bench_v3_fp8_deep_gemm", "bench_v3_fp8_torch"),
+    "bf16_deep_gemm": ("bench_v3_bf16_deep_gemm", "bench_v3_bf16_torch"),
     "bf16": ("bench_v3_bf16_triton", "bench_v3_bf16_torch"),
     "mxfp8": ("bench_small_mxfp8_triton", "bench_small_mxfp8_torch"),
     "mxfp4": ("bench_small_mxfp4_triton", "bench_small_mxfp4_torch"),

@@ -9,8 +9,8 @@ mkdir -p "$OUT"
 for backend in triton torch; do
   $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_fp8_$backend \
     --set quant.scheme=fp8_block --set experts.gemm_backend=$backend
-  $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_fp8fused_$backend \
-    --set quant.scheme=fp8_block --set experts.gemm_backend=$backend --set experts.shared_experts=fused
+  $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_fp8sep_$backend \
+    --set quant.scheme=fp8_block --set experts.gemm_backend=$backend --set experts.shared_experts=separate
   $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_bf16_$backend \
     --set quant.scheme=bf16 --set experts.gemm_backend=$backend
   $MOEC build benchmarks/specs/small.toml -o "$OUT" --set name=bench_small_mxfp8_$backend \
@@ -18,3 +18,10 @@ for backend in triton torch; do
   $MOEC build benchmarks/specs/small.toml -o "$OUT" --set name=bench_small_mxfp4_$backend \
     --set quant.scheme=mxfp4 --set quant.checkpoint=quantized --set experts.gemm_backend=$backend
 done
+# DeepGEMM layers (contiguous: DeepGEMM's prefill layout), built where deep_gemm is importable
+if $MOEC validate benchmarks/specs/v3.toml --set experts.gemm_backend=deep_gemm >/dev/null 2>&1; then
+  $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_fp8_deep_gemm \
+    --set quant.scheme=fp8_block --set experts.gemm_backend=deep_gemm --set experts.layout=contiguous
+  $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_bf16_deep_gemm \
+    --set quant.scheme=bf16 --set experts.gemm_backend=deep_gemm --set experts.layout=contiguous
+fi

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .triton_numerics import launch_options, release_dependents, wait_inputs
 
-PARTS = 3  # bf16 parts of the fp32 weight (quant.split_bf16x3)
+PARTS = tl.constexpr(3)  # bf16 parts of the fp32 weight (quant.split_bf16x3)
 
 
 @triton.jit

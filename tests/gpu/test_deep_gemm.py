@@ -1,0 +1,52 @@
+"""The deep_gemm backend at DeepSeek-V3 dims on the GPU (DeepGEMM built from source, see
+docs/backends.md) against the torch backend on the same weights and input, with the bounds of
+test_layer.py; and the scale-layout converter on the GPU against the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from moec.runtime.scale_layout import to_mn_major
+
+from .specs import HIDDEN, SCHEMES, V3, norm_error
+from .test_layer import BOUND
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("deep_gemm") is None, reason="DeepGEMM is not installed"
+)
+
+CASES = [
+    ("fp8_block", "contiguous", 1),
+    ("fp8_block", "contiguous", 2048),
+    ("fp8_block", "masked", 64),
+    ("bf16", "contiguous", 2048),
+    ("bf16", "masked", 64),
+]
+
+
+@pytest.mark.parametrize(("scheme", "layout", "tokens"), CASES)
+def test_deep_gemm_layer_equals_torch_backend(load_layer, scheme, layout, tokens):
+    overrides = [*SCHEMES[scheme], f"experts.layout={layout}"]
+    package = load_layer(V3, "experts.gemm_backend=deep_gemm", *overrides)
+    assert [s["backend"] for s in package.PLAN["stages"] if s["kind"] == "gemm"] == [
+        "deep_gemm",
+        "deep_gemm",
+    ]
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=torch.Generator("cuda").manual_seed(5))
+    x = x.bfloat16()
+    out = package.MoELayer(device="cuda").random_(0)(x)
+    torch.cuda.empty_cache()
+    reference = load_layer(V3, "experts.gemm_backend=torch", *overrides)
+    expected = reference.MoELayer(device="cuda").random_(0)(x)
+    assert torch.isfinite(out).all()
+    assert norm_error(out, expected) <= BOUND[scheme]
+
+
+def test_scale_layout_on_the_gpu_equals_the_cpu():
+    scale = torch.rand(3, 300, 56) + 0.5
+    on_gpu = to_mn_major(scale.cuda())
+    assert on_gpu.stride() == to_mn_major(scale).stride()
+    assert torch.equal(on_gpu.cpu(), scale)
