@@ -1,7 +1,7 @@
 """`moec` command line: argument parsing, exit codes and output, nothing else.
 
-Exit codes: 0 ok, 2 a user error (bad spec, bad arguments, missing optional backend), printed
-as one line per problem with no traceback.
+Exit codes: 0 ok, 2 a user error (bad spec, bad arguments, missing optional backend, a path
+the OS refuses or moec may not replace), printed as one line per problem with no traceback.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from moec import __version__
-from moec.errors import MoecError, problem
+from moec.errors import MoecError, os_error, problem
 
 
 def _add_set(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     except MoecError as error:
         print(error.report(), file=sys.stderr)
         return 2
+    except OSError as error:  # the OS refused a path no command checked: still no traceback
+        print(os_error(error, "", "cannot read or write").report(), file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 
@@ -152,11 +155,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from moec.spec.hf import spec_from_hf
+    from moec.codegen.write import write_text
+    from moec.spec.hf import spec_from_hf, written_by_init
 
     text = spec_from_hf(args.from_hf, args.name, args.overrides, schema_relative_to=args.out)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_text(Path(args.out), text, written_by_init)
         print(f"wrote {args.out}")
     else:
         print(text, end="")
@@ -164,12 +168,12 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
+    from moec.codegen.write import write_text
     from moec.resources import schema_path
-    from moec.spec.schema import schema_text
+    from moec.spec.schema import is_moec_schema, schema_text
 
     out = Path(args.out) if args.out else schema_path()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(schema_text(), encoding="utf-8")
+    write_text(out, schema_text(), is_moec_schema, make_parents=True)
     print(f"wrote {out}")
     return 0
 

@@ -1,12 +1,13 @@
 """Errors are values: a `Problem` names where, what and what would be accepted.
 
 Every user-facing failure (bad TOML, unknown key, impossible combination, missing optional
-backend) is raised as one `MoecError` carrying all the problems found. The CLI prints each as
+backend, an output path the operating system refuses) is raised as one `MoecError` carrying all the problems found. The CLI prints each as
 `SPEC:LINE: key.path = value: what is wrong (what would be accepted)` and exits 2.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,7 +83,8 @@ class MoecError(Exception):
     problems: list[Problem]
     source: str = ""
     kind: str = "spec"
-    """"spec" for a bad spec, "backend" for a missing optional package, "usage" for arguments."""
+    """"spec" for a bad spec, "backend" for a missing optional package, "usage" for arguments,
+    "io" for a file or folder the operating system would not read or write."""
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -93,3 +95,26 @@ class MoecError(Exception):
 
     def __str__(self) -> str:
         return self.report()
+
+
+_OS_HINTS = {
+    errno.EACCES: "a path you may write to (check the permissions of it and its folder)",
+    errno.EPERM: "a path you may write to (check the permissions of it and its folder)",
+    errno.ENOENT: "check the path: a folder on the way does not exist",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EISDIR: "a file path, not a folder",
+    errno.ENOSPC: "free some space on that disk, or write elsewhere",
+    errno.EROFS: "a path on a writable file system",
+    errno.ENAMETOOLONG: "a shorter path",
+}
+
+
+def os_error(error: OSError, path: object, action: str = "cannot write") -> MoecError:
+    """A MoecError of kind "io" for an OSError: `PATH: action: OS reason (hint)`."""
+    where = error.filename if error.filename is not None else path
+    reason = error.strerror or str(error)
+    return MoecError(
+        [problem("", f"{action}: {reason}", _OS_HINTS.get(error.errno, ""))],
+        str(where),
+        kind="io",
+    )
