@@ -18,8 +18,8 @@ from moec.errors import MoecError, os_error, problem
 
 MAX_COUNT = 2**31 - 1
 """Largest token count a command takes (the spec's integer bound)."""
-MAX_RATE = 1e6
-"""Largest bandwidth (GB/s) or matmul rate (TFLOP/s) `moec explain` takes."""
+MIN_RATE, MAX_RATE = 1e-3, 1e6
+"""Range of a bandwidth (GB/s) or matmul rate (TFLOP/s) `moec explain` takes."""
 
 
 def _add_set(parser: argparse.ArgumentParser) -> None:
@@ -208,18 +208,17 @@ def whole_number(option: str, text: str, low: int, high: int, command: str) -> i
 
 
 def positive_number(option: str, text: str, command: str) -> float:
-    """The finite number above 0 and at most MAX_RATE an option's text writes; else a usage
-    MoecError."""
+    """The number from MIN_RATE to MAX_RATE an option's text writes; else a usage MoecError."""
     try:
         value = float(text.strip())
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and 0 < value <= MAX_RATE):
+    if not (math.isfinite(value) and MIN_RATE <= value <= MAX_RATE):
         raise MoecError(
             [
                 problem(
                     option,
-                    f"must be a finite number above 0 and at most {MAX_RATE:g}",
+                    f"must be a finite number from {MIN_RATE:g} to {MAX_RATE:g}",
                     f"e.g. {option} 3000",
                     value=text,
                 )

@@ -64,16 +64,37 @@ def problem(
     return Problem(path, message, hint, value, True, rule=rule)
 
 
-def _show(value: Any) -> str:
+_SHOWN_DEPTH = 4
+"""Levels of a nested value a message shows (deeper ones are "...")."""
+_SHOWN_ITEMS = 16
+"""Items of a list or table a message shows."""
+_SHOWN_CHARS = 200
+"""Characters of a string or number a message shows."""
+
+
+def _show(value: Any, depth: int = 0) -> str:
+    """The value as TOML writes it, cut short where it is long or deep (one readable line)."""
     if isinstance(value, str):
-        return json.dumps(value)
+        text = json.dumps(value)
+        return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 4] + '..."'
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_show(v)}" for k, v in value.items()) + "}"
-    return str(value)
+    if isinstance(value, (list, tuple, dict)):
+        if depth >= _SHOWN_DEPTH:
+            return "[...]" if isinstance(value, (list, tuple)) else "{...}"
+        if isinstance(value, dict):
+            items = [f"{k} = {_show(v, depth + 1)}" for k, v in list(value.items())[:_SHOWN_ITEMS]]
+        else:
+            items = [_show(v, depth + 1) for v in value[:_SHOWN_ITEMS]]
+        if len(value) > _SHOWN_ITEMS:
+            items.append(f"... {len(value) - _SHOWN_ITEMS} more")
+        opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+        return opening + ", ".join(items) + closing
+    return _cut(str(value))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
 
 
 @dataclass

@@ -162,6 +162,13 @@ def test_a_file_that_is_no_config(content, fragment, tmp_path, capsys):
     init_refused(capsys, tmp_path, content, fragment)
 
 
+def test_a_value_nested_deeply_is_shown_short(tmp_path, capsys):
+    config = {key: value for key, value in DEEPSEEK_V3.items() if key != "n_shared_experts"}
+    text = json.dumps(config)[:-1] + ', "n_shared_experts": ' + "[" * 950 + "]" * 950 + "}"
+    err = init_refused(capsys, tmp_path, text, "n_shared_experts = [[[[[...]]]]]: is a list")
+    assert len(err) < 300
+
+
 def test_a_folder_without_config_json(tmp_path, capsys):
     (tmp_path / "model.safetensors").write_bytes(b"")
     code, out, err = cli(capsys, "init", "--from-hf", tmp_path)

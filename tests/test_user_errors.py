@@ -174,7 +174,7 @@ def test_explain_tokens(value, capsys):
 
 
 @pytest.mark.parametrize("option", ["--bandwidth", "--bf16-tflops", "--fp8-tflops"])
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "1e308", "fast"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "1e-300", "1e308", "fast"])
 def test_explain_ceilings(option, value, capsys):
     code, out, err = cli(capsys, "explain", TINY, f"{option}={value}")  # = lets "-inf" through
     assert_refused(code, out, err, f"{option} = ", "finite number")
@@ -221,10 +221,26 @@ def test_a_set_value_nested_too_deeply(capsys):
     assert_refused(*cli(capsys, "validate", TINY, "--set", f"quant.weight_block={value}"), "--set")
 
 
-def test_nesting_tomli_reads_is_a_type_error(tmp_path, capsys):
+@pytest.mark.parametrize("depth", [5, 200, 400])
+def test_nesting_tomli_reads_is_a_type_error_shown_short(depth, tmp_path, capsys):
     spec = tmp_path / "nested.toml"
-    spec.write_text(TINY.read_text().replace('name = "tiny_cpu"', f"name = {'[' * 200}{']' * 200}"))
-    assert_refused(*cli(capsys, "validate", spec), "name = ")
+    value = "[" * depth + "]" * depth
+    spec.write_text(TINY.read_text().replace('name = "tiny_cpu"', f"name = {value}"))
+    code, out, err = cli(capsys, "validate", spec)
+    assert_refused(code, out, err, "name = [[[[")
+    assert len(err) < 300
+
+
+def test_a_set_key_nested_deeply(capsys):
+    key = ".".join(["a"] * 3000)
+    code, out, err = cli(capsys, "validate", TINY, "--set", f"{key}=1")
+    assert_refused(code, out, err, "a = {a = {", "unknown key in the top level")
+
+
+def test_a_long_value_is_shown_cut_short(capsys):
+    code, out, err = cli(capsys, "validate", TINY, "--set", f"name={'x' * 5000}")
+    assert_refused(code, out, err, "5000 characters", '..."')
+    assert len(err) < 600
 
 
 def test_toml_nested_too_deeply_from_a_real_process(tmp_path):
