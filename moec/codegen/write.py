@@ -176,7 +176,11 @@ def _folder_lock(folder: Path) -> Iterator[None]:
     except ImportError:  # not POSIX: builds are not serialized
         yield
         return
-    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:  # a folder one may write but not read: unserialized
+        yield
+        return
     try:
         with contextlib.suppress(OSError):  # file systems without locks: unserialized
             fcntl.flock(descriptor, fcntl.LOCK_EX)
@@ -306,9 +310,15 @@ def _refuse_unless_moec_file(path: Path, written_by_moec: Callable[[bytes], bool
         reason, hint = "is a symbolic link; moec does not write through it", "another path"
     elif not stat.S_ISREG(mode):
         reason, hint = "is not a regular file (a fifo, socket or device)", "another path"
-    elif not written_by_moec(path.read_bytes()):
+    elif not written_by_moec(_head(path)):
         reason = "exists and was not written by moec; it is left as it is"
         hint = "remove it first, or write to another path"
     else:
         return
     raise MoecError([problem("", reason, hint)], str(path), kind="usage")
+
+
+def _head(path: Path, size: int = 1 << 20) -> bytes:
+    """The first `size` bytes of a file (a file moec writes is smaller)."""
+    with open(path, "rb") as handle:
+        return handle.read(size)
