@@ -299,7 +299,8 @@ def test_the_prefix_must_be_a_string():
     ids=lambda value: str(value.dtype) if isinstance(value, torch.Tensor) else str(value),
 )
 def test_a_tensor_that_is_no_weight_names_the_tensor(tensor, kind, fragment):
-    found = one_problem({f"{PREFIX}gate.weight": tensor}, fragment, expected={"gate.weight": kind})
+    state = {f"{PREFIX}gate.weight": tensor, f"{PREFIX}gate.weight_scale_inv": torch.ones(1)}
+    found = one_problem(state, fragment, expected={"gate.weight": kind})
     assert found.startswith(f"{PREFIX}gate.weight: ")
 
 
@@ -316,6 +317,14 @@ def test_a_tensor_that_is_no_weight_names_the_tensor(tensor, kind, fragment):
 )
 def test_weights_of_the_right_kind_read(tensor, kind):
     assert set(read({f"{PREFIX}w": tensor}, expected={"w": kind})) == {"w"}
+
+
+def test_an_fp8_weight_without_its_scale():
+    fp8 = torch.ones(2, 2).to(torch.float8_e4m3fn)
+    one_problem({f"{PREFIX}experts.0.up_proj.weight": fp8}, "without", "_scale_inv")
+    for scale in ("weight_scale_inv", "weight_scale"):
+        state = {f"{PREFIX}w.weight": fp8, f"{PREFIX}w.{scale}": torch.ones(1)}
+        assert set(read(state)) == {"w.weight", f"w.{scale}"}
 
 
 def test_non_finite_values_are_found_in_a_safetensors_file(tmp_path):

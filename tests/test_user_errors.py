@@ -283,6 +283,10 @@ WEIGHTS = {
     "nan": (lambda f: _tensors(f, torch.full((16, 256), float("nan"))), "gate.weight: 4096 of"),
     "inf": (lambda f: _tensors(f, torch.full((16, 256), float("inf"))), "not finite"),
     "pickle": (_pickle, "pickle file"),
+    "fp8 without scale": (
+        lambda f: _tensors(f, torch.zeros(16, 256).to(torch.float8_e4m3fn)),
+        "gate.weight: fp8 values without gate.weight_scale_inv",
+    ),
     "another prefix": (_under_another_prefix, 'under "model.layers.3.mlp.": pass that prefix'),
     "empty folder": (lambda folder: folder, "without *.safetensors"),
 }

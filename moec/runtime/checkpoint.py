@@ -20,8 +20,8 @@ tensor under the prefix is read, of kind STORED.
 
 Every problem is collected (a missing path, a missing, truncated or garbage safetensors file,
 an index.json that is not JSON, lacks `weight_map` or names a missing shard, a source that is
-not a mapping of names to tensors, a pickle file, a tensor of the wrong dtype kind, non-finite
-values, checked per tensor as it is read) and raised together as one WeightError after the last
+not a mapping of names to tensors, a pickle file, a tensor of the wrong dtype kind, an fp8
+weight without its scale, non-finite values, checked per tensor as it is read) and raised together as one WeightError after the last
 tensor, or appended to `problems` when the caller passes a list to add its own to. When no
 wanted tensor is under the prefix, the problem names the prefixes under which the checkpoint
 does hold them (`suggest_prefixes`). Reading a folder of shards draws a progress bar on stderr
@@ -95,9 +95,13 @@ def read_tensors(
     if not isinstance(prefix, str):
         raise WeightError([f"prefix {prefix!r}: a string, e.g. 'model.layers.3.mlp.'"])
     wanted = _Wanted(prefix, expected)
+    narrow: list[str] = []
     for name, tensor in _read_source(source, wanted, problems, found, allow_pickle, progress):
         _check(name, tensor, wanted.kind(name), problems)
+        if tensor.dtype.is_floating_point and tensor.element_size() == 1:
+            narrow.append(name)
         yield name[len(prefix) :], tensor
+    problems += _unscaled(narrow, found)
     misplaced = _prefix_problem(wanted, found)
     if misplaced:
         problems.append(misplaced)
@@ -327,6 +331,16 @@ def _check(name: str, tensor: torch.Tensor, kind: str, problems: list[str]) -> N
     bad = _non_finite_count(tensor)
     if bad:
         problems.append(f"{name}: {bad} of its {tensor.numel()} values are not finite (nan or inf)")
+
+
+def _unscaled(narrow: list[str], found: set[str]) -> list[str]:
+    """A problem for each fp8 weight without its scale in the checkpoint: its values alone are
+    not the weight (an fp8 checkpoint read where bf16 was declared, or a scale left out)."""
+    return [
+        f"{name}: fp8 values without {name}_scale_inv (or weight_scale): not a weight alone"
+        for name in narrow
+        if name.endswith("weight") and not {f"{name}_scale_inv", f"{name}_scale"} & found
+    ]
 
 
 def _wrong_kind(dtype: torch.dtype, kind: str) -> str:
