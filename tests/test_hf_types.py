@@ -102,6 +102,10 @@ def test_a_value_of_the_wrong_type_names_its_key(case, tmp_path, capsys):
         ({"hidden_size": 2**70}, "model.hidden_size = 1180591620717411303424"),
         ({"routed_scaling_factor": 0}, "router.routed_scaling_factor = 0"),
         ({"swiglu_limit": -3.0}, "activation.swiglu_limit = -3.0"),
+        (
+            {"quantization_config": {**FP8, "activation_scheme": "static"}},
+            'quant.activation_scheme = "static"',  # kept as written, not dropped
+        ),
     ],
     ids=lambda value: json.dumps(value) if isinstance(value, dict) else None,
 )

@@ -208,17 +208,15 @@ def _quant_from(reader: ConfigReader) -> dict[str, Any]:
     activation = sub.text("activation_scheme", "quant.activation_scheme")
     if method is None:
         return {"scheme": "bf16"}  # reported, or overridden by --set
+    # activation_scheme as written, when written: the rules say what each scheme takes
+    written = {"activation_scheme": activation} if activation is not None else {}
     if "mxfp8" in method:
-        return {"scheme": "mxfp8", "checkpoint": "quantized"}
+        return {"scheme": "mxfp8", **written, "checkpoint": "quantized"}
     if method == "fp8" and (block or reader.overridden("quant.weight_block")):
         block = block or [128, 128]  # the --set value replaces it
-        return {"scheme": "fp8_block", "weight_block": block, "checkpoint": "quantized"}
+        return {"scheme": "fp8_block", "weight_block": block, **written, "checkpoint": "quantized"}
     if method == "fp8":
-        return {
-            "scheme": "fp8_per_tensor",
-            "activation_scheme": activation or "dynamic",
-            "checkpoint": "quantized",
-        }
+        return {"scheme": "fp8_per_tensor", **written, "checkpoint": "quantized"}
     if not reader.overridden("quant"):
         sub.report("quant_method", method, "is not a scheme moec runs", '"fp8" or "mxfp8"')
     return {"scheme": "bf16"}
