@@ -320,19 +320,22 @@ def test_init_and_schema_replace_what_they_wrote(config_json, tmp_path, capsys):
 def test_a_cache_folder_that_is_a_file(tmp_path, monkeypatch):
     blocker = _file(tmp_path / "cache")
     monkeypatch.setenv("MOEC_CACHE_DIR", str(blocker))
+    unique = ["router.routed_scaling_factor=1.2345"]  # not imported yet by another test
     with pytest.raises(MoecError) as caught:
-        moec.load(TINY)
+        moec.load(TINY, unique)
     assert caught.value.kind == "io"
     assert str(blocker) in caught.value.report() and "MOEC_CACHE_DIR" in caught.value.report()
     with pytest.raises(MoecError):
-        moec.load(TINY, cache_dir=blocker / "sub")
+        moec.load(TINY, unique, cache_dir=blocker / "sub")
     assert blocker.read_text() == "mine"
 
 
 def test_run_with_a_cache_folder_that_is_a_file(tmp_path, monkeypatch, capsys):
     blocker = _file(tmp_path / "cache")
     monkeypatch.setenv("MOEC_CACHE_DIR", str(blocker))
-    assert_refused(*cli(capsys, "run", TINY, "--tokens", "2"), str(blocker), "MOEC_CACHE_DIR")
+    unique = ("--set", "router.routed_scaling_factor=1.2346")  # not imported yet by another test
+    code, out, err = cli(capsys, "run", TINY, "--tokens", "2", *unique)
+    assert_refused(code, out, err, str(blocker), "MOEC_CACHE_DIR")
 
 
 def test_refused_build_from_a_real_process_prints_no_traceback(tmp_path):
