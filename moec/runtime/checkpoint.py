@@ -51,18 +51,8 @@ weight or scale is stored in. Bool and wider integers are never weights."""
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 INDEX = "model.safetensors.index.json"
-_UNPICKLE_ERRORS = (
-    pickle.UnpicklingError,
-    zipfile.BadZipFile,
-    EOFError,
-    OSError,
-    RuntimeError,
-    ValueError,
-    TypeError,
-    KeyError,
-    AttributeError,
-    ImportError,
-)
+_UNPICKLE_ERRORS = (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError, RuntimeError)
+_UNPICKLE_ERRORS += (ValueError, TypeError, KeyError, AttributeError, ImportError)
 """What torch.load(weights_only=True) raises on a bad or disallowed file."""
 LAYER_NAME = re.compile(r"gate\.(weight|e_score_correction_bias)$|(shared_)?experts\.")
 """How the names of an MoE layer start after its prefix: what a read without `expected`
@@ -356,19 +346,18 @@ def _wrong_kind(dtype: torch.dtype, kind: str) -> str:
     return "expected floating-point values"
 
 
-def _fp8_nan_patterns() -> dict[torch.dtype, tuple[int, int]]:
-    """(mask, value) of the bytes that are nan or inf, per one-byte float dtype torch has."""
-    patterns = {
-        "float8_e4m3fn": (0x7F, 0x7F),
-        "float8_e5m2": (0x7C, 0x7C),
-        "float8_e4m3fnuz": (0xFF, 0x80),
-        "float8_e5m2fnuz": (0xFF, 0x80),
-        "float8_e8m0fnu": (0xFF, 0xFF),
-    }
-    return {getattr(torch, n): p for n, p in patterns.items() if hasattr(torch, n)}
-
-
-_NAN_BYTES = _fp8_nan_patterns()
+_NAN_BYTES = {
+    getattr(torch, name): (mask, value)
+    for name, mask, value in (
+        ("float8_e4m3fn", 0x7F, 0x7F),
+        ("float8_e5m2", 0x7C, 0x7C),
+        ("float8_e4m3fnuz", 0xFF, 0x80),
+        ("float8_e5m2fnuz", 0xFF, 0x80),
+        ("float8_e8m0fnu", 0xFF, 0xFF),
+    )
+    if hasattr(torch, name)
+}
+"""(mask, value) of the bytes that are nan or inf, per one-byte float dtype this torch has."""
 
 
 def _non_finite_count(tensor: torch.Tensor) -> int:
