@@ -1,17 +1,25 @@
 """`moec` command line: argument parsing, exit codes and output, nothing else.
 
-Exit codes: 0 ok, 2 a user error (bad spec, bad arguments, missing optional backend), printed
-as one line per problem with no traceback.
+Exit codes: 0 ok, 2 a user error (bad spec, bad arguments, missing optional backend, a path
+the OS refuses or moec may not replace), printed as one line per problem with no traceback.
+Numbers on the command line are parsed here (finite, in range) rather than by argparse, so a bad
+one is a problem like any other.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 from moec import __version__
-from moec.errors import MoecError, problem
+from moec.errors import MoecError, os_error, problem
+
+MAX_COUNT = 2**31 - 1
+"""Largest token count a command takes (the spec's integer bound)."""
+MIN_RATE, MAX_RATE = 1e-3, 1e6
+"""Range of a bandwidth (GB/s) or matmul rate (TFLOP/s) `moec explain` takes."""
 
 
 def _add_set(parser: argparse.ArgumentParser) -> None:
@@ -52,9 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--format", choices=["text", "json", "dot", "mermaid"], default="text")
     explain.add_argument("--matrix", action="store_true", help="print the support matrix instead")
-    explain.add_argument("--bandwidth", type=float, help="HBM bandwidth in GB/s for the floor")
-    explain.add_argument("--bf16-tflops", type=float, help="bf16 matmul rate in TFLOP/s")
-    explain.add_argument("--fp8-tflops", type=float, help="fp8 grouped GEMM rate in TFLOP/s")
+    explain.add_argument("--bandwidth", help="HBM bandwidth in GB/s for the floor")
+    explain.add_argument("--bf16-tflops", help="bf16 matmul rate in TFLOP/s")
+    explain.add_argument("--fp8-tflops", help="fp8 grouped GEMM rate in TFLOP/s")
     _add_set(explain)
 
     build = commands.add_parser("build", help="generate the layer package")
@@ -64,8 +72,8 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="build, load weights, run one forward, report")
     run.add_argument("spec", metavar="SPEC")
-    run.add_argument("--tokens", type=int, default=16)
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--tokens", default="16", help="tokens of the forward (default 16)")
+    run.add_argument("--seed", default="0", help="seed of the random weights and input")
     run.add_argument("--weights", default=None, help="state dict, safetensors file or folder")
     run.add_argument("--prefix", default="", help="prefix of the layer's weight names")
     _add_set(run)
@@ -87,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         return _COMMANDS[args.command](args)
     except MoecError as error:
         print(error.report(), file=sys.stderr)
+        return 2
+    except OSError as error:  # the OS refused a path no command checked: still no traceback
+        print(os_error(error, "", "cannot read or write").report(), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -121,11 +132,11 @@ def _explain(args: argparse.Namespace) -> int:
     if not args.spec:
         raise MoecError([problem("SPEC", "is required unless --matrix is given")], kind="usage")
     ceilings = {
-        key: value
-        for key, value in (
-            ("bandwidth_gbs", args.bandwidth),
-            ("bf16_tflops", args.bf16_tflops),
-            ("fp8_tflops", args.fp8_tflops),
+        key: positive_number(option, value, "moec explain")
+        for key, option, value in (
+            ("bandwidth_gbs", "--bandwidth", args.bandwidth),
+            ("bf16_tflops", "--bf16-tflops", args.bf16_tflops),
+            ("fp8_tflops", "--fp8-tflops", args.fp8_tflops),
         )
         if value is not None
     }
@@ -142,21 +153,21 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from moec.runner import run_spec
+    from moec.runner import MAX_SEED, run_spec
 
-    print(
-        run_spec(args.spec, args.overrides, args.tokens, args.seed, args.weights, args.prefix),
-        end="",
-    )
+    tokens = whole_number("--tokens", args.tokens, 1, MAX_COUNT, "moec run")
+    seed = whole_number("--seed", args.seed, 0, MAX_SEED, "moec run")
+    print(run_spec(args.spec, args.overrides, tokens, seed, args.weights, args.prefix), end="")
     return 0
 
 
 def _init(args: argparse.Namespace) -> int:
-    from moec.spec.hf import spec_from_hf
+    from moec.codegen.write import write_text
+    from moec.spec.hf import spec_from_hf, written_by_init
 
     text = spec_from_hf(args.from_hf, args.name, args.overrides, schema_relative_to=args.out)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        write_text(Path(args.out), text, written_by_init)
         print(f"wrote {args.out}")
     else:
         print(text, end="")
@@ -164,14 +175,58 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
+    from moec.codegen.write import write_text
     from moec.resources import schema_path
-    from moec.spec.schema import schema_text
+    from moec.spec.schema import is_moec_schema, schema_text
 
     out = Path(args.out) if args.out else schema_path()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(schema_text(), encoding="utf-8")
+    write_text(out, schema_text(), is_moec_schema, make_parents=True)
     print(f"wrote {out}")
     return 0
+
+
+def whole_number(option: str, text: str, low: int, high: int, command: str) -> int:
+    """The integer an option's text writes, from `low` to `high`; else a usage MoecError."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise MoecError(
+            [
+                problem(
+                    option,
+                    f"must be a whole number from {low} to {high}",
+                    f"e.g. {option} {max(low, 16) if option == '--tokens' else low}",
+                    value=text,
+                )
+            ],
+            command,
+            kind="usage",
+        )
+    return value
+
+
+def positive_number(option: str, text: str, command: str) -> float:
+    """The number from MIN_RATE to MAX_RATE an option's text writes; else a usage MoecError."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and MIN_RATE <= value <= MAX_RATE):
+        raise MoecError(
+            [
+                problem(
+                    option,
+                    f"must be a finite number from {MIN_RATE:g} to {MAX_RATE:g}",
+                    f"e.g. {option} 3000",
+                    value=text,
+                )
+            ],
+            command,
+            kind="usage",
+        )
+    return value
 
 
 _COMMANDS = {

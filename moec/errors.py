@@ -1,12 +1,13 @@
 """Errors are values: a `Problem` names where, what and what would be accepted.
 
 Every user-facing failure (bad TOML, unknown key, impossible combination, missing optional
-backend) is raised as one `MoecError` carrying all the problems found. The CLI prints each as
+backend, an output path the operating system refuses) is raised as one `MoecError` carrying all the problems found. The CLI prints each as
 `SPEC:LINE: key.path = value: what is wrong (what would be accepted)` and exits 2.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,16 +64,37 @@ def problem(
     return Problem(path, message, hint, value, True, rule=rule)
 
 
-def _show(value: Any) -> str:
+_SHOWN_DEPTH = 4
+"""Levels of a nested value a message shows (deeper ones are "...")."""
+_SHOWN_ITEMS = 16
+"""Items of a list or table a message shows."""
+_SHOWN_CHARS = 200
+"""Characters of a string or number a message shows."""
+
+
+def _show(value: Any, depth: int = 0) -> str:
+    """The value as TOML writes it, cut short where it is long or deep (one readable line)."""
     if isinstance(value, str):
-        return json.dumps(value)
+        text = json.dumps(value)
+        return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 4] + '..."'
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_show(v)}" for k, v in value.items()) + "}"
-    return str(value)
+    if isinstance(value, (list, tuple, dict)):
+        if depth >= _SHOWN_DEPTH:
+            return "[...]" if isinstance(value, (list, tuple)) else "{...}"
+        if isinstance(value, dict):
+            items = [f"{k} = {_show(v, depth + 1)}" for k, v in list(value.items())[:_SHOWN_ITEMS]]
+        else:
+            items = [_show(v, depth + 1) for v in value[:_SHOWN_ITEMS]]
+        if len(value) > _SHOWN_ITEMS:
+            items.append(f"... {len(value) - _SHOWN_ITEMS} more")
+        opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+        return opening + ", ".join(items) + closing
+    return _cut(str(value))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
 
 
 @dataclass
@@ -82,7 +104,8 @@ class MoecError(Exception):
     problems: list[Problem]
     source: str = ""
     kind: str = "spec"
-    """"spec" for a bad spec, "backend" for a missing optional package, "usage" for arguments."""
+    """"spec" for a bad spec, "backend" for a missing optional package, "usage" for arguments,
+    "io" for a file or folder the operating system would not read or write."""
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -93,3 +116,26 @@ class MoecError(Exception):
 
     def __str__(self) -> str:
         return self.report()
+
+
+_OS_HINTS = {
+    errno.EACCES: "a path you may write to (check the permissions of it and its folder)",
+    errno.EPERM: "a path you may write to (check the permissions of it and its folder)",
+    errno.ENOENT: "check the path: a folder on the way does not exist",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EISDIR: "a file path, not a folder",
+    errno.ENOSPC: "free some space on that disk, or write elsewhere",
+    errno.EROFS: "a path on a writable file system",
+    errno.ENAMETOOLONG: "a shorter path",
+}
+
+
+def os_error(error: OSError, path: object, action: str = "cannot write") -> MoecError:
+    """A MoecError of kind "io" for an OSError: `PATH: action: OS reason (hint)`."""
+    where = error.filename if error.filename is not None else path
+    reason = error.strerror or str(error)
+    return MoecError(
+        [problem("", f"{action}: {reason}", _OS_HINTS.get(error.errno, ""))],
+        str(where),
+        kind="io",
+    )

@@ -15,16 +15,31 @@ from moec.spec import load_spec
 DEFAULT_TOKENS = (1, 64, 4096)
 
 
+MAX_TOKENS = 2**31 - 1
+"""Largest token count of a cost row (the spec's integer bound)."""
+MAX_ROWS = 64
+"""Most token counts one --tokens lists."""
+
+
 def parse_tokens(text: str | None) -> list[int]:
+    """Token counts of `--tokens 1,64,4096`: whole numbers from 1 to MAX_TOKENS."""
     if not text:
         return list(DEFAULT_TOKENS)
     try:
         tokens = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         tokens = []
-    if not tokens or any(t < 0 for t in tokens):
+    if not tokens or len(tokens) > MAX_ROWS or any(not 1 <= t <= MAX_TOKENS for t in tokens):
         raise MoecError(
-            [problem("--tokens", "expects token counts", "e.g. --tokens 1,64,4096", value=text)],
+            [
+                problem(
+                    "--tokens",
+                    f"expects token counts: up to {MAX_ROWS} whole numbers from 1 to "
+                    f"{MAX_TOKENS}, separated by commas",
+                    "e.g. --tokens 1,64,4096",
+                    value=text,
+                )
+            ],
             "moec explain",
             kind="usage",
         )

@@ -1,15 +1,22 @@
 """`moec run`: build, import, load or randomize weights, run one forward, report.
 
 Prints the output checksum, the forward time, and, when the spec's backend is not torch, the
-max relative error against the torch backend on the same weights and input.
+max relative error against the torch backend on the same weights and input. Checks before it
+allocates anything that the forward fits: at most max_num_tokens tokens, and the least memory
+the layer needs (moec/spec/memory.py) within what the device has free.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 from moec.errors import MoecError, problem
-from moec.spec import load_spec
+from moec.spec import LoadedSpec, load_spec
+from moec.spec.memory import layer_bytes, show_bytes
+
+MAX_SEED = 2**32 - 1
+"""Largest --seed: random weights seed one generator per tensor from seed * 100003 + stream."""
 
 
 def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, prefix: str) -> str:
@@ -17,10 +24,8 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
 
     import moec
 
-    if tokens < 0:
-        raise MoecError(
-            [problem("--tokens", "must be >= 0", "a token count", value=tokens)], kind="usage"
-        )
+    _check_whole("--tokens", tokens, 1, 2**31 - 1)
+    _check_whole("--seed", seed, 0, MAX_SEED)
     loaded = load_spec(path, overrides)
     spec = loaded.spec
     device = spec.target.device
@@ -40,7 +45,10 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
             loaded.source,
             kind="usage",
         )
+    _check_bound(loaded, tokens)
     package = moec.load(loaded)
+    compared = package.PLAN["choices"]["gemm_backend"] != "torch"
+    _check_memory(loaded, tokens, layers=2 if compared else 1)
     layer = _layer(package, device, weights, prefix, seed)
     dtype = getattr(torch, spec.target.dtype)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -56,7 +64,7 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
         f"checksum  sum {out.double().sum().item():.6e}, sum|x| {out.double().abs().sum().item():.6e}",
         f"time      {elapsed * 1e3:.3f} ms per forward (median)",
     ]
-    if package.PLAN["choices"]["gemm_backend"] != "torch":
+    if compared:
         reference = moec.load(load_spec(path, [*overrides, "experts.gemm_backend=torch"]))
         expected = _layer(reference, device, weights, prefix, seed)(x)
         scale = expected.double().abs().max().item() or 1.0
@@ -65,17 +73,98 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
     return "\n".join(lines) + "\n"
 
 
+def _check_whole(option: str, value: int, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise MoecError(
+            [problem(option, f"must be a whole number from {low} to {high}", value=value)],
+            "moec run",
+            kind="usage",
+        )
+
+
+def _check_bound(loaded: LoadedSpec, tokens: int) -> None:
+    """Raise when `tokens` is more than one forward of the layer takes."""
+    bound = loaded.spec.target.max_num_tokens
+    if tokens > bound:
+        raise MoecError(
+            [
+                problem(
+                    "--tokens",
+                    f"more than target.max_num_tokens = {bound}, the most one forward of this "
+                    "layer takes",
+                    f"at most {bound}, or --set target.max_num_tokens={tokens}",
+                    value=tokens,
+                )
+            ],
+            loaded.source,
+            kind="usage",
+        )
+
+
+def _check_memory(loaded: LoadedSpec, tokens: int, layers: int) -> None:
+    """Raise before allocating when the weights of `layers` layers and a forward of `tokens`
+    tokens need more memory than the device has free."""
+    spec = loaded.spec
+    needed = layer_bytes(spec, tokens)
+    total = layers * needed.weights + needed.activations
+    free = _free_memory(spec.target.device)
+    if free is not None and total > free:
+        raise MoecError(
+            [
+                problem(
+                    "--tokens",
+                    f"the layer needs at least {show_bytes(total)} (weights "
+                    f"{show_bytes(layers * needed.weights)}, a forward of {tokens} tokens "
+                    f"{show_bytes(needed.activations)}), more than the {show_bytes(free)} free "
+                    f"on this {spec.target.device}",
+                    "fewer tokens, or a smaller layer",
+                    value=tokens,
+                )
+            ],
+            loaded.source,
+            kind="usage",
+        )
+
+
+def _free_memory(device: str) -> int | None:
+    """Bytes free on `device` (the host's available memory for cpu); None when unknown."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info()[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _layer(package, device: str, weights: str | None, prefix: str, seed: int):
     layer = package.MoELayer(device=device)
-    if weights:
-        try:
-            return layer.load_weights(weights, prefix)
-        except ValueError as error:
-            raise MoecError(
-                [problem("--weights", str(error), "a checkpoint of this layer", value=weights)],
-                kind="usage",
-            ) from None
-    return layer.random_(seed)
+    if not weights:
+        return layer.random_(seed)
+    try:
+        return layer.load_weights(weights, prefix)
+    except ValueError as error:  # WeightError is one: every problem of the checkpoint
+        problems = getattr(error, "problems", None) or [str(error)]
+        hint = "a checkpoint of this layer"
+    except (OSError, RuntimeError, TypeError, KeyError, IndexError) as error:
+        problems = [f"cannot load: {type(error).__name__}: {error}"]
+        hint = "a checkpoint of this layer (if it is one, this is a moec bug: please report it)"
+    source = str(weights)
+    return _raise_weights(problems, source, hint)
+
+
+def _raise_weights(problems: list[str], source: str, hint: str):
+    """One problem per line of the checkpoint's, each under the --weights path (named once)."""
+    lines = [line.removeprefix(f"{source}: ") for line in problems]
+    raise MoecError([problem("--weights", line, hint) for line in lines], source, kind="usage")
 
 
 def _time(layer, x, device: str, repeats: int = 5) -> float:

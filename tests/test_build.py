@@ -39,7 +39,9 @@ def test_build_writes_the_package(tmp_path, capsys):
         "torch_select.py",
         "weight_formats.py",
     ]
-    assert names == sorted([*generated, *copied, "plan.json", "spec.json", "spec.toml"])
+    # .moec-build: the marker that lets the next build replace this folder (and only it)
+    marker = [".moec-build"]
+    assert names == sorted([*generated, *copied, *marker, "plan.json", "spec.json", "spec.toml"])
     spec_hash = load_spec(EXAMPLES / "tiny-cpu.toml").content_hash
     for name in generated + copied:
         header = (package / name).read_text().splitlines()[0]

@@ -245,7 +245,7 @@ def test_init_per_tensor_fp8(tmp_path, capsys):
         ({"n_group": 7}, "router.n_group = 7"),
         ({"scoring_func": "softmax"}, 'router.scoring_func = "softmax"'),
         ({"num_experts_per_tok": 300}, "model.num_experts_per_tok = 300"),
-        ({"hidden_size": "7168"}, 'model.hidden_size = "7168"'),
+        ({"hidden_size": "7168"}, 'hidden_size = "7168": is a string, not an integer'),
         ({"routed_scaling_factor": -1.0}, "router.routed_scaling_factor = -1.0"),
         (
             {"quantization_config": {**FP8, "weight_block_size": [128, 128, 128]}},

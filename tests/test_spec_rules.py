@@ -324,6 +324,18 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("token_bound_applies", {"parallel.max_tokens_per_rank": 64}, "parallel.max_tokens_per_rank"),
     ("arch_needs_cuda", {"target.arch": "sm100"}, "target.arch"),
+    # DeepSeek-V3 experts 16 times wider: 367 GiB of bf16 weights, over the H200's 139.8 GiB
+    (
+        "layer_fits_device",
+        {
+            **CUDA,
+            "model.hidden_size": 7168 * 16,
+            "model.n_routed_experts": 256,
+            "model.moe_intermediate_size": 2048,
+        },
+        "model",
+    ),
+    ("layer_fits_device", {"target.max_num_tokens": 2**31 - 1}, "target.max_num_tokens"),
 ]
 
 

@@ -75,9 +75,13 @@ def test_sources(saved, load_layer, tmp_path):
         weight_map.update({n: shard for n in part})
     (shards / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     _check_equal(package.MoELayer().load_weights(shards, hf_oracle.PREFIX), block)
-    # a torch state dict file
+    # a torch state dict file is not unpickled (it could run code): the error says how to
+    # convert it; the state dict torch.load(weights_only=True) returns loads
     torch.save(tensors, tmp_path / "moe.pt")
-    _check_equal(package.MoELayer().load_weights(tmp_path / "moe.pt", hf_oracle.PREFIX), block)
+    with pytest.raises(ValueError, match="pickle file"):
+        package.MoELayer().load_weights(tmp_path / "moe.pt", hf_oracle.PREFIX)
+    state = torch.load(tmp_path / "moe.pt", weights_only=True)
+    _check_equal(package.MoELayer().load_weights(state, hf_oracle.PREFIX), block)
 
 
 def test_transformers_fused_in_memory_names(saved, load_layer):

@@ -9,27 +9,54 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
+from moec.errors import MoecError, problem
 from moec.spec import LoadedSpec, load_spec
+
+_CACHE_HINT = "set MOEC_CACHE_DIR (or pass cache_dir=) to a folder you may write to"
 
 
 def cache_root() -> Path:
+    """$MOEC_CACHE_DIR/moec, else $XDG_CACHE_HOME/moec, else ~/.cache/moec."""
     base = os.environ.get("MOEC_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME")
-    return Path(base) / "moec" if base else Path.home() / ".cache" / "moec"
+    if base:
+        return Path(base) / "moec"
+    try:
+        return Path.home() / ".cache" / "moec"
+    except (RuntimeError, KeyError):  # no HOME and no password entry
+        raise MoecError(
+            [problem("MOEC_CACHE_DIR", "is not set and this user has no home folder", _CACHE_HINT)],
+            kind="io",
+        ) from None
+
+
+def _build_cached(loaded: LoadedSpec, folder: Path):
+    """Build into the cache; an OS failure names the cache folder and how to choose another."""
+    from moec.codegen import build
+
+    try:
+        return build(loaded, folder)
+    except MoecError as error:
+        if error.kind not in ("io", "usage"):
+            raise
+        problems = [
+            replace(each, hint=f"{each.hint}; or {_CACHE_HINT}" if each.hint else _CACHE_HINT)
+            for each in error.problems
+        ]
+        raise MoecError(problems, error.source, kind=error.kind) from None
 
 
 def load(spec, overrides=(), cache_dir: str | Path | None = None) -> ModuleType:
     """Build `spec` (path or LoadedSpec) unless the cache has it, import it, return the module."""
-    from moec.codegen import build
-
     loaded = spec if isinstance(spec, LoadedSpec) else load_spec(spec, overrides)
     key = f"{loaded.spec.name}_{loaded.content_hash[:12]}"
     if key in sys.modules:
         return sys.modules[key]
     folder = Path(cache_dir) if cache_dir else cache_root()
-    result = build(loaded, folder / key)
+    result = _build_cached(loaded, folder / key)
     init = result.package_dir / "__init__.py"
     module_spec = importlib.util.spec_from_file_location(
         key, init, submodule_search_locations=[str(result.package_dir)]

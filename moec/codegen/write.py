@@ -1,21 +1,143 @@
-"""Write a generated package atomically: into a temporary folder, then swapped into place.
+"""Write what moec generates without ever destroying what moec did not make.
 
-On Linux the swap is one renameat2(RENAME_EXCHANGE), so readers see the old package or the new
-one, never a mix; elsewhere two renames leave a window of one rename. An interrupted build
-leaves the previous package untouched.
+`write_package` (moec build, moec.load) makes `out/<name>/` hold exactly the package's files.
+It replaces that folder only when it holds a previous moec build (`ownership.foreign_reason`
+says how that is recognized); anything else there (a user's folder, a file, a symbolic link,
+a fifo) is refused, naming the path. The package is written into a staging folder beside the
+target (`.<name>.moec-<random>`, the marker written first so that a killed build's leftover is
+recognizable) and swapped into place: on Linux one renameat2(RENAME_EXCHANGE), so readers see
+the old package or the new one, never a mix; elsewhere two renames. An interrupted build
+leaves the previous package whole; the next build removes the leftovers of killed ones.
+
+Builds into one folder take an exclusive flock on it, so two racing builds run one after the
+other and both end with a whole package. Folders and files are created with the user's umask.
+
+`write_text` (moec init -o, moec schema -o) replaces one file atomically, and only a file moec
+wrote. Every OS failure becomes a MoecError of kind "io" naming the path and the OS reason;
+names are checked against the file system's NAME_MAX and PATH_MAX before anything is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
+import secrets
 import shutil
-import tempfile
+import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from moec.codegen.ownership import (
+    MARKER,
+    foreign_reason,
+    is_leftover_name,
+    marker_bytes,
+)
+from moec.errors import MoecError, os_error, problem
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
+_STAGING_TAG = ".moec-"
+_RANDOM_CHARS = 8
+
+
+def write_package(target: Path, files: dict[str, bytes]) -> bool:
+    """Make `target` hold exactly `files`; return False when it already did (nothing written).
+    Raise MoecError when `target` is not moec's to replace, or the OS refuses."""
+    target = Path(target)
+    check_limits(target, [*files, MARKER, _staging_name(target, "x" * _RANDOM_CHARS)])
+    try:
+        parent = make_folder(target.parent)
+        with _folder_lock(parent):
+            if _holds_exactly(target, files):
+                return False
+            _refuse_unless_moec_build(target)
+            _remove_leftovers(target)
+            _swap_in(_stage(target, files), target)
+            return True
+    except OSError as error:
+        raise _named(error, target) from None
+
+
+def _named(error: OSError, target: Path) -> MoecError:
+    """The MoecError of an OS failure, naming the user's path rather than moec's staging."""
+    if error.filename is not None and _STAGING_TAG in os.fspath(error.filename):
+        error.filename = str(target)
+    return os_error(error, target)
+
+
+def _holds_exactly(target: Path, files: dict[str, bytes]) -> bool:
+    """Whether `target` is a real folder holding `files` and the marker (and __pycache__)."""
+    if not target.is_dir() or target.is_symlink():
+        return False
+    expected = {**files, MARKER: marker_bytes(files)}
+    present = {entry.name for entry in os.scandir(target) if entry.name != "__pycache__"}
+    if present != set(expected):
+        return False
+    return all(
+        (target / name).is_file() and (target / name).read_bytes() == data
+        for name, data in expected.items()
+    )
+
+
+def _refuse_unless_moec_build(target: Path) -> None:
+    if not os.path.lexists(target):
+        return
+    reason = foreign_reason(target)
+    if reason:
+        raise MoecError(
+            [
+                problem(
+                    "",
+                    f"not replaced: {reason}; moec build replaces only a folder it wrote",
+                    "move it away, or build into another folder with -o",
+                )
+            ],
+            str(target),
+            kind="usage",
+        )
+
+
+def _staging_name(target: Path, tag: str) -> str:
+    return f".{target.name}{_STAGING_TAG}{tag}"
+
+
+def _stage(target: Path, files: dict[str, bytes]) -> Path:
+    """A new staging folder beside `target` holding the marker and `files`."""
+    while True:
+        staging = target.with_name(_staging_name(target, secrets.token_hex(_RANDOM_CHARS // 2)))
+        try:
+            os.mkdir(staging, 0o777)  # the umask applies, unlike tempfile.mkdtemp's 0700
+            break
+        except FileExistsError:
+            continue
+    try:
+        (staging / MARKER).write_bytes(marker_bytes(files))
+        for name, data in sorted(files.items()):
+            (staging / name).write_bytes(data)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Put the staging folder at `target`; remove the previous build it replaces."""
+    try:
+        if not os.path.lexists(target):
+            os.rename(staging, target)
+        elif _exchange(staging, target):
+            shutil.rmtree(staging)  # now holds the previous package
+        else:
+            previous = target.with_name(_staging_name(target, "previous"))
+            os.rename(target, previous)
+            os.rename(staging, target)
+            shutil.rmtree(previous)
+    finally:
+        if os.path.lexists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _exchange(first: Path, second: Path) -> bool:
@@ -32,39 +154,171 @@ def _exchange(first: Path, second: Path) -> bool:
         ctypes.c_char_p,
         ctypes.c_uint,
     ]
-    result = renameat2(_AT_FDCWD, bytes(first), _AT_FDCWD, bytes(second), _RENAME_EXCHANGE)
-    return result == 0
+    paths = (os.fsencode(os.path.abspath(first)), os.fsencode(os.path.abspath(second)))
+    return renameat2(_AT_FDCWD, paths[0], _AT_FDCWD, paths[1], _RENAME_EXCHANGE) == 0
 
 
-def write_package(target: Path, files: dict[str, bytes]) -> bool:
-    """Make `target` hold exactly `files`; return False when it already did (nothing written)."""
-    target = Path(target)
-    if target.is_dir() and _same(target, files):
-        return False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+def _remove_leftovers(target: Path) -> None:
+    """Remove the staging folders of earlier builds of `target` that were killed (the caller
+    holds the folder lock, so no live build owns one). Best effort: a failure is no error."""
+    for entry in os.scandir(target.parent):
+        if not is_leftover_name(entry.name, target.name):
+            continue
+        if entry.is_dir(follow_symlinks=False) and foreign_reason(Path(entry.path), True) is None:
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive flock on `folder` while the block runs (nothing where flock is missing)."""
     try:
-        for name, data in sorted(files.items()):
-            (staging / name).write_bytes(data)
-        if not target.exists():
-            os.rename(staging, target)
-            return True
-        if _exchange(staging.resolve(), target.resolve()):
-            shutil.rmtree(staging)  # now holds the previous package
-            return True
-        previous = target.with_name(f".{target.name}.previous")
-        shutil.rmtree(previous, ignore_errors=True)
-        os.rename(target, previous)
-        os.rename(staging, target)
-        shutil.rmtree(previous)
-        return True
+        import fcntl
+    except ImportError:  # not POSIX: builds are not serialized
+        yield
+        return
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:  # a folder one may write but not read: unserialized
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):  # file systems without locks: unserialized
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        os.close(descriptor)  # releases the lock
 
 
-def _same(target: Path, files: dict[str, bytes]) -> bool:
-    present = {p.name for p in target.iterdir() if p.is_file() and p.name != "__pycache__"}
-    if present != set(files):
-        return False
-    return all((target / name).read_bytes() == data for name, data in files.items())
+# --- paths --------------------------------------------------------------------------------
+
+
+def make_folder(folder: Path) -> Path:
+    """Create `folder` and its parents as needed; raise MoecError when a part is no folder."""
+    existing = _nearest_existing(Path(folder))
+    if not existing.is_dir():
+        raise _not_a_folder(existing)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _not_a_folder(path: Path) -> MoecError:
+    what = "is a file, not a folder" if path.is_file() else "is not a folder"
+    hint = "an output folder that is a folder, or that does not exist yet"
+    return MoecError([problem("", what, hint)], str(path), kind="io")
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_limits(path: Path, children: list[str] = ()) -> None:
+    """Raise MoecError when a name in `path` (or a child name to be written in it) is longer
+    than NAME_MAX, or the longest path is longer than PATH_MAX, of the file system there."""
+    absolute = Path(os.path.abspath(path))
+    existing = _nearest_existing(absolute)
+    name_max = _pathconf(existing, "PC_NAME_MAX", 255)
+    path_max = _pathconf(existing, "PC_PATH_MAX", 4096)
+    for name in [*absolute.parts[1:], *children]:
+        size = len(os.fsencode(name))
+        if size > name_max:
+            raise MoecError(
+                [
+                    problem(
+                        "",
+                        f"a name of {size} bytes is longer than the file system allows "
+                        f"({name_max} bytes)",
+                        "a shorter name",
+                    )
+                ],
+                str(path),
+                kind="io",
+            )
+    longest = max((len(os.fsencode(child)) for child in children), default=0)
+    size = len(os.fsencode(str(absolute))) + 1 + longest
+    if size >= path_max:
+        raise MoecError(
+            [
+                problem(
+                    "",
+                    f"the path is {size} bytes, longer than the file system allows ({path_max})",
+                    "a shorter path",
+                )
+            ],
+            str(path),
+            kind="io",
+        )
+
+
+def _pathconf(path: Path, name: str, default: int) -> int:
+    try:
+        return int(os.pathconf(path, name))
+    except (OSError, ValueError, AttributeError):
+        return default
+
+
+# --- single files -------------------------------------------------------------------------
+
+
+def write_text(
+    path: Path, text: str, written_by_moec: Callable[[bytes], bool], make_parents: bool = False
+) -> None:
+    """Write `text` to the file `path` atomically (a temporary file beside it, renamed over
+    it). An existing file is replaced only when `written_by_moec(its bytes)`; a folder, a
+    link or a special file there is refused. Raise MoecError when refused or the OS refuses."""
+    path = Path(path)
+    check_limits(path.parent, [path.name, f".{path.name}{_STAGING_TAG}xxxxxxxx"])
+    try:
+        parent = make_folder(path.parent) if make_parents else _existing_folder(path.parent)
+        _refuse_unless_moec_file(path, written_by_moec)
+        temporary = parent / f".{path.name}{_STAGING_TAG}{secrets.token_hex(4)}"
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(temporary, path)
+        finally:
+            if os.path.lexists(temporary):
+                os.unlink(temporary)
+    except OSError as error:
+        raise _named(error, path) from None
+
+
+def _existing_folder(folder: Path) -> Path:
+    folder = folder if str(folder) else Path(".")
+    if not os.path.lexists(folder):
+        raise MoecError(
+            [problem("", "no such folder", "create it first, or write elsewhere")],
+            str(folder),
+            kind="io",
+        )
+    if not folder.is_dir():
+        raise _not_a_folder(folder)
+    return folder
+
+
+def _refuse_unless_moec_file(path: Path, written_by_moec: Callable[[bytes], bool]) -> None:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        reason = "is a folder"
+        hint = f"a file path, e.g. {path / 'spec.toml'}"
+    elif stat.S_ISLNK(mode):
+        reason, hint = "is a symbolic link; moec does not write through it", "another path"
+    elif not stat.S_ISREG(mode):
+        reason, hint = "is not a regular file (a fifo, socket or device)", "another path"
+    elif not written_by_moec(_head(path)):
+        reason = "exists and was not written by moec; it is left as it is"
+        hint = "remove it first, or write to another path"
+    else:
+        return
+    raise MoecError([problem("", reason, hint)], str(path), kind="usage")
+
+
+def _head(path: Path, size: int = 1 << 20) -> bytes:
+    """The first `size` bytes of a file (a file moec writes is smaller)."""
+    with open(path, "rb") as handle:
+        return handle.read(size)

@@ -1,71 +1,460 @@
-"""Read checkpoint tensors by name: a state dict, a safetensors or torch file, a folder of
-safetensors shards (with or without model.safetensors.index.json), or (name, tensor) pairs."""
+"""Read checkpoint tensors by name, checking each one as it is read.
+
+    read_tensors(source, prefix="", expected=None, *, allow_pickle=False, problems=None,
+                 progress=None) -> iterator of (name after prefix, tensor)
+
+`source` is one of:
+  - a mapping of names to tensors (a state dict);
+  - an iterable of (name, tensor) pairs;
+  - the path (str or os.PathLike) of a .safetensors file;
+  - the path of a folder of .safetensors shards, with or without model.safetensors.index.json
+    (with it, only the shards that hold wanted tensors are opened);
+  - the path of a pickled torch file (.bin, .pt, .pth), read only with `allow_pickle=True`
+    (through torch.load(weights_only=True)): unpickling can run code, so by default the
+    message says how to convert it to safetensors.
+
+Only names that start with `prefix` are read, and they are yielded without it. `expected`
+(names after the prefix) limits the read to those names: a collection of names, or a mapping of
+names to the dtype kind each must have (FLOATING, WIDE_FLOAT or STORED); without it, every
+tensor under the prefix is read, of kind STORED.
+
+Every problem is collected (a missing path, a missing, truncated or garbage safetensors file,
+an index.json that is not JSON, lacks `weight_map` or names a missing shard, a source that is
+not a mapping of names to tensors, a pickle file, a tensor of the wrong dtype kind, an fp8
+weight without its scale, non-finite values, checked per tensor as it is read) and raised together as one WeightError after the last
+tensor, or appended to `problems` when the caller passes a list to add its own to. When no
+wanted tensor is under the prefix, the problem names the prefixes under which the checkpoint
+does hold them (`suggest_prefixes`). Reading a folder of shards draws a progress bar on stderr
+when it is a terminal (`progress=None`), since a real checkpoint is hundreds of gigabytes.
+
+Plain module: the standard library, torch and safetensors only; copied into generated packages.
+"""
 
 import json
+import os
+import pickle
+import re
+import sys
+import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 
+FLOATING = "floating"
+"""Any floating-point dtype: bf16, fp16, fp32, fp64, fp8."""
+WIDE_FLOAT = "wide float"
+"""Floating point of two bytes or more: a weight stored without a scale (fp8 would lose one)."""
+STORED = "stored"
+"""Floating point, or uint8 / int8 bytes (packed e2m1 pairs, UE8M0 exponents): any format a
+weight or scale is stored in. Bool and wider integers are never weights."""
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+INDEX = "model.safetensors.index.json"
+_UNPICKLE_ERRORS = (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError, RuntimeError)
+_UNPICKLE_ERRORS += (ValueError, TypeError, KeyError, AttributeError, ImportError)
+"""What torch.load(weights_only=True) raises on a bad or disallowed file."""
+LAYER_NAME = re.compile(r"gate\.(weight|e_score_correction_bias)$|(shared_)?experts\.")
+"""How the names of an MoE layer start after its prefix: what a read without `expected`
+looks for before it suggests another prefix."""
+_SHOWN = 10
+"""Most names one problem lists."""
+
 
 class WeightError(ValueError):
-    """Every missing, unexpected or mis-shaped tensor of one load, listed together."""
+    """Every problem of one load (missing, unexpected, mis-shaped or unreadable tensors)."""
 
     def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__("cannot load the weights:\n  " + "\n  ".join(problems))
+        self.problems = list(problems)
+        super().__init__("cannot load the weights:\n  " + "\n  ".join(self.problems))
 
 
-def read_tensors(source, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name after prefix, tensor) for every tensor of `source` whose name starts with prefix."""
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if path.is_dir():
-            yield from _read_folder(path, prefix)
-        elif path.suffix == ".safetensors":
-            yield from _read_safetensors(path, prefix)
-        elif path.exists():
-            yield from _strip(
-                torch.load(path, map_location="cpu", weights_only=True).items(), prefix
+def read_tensors(
+    source,
+    prefix: str = "",
+    expected=None,
+    *,
+    allow_pickle: bool = False,
+    problems: list[str] | None = None,
+    progress: bool | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name after prefix, tensor) for each wanted tensor of `source` (see the module doc)."""
+    found: set[str] = set()
+    raise_at_end = problems is None
+    problems = [] if problems is None else problems
+    if not isinstance(prefix, str):
+        raise WeightError([f"prefix {prefix!r}: a string, e.g. 'model.layers.3.mlp.'"])
+    wanted = _Wanted(prefix, expected)
+    narrow: list[str] = []
+    for name, tensor in _read_source(source, wanted, problems, found, allow_pickle, progress):
+        _check(name, tensor, wanted.kind(name), problems)
+        if tensor.dtype.is_floating_point and tensor.element_size() == 1:
+            narrow.append(name)
+        yield name[len(prefix) :], tensor
+    problems += _unscaled(narrow, found)
+    misplaced = _prefix_problem(wanted, found)
+    if misplaced:
+        problems.append(misplaced)
+    elif not found and not problems:
+        problems.append(f"{_describe(source)}: holds no tensors")
+    if raise_at_end and problems:
+        raise WeightError(problems)
+
+
+class _Wanted:
+    """Which names a read wants; how many it has read, and how many named like a layer's."""
+
+    def __init__(self, prefix: str, expected) -> None:
+        self.prefix = prefix
+        self.names = None if expected is None else set(expected)
+        self.kinds = dict(expected) if isinstance(expected, Mapping) else {}
+        self.seen = 0
+        self.layer_like = 0
+
+    def wants(self, full_name: str) -> bool:
+        if not full_name.startswith(self.prefix):
+            return False
+        return self.names is None or full_name[len(self.prefix) :] in self.names
+
+    def __call__(self, full_name: str) -> bool:
+        """Whether to read `full_name` (counted when so)."""
+        if not self.wants(full_name):
+            return False
+        self.seen += 1
+        self.layer_like += bool(LAYER_NAME.match(full_name[len(self.prefix) :]))
+        return True
+
+    def kind(self, full_name: str) -> str:
+        return self.kinds.get(full_name[len(self.prefix) :], STORED)
+
+
+# --- sources ------------------------------------------------------------------------------
+
+
+def _read_source(source, wanted, problems, found, allow_pickle, progress):
+    if isinstance(source, (str, os.PathLike)):
+        yield from _read_path(Path(source), wanted, problems, found, allow_pickle, progress)
+    elif isinstance(source, Mapping):
+        yield from _read_pairs(source.items(), wanted, problems, found)
+    elif isinstance(source, torch.nn.Module):
+        problems.append(f"a {type(source).__name__} module: pass its state_dict() instead")
+    elif isinstance(source, Iterable) and not isinstance(source, (bytes, bytearray, torch.Tensor)):
+        yield from _read_pairs(source, wanted, problems, found)
+    else:
+        problems.append(
+            f"cannot read weights from a {type(source).__name__}: a state dict, (name, tensor) "
+            "pairs, a .safetensors file or a folder of them"
+        )
+
+
+def _read_pairs(pairs, wanted, problems, found):
+    """(name, tensor) items: every name a string, every value a tensor."""
+    bad: list[str] = []
+    for item in pairs:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            bad.append(f"{_short(item)} is not a (name, tensor) pair")
+            continue
+        name, tensor = item
+        if not isinstance(name, str):
+            bad.append(f"the name {_short(name)} is a {type(name).__name__}, not a string")
+        elif not isinstance(tensor, torch.Tensor):
+            bad.append(
+                f"{name}: a {type(tensor).__module__}.{type(tensor).__qualname__}, not a tensor"
             )
         else:
-            raise WeightError([f"{path}: no such file or folder"])
-    elif isinstance(source, Mapping):
-        yield from _strip(source.items(), prefix)
-    elif isinstance(source, Iterable):
-        yield from _strip(source, prefix)
+            found.add(name)
+            if wanted(name):
+                yield name, tensor
+    if bad:
+        more = f" (and {len(bad) - _SHOWN} more)" if len(bad) > _SHOWN else ""
+        problems.append("not a mapping of names to tensors: " + "; ".join(bad[:_SHOWN]) + more)
+
+
+def _read_path(path: Path, wanted, problems, found, allow_pickle, progress):
+    if path.is_dir():
+        yield from _read_folder(path, wanted, problems, found, allow_pickle, progress)
+    elif not path.exists():
+        problems.append(f"{path}: no such file or folder")
+    elif _is_pickle(path):
+        yield from _read_pickle(path, wanted, problems, found, allow_pickle)
     else:
-        raise WeightError([f"cannot read weights from a {type(source).__name__}"])
+        yield from _read_safetensors(path, wanted, problems, found)
 
 
-def _strip(items, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, tensor in items:
-        if name.startswith(prefix):
-            yield name[len(prefix) :], tensor
+def _is_pickle(path: Path) -> bool:
+    """A torch.save file: by its suffix, or its first bytes (a zip archive, a pickle)."""
+    if path.suffix in PICKLE_SUFFIXES:
+        return True
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return False
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
 
 
-def _read_safetensors(path: Path, prefix: str, names: set[str] | None = None):
+def _read_pickle(path: Path, wanted, problems, found, allow_pickle):
+    if not allow_pickle:
+        problems.append(_pickle_advice(path))
+        return
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except _UNPICKLE_ERRORS as error:
+        problems.append(f"{path}: cannot load it with torch.load(weights_only=True): {error}")
+        return
+    if not isinstance(state, Mapping):
+        problems.append(f"{path}: holds a {type(state).__name__}, not a state dict")
+        return
+    yield from _read_pairs(state.items(), wanted, problems, found)
+
+
+def _pickle_advice(path: Path) -> str:
+    target = path.with_suffix(".safetensors")
+    command = (
+        "import torch, safetensors.torch as st; "
+        f"st.save_file(torch.load('{path}', weights_only=True), '{target}')"
+    )
+    return (
+        f"{path}: a pickle file (torch.save), not unpickled by default since unpickling can "
+        f'run code. Convert it once: python -c "{command}"; or pass the state dict that '
+        "torch.load(path, weights_only=True) returns (read_tensors: allow_pickle=True)"
+    )
+
+
+# --- safetensors --------------------------------------------------------------------------
+
+
+def _safetensors_errors() -> tuple[type[BaseException], ...]:
+    import safetensors
+
+    error = getattr(safetensors, "SafetensorError", None)
+    return (OSError, ValueError, RuntimeError) + ((error,) if error else ())
+
+
+def _read_safetensors(path: Path, wanted, problems, found, names: set[str] | None = None):
+    """The wanted tensors of one safetensors file (only `names` of it, when given)."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as handle:
-        for name in handle.keys():  # noqa: SIM118  (a safe_open handle is no dict)
-            if name.startswith(prefix) and (names is None or name in names):
-                yield name[len(prefix) :], handle.get_tensor(name)
-
-
-def _read_folder(path: Path, prefix: str):
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        shards: dict[str, set[str]] = {}
-        for name, shard in weight_map.items():
-            if name.startswith(prefix):
-                shards.setdefault(shard, set()).add(name)
-        for shard in sorted(shards):
-            yield from _read_safetensors(path / shard, prefix, shards[shard])
+    errors = _safetensors_errors()
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except errors as error:
+        problems.append(f"{path}: not a readable safetensors file: {error}")
         return
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise WeightError([f"{path}: no *.safetensors files"])
-    for file in files:
-        yield from _read_safetensors(file, prefix)
+    with handle:
+        present = list(handle.keys())  # a safe_open handle is no dict
+        found.update(present)
+        for name in present if names is None else sorted(names & set(present)):
+            if not wanted(name):
+                continue
+            try:
+                tensor = handle.get_tensor(name)
+            except errors as error:
+                problems.append(f"{name}: cannot read it from {path}: {error}")
+                continue
+            yield name, tensor
+    if names is not None and names - set(present):
+        absent = sorted(names - set(present))
+        problems.append(f"{INDEX} puts {_listing(absent)} in {path.name}, which lacks them")
+
+
+def _read_folder(path: Path, wanted, problems, found, allow_pickle, progress):
+    index = path / INDEX
+    if index.exists():
+        shards = _shards_from_index(index, wanted, problems, found)
+    else:
+        shards = {file.name: None for file in sorted(path.glob("*.safetensors"))}
+        if not shards:
+            pickles = sorted(f for f in path.iterdir() if f.suffix in PICKLE_SUFFIXES)
+            if pickles:
+                for file in pickles:
+                    yield from _read_pickle(file, wanted, problems, found, allow_pickle)
+                return
+            problems.append(f"{path}: a folder without *.safetensors files or {INDEX}")
+            return
+    bar = _Progress(len(shards), _is_terminal() if progress is None else progress)
+    for number, (shard, names) in enumerate(sorted(shards.items()), start=1):
+        file = path / shard
+        if not file.is_file():
+            problems.append(f"{index}: names the shard {shard}, which is not a file in {path}")
+        else:
+            yield from _read_safetensors(file, wanted, problems, found, names)
+        bar.show(number, shard)
+    bar.close()
+
+
+def _shards_from_index(index: Path, wanted, problems, found) -> dict[str, set[str]]:
+    """{shard file name: the wanted names it holds}, from model.safetensors.index.json."""
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        problems.append(f"{index}: not a JSON index: {error}")
+        return {}
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        problems.append(f'{index}: has no "weight_map" object of tensor names to shard files')
+        return {}
+    shards: dict[str, set[str]] = {}
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            problems.append(f"{index}: {name} is in {_short(shard)}, not a file name")
+            continue
+        found.add(name)
+        if wanted.wants(name):
+            shards.setdefault(shard, set()).add(name)
+    return shards
+
+
+# --- checks of each tensor ----------------------------------------------------------------
+
+
+def _check(name: str, tensor: torch.Tensor, kind: str, problems: list[str]) -> None:
+    """Add a problem naming the tensor when its dtype is not of `kind` or a value is not
+    finite. (The tensor is yielded anyway, so that a caller does not report it missing.)"""
+    if tensor.device.type == "meta":
+        problems.append(f"{name}: on the meta device, it holds no values")
+        return
+    reason = _wrong_kind(tensor.dtype, kind)
+    if reason:
+        problems.append(f"{name}: {tensor.dtype} {list(tensor.shape)}: {reason}")
+        return
+    bad = _non_finite_count(tensor)
+    if bad:
+        problems.append(f"{name}: {bad} of its {tensor.numel()} values are not finite (nan or inf)")
+
+
+def _unscaled(narrow: list[str], found: set[str]) -> list[str]:
+    """A problem for each fp8 weight without its scale in the checkpoint: its values alone are
+    not the weight (an fp8 checkpoint read where bf16 was declared, or a scale left out)."""
+    return [
+        f"{name}: fp8 values without {name}_scale_inv (or weight_scale): not a weight alone"
+        for name in narrow
+        if name.endswith("weight") and not {f"{name}_scale_inv", f"{name}_scale"} & found
+    ]
+
+
+def _wrong_kind(dtype: torch.dtype, kind: str) -> str:
+    """Why a tensor of `dtype` is no `kind` ("" when it is)."""
+    if dtype.is_floating_point:
+        if kind == WIDE_FLOAT and torch.empty((), dtype=dtype).element_size() < 2:
+            return "expected bf16, fp16 or fp32 values (an fp8 weight needs its scale)"
+        return ""
+    if kind == STORED and dtype in (torch.uint8, torch.int8):
+        return ""
+    if kind == STORED:
+        return "weights are floating point, or uint8 bytes of a packed format"
+    return "expected floating-point values"
+
+
+_NAN_BYTES = {
+    getattr(torch, name): (mask, value)
+    for name, mask, value in (
+        ("float8_e4m3fn", 0x7F, 0x7F),
+        ("float8_e5m2", 0x7C, 0x7C),
+        ("float8_e4m3fnuz", 0xFF, 0x80),
+        ("float8_e5m2fnuz", 0xFF, 0x80),
+        ("float8_e8m0fnu", 0xFF, 0xFF),
+    )
+    if hasattr(torch, name)
+}
+"""(mask, value) of the bytes that are nan or inf, per one-byte float dtype this torch has."""
+
+
+def _non_finite_count(tensor: torch.Tensor) -> int:
+    """Values of a floating-point tensor that are nan or inf (0 for other dtypes)."""
+    if not tensor.dtype.is_floating_point or tensor.numel() == 0:
+        return 0
+    if tensor.dtype in _NAN_BYTES:
+        mask, value = _NAN_BYTES[tensor.dtype]
+        return int(((tensor.view(torch.uint8) & mask) == value).sum())
+    try:
+        finite = torch.isfinite(tensor)
+    except (RuntimeError, TypeError):  # a packed float type without nan (e2m1)
+        return 0
+    return 0 if bool(finite.all()) else int((~finite).sum())
+
+
+# --- prefixes -----------------------------------------------------------------------------
+
+
+def suggest_prefixes(expected: Iterable[str] | None, found: Iterable[str]) -> list[str]:
+    """Prefixes under which the checkpoint names `found` hold the most of the `expected`
+    names (after a prefix; None: names like a layer's, LAYER_NAME), most first: e.g.
+    ["model.layers.3.mlp."] for "model.layers.3.mlp.gate.weight" and "gate.weight"."""
+    wanted = None if expected is None else set(expected)
+    counts: dict[str, int] = {}
+    for name in found:
+        parts = name.split(".")
+        for cut in range(1, len(parts)):
+            rest = ".".join(parts[cut:])
+            if rest in wanted if wanted is not None else LAYER_NAME.match(rest):
+                prefix = ".".join(parts[:cut]) + "."
+                counts[prefix] = counts.get(prefix, 0) + 1
+                break
+    return sorted(counts, key=lambda prefix: (-counts[prefix], _natural(prefix)))
+
+
+def _natural(text: str) -> list:
+    """Sort key that puts layers.3 before layers.10."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in text.split(".")]
+
+
+def _prefix_problem(wanted: _Wanted, found: set[str]) -> str | None:
+    """A problem when nothing the read wants is under its prefix (for a read without
+    `expected`: nothing named like a layer's), naming where the checkpoint has it."""
+    if not found or (wanted.seen if wanted.names is not None else wanted.layer_like):
+        return None
+    head = f'no tensor of the layer is under the prefix "{wanted.prefix}"'
+    prefixes = suggest_prefixes(wanted.names, found)
+    if prefixes:
+        more = len(prefixes) - 1
+        others = f" (and {more} other prefix{'es' if more > 1 else ''})" if more else ""
+        return f'{head}; the checkpoint has it under "{prefixes[0]}"{others}: pass that prefix'
+    if wanted.seen:
+        return None  # names of another kind: the caller reports what is missing
+    return f"{head}; its names look like {_listing(sorted(found)[:3])}"
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def _is_terminal() -> bool:
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _describe(source) -> str:
+    """How a problem names a source: its path, or its type."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    return f"the {type(source).__name__}"
+
+
+def _listing(names: list[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Progress:
+    """A one-line progress bar on stderr (nothing when off)."""
+
+    def __init__(self, total: int, on: bool) -> None:
+        self.total = total
+        self.on = on and total > 1
+
+    def show(self, done: int, label: str) -> None:
+        if self.on:
+            filled = 30 * done // self.total
+            bar = "#" * filled + "." * (30 - filled)
+            sys.stderr.write(f"\rloading weights [{bar}] {done}/{self.total} {label[:40]:<40}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.on:
+            sys.stderr.write("\n")
+            sys.stderr.flush()

@@ -14,9 +14,13 @@ from typing import Any
 
 from moec.errors import MoecError, problem
 from moec.resources import shipped_schema_path
+from moec.spec.hf_values import ConfigReader
 from moec.spec.loader import apply_overrides, check_raw
 
 _KNOWN_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+INIT_MARK = "# Written by `moec init --from-hf`"
+"""The second line of every spec `moec init` writes (the first is the #:schema line)."""
+_DTYPES = ("bfloat16", "float16", "float32")
 _TABLE_ORDER = ("model", "router", "quant", "activation", "experts", "parallel", "target")
 
 
@@ -26,34 +30,13 @@ def spec_from_hf(
     overrides: list[str] | tuple[str, ...] = (),
     schema_relative_to: str | Path | None = None,
 ) -> str:
-    """TOML text of a spec for the MoE layer described by the HF config at `config_path`."""
-    config_path = Path(config_path)
+    """TOML text of a spec for the MoE layer described by the HF config at `config_path` (a
+    config.json, or the folder holding one)."""
+    config_path = _config_file(Path(config_path))
+    config = _read_json(config_path)
+    set_keys = {item.partition("=")[0].strip() for item in overrides}
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise MoecError(
-            [problem("--from-hf", f"cannot read: {error.strerror}", "a config.json path")],
-            str(config_path),
-            kind="usage",
-        ) from None
-    except UnicodeDecodeError as error:
-        raise MoecError(
-            [problem("--from-hf", f"not UTF-8 text: {error.reason}", "a config.json")],
-            str(config_path),
-            kind="usage",
-        ) from None
-    except json.JSONDecodeError as error:
-        raise MoecError(
-            [
-                problem(
-                    "--from-hf", f"not JSON: {error.msg} at line {error.lineno}", "a config.json"
-                )
-            ],
-            str(config_path),
-            kind="usage",
-        ) from None
-    try:
-        raw = spec_data_from_config(config, name)
+        raw = spec_data_from_config(config, name, set_keys)
     except MoecError as error:
         raise MoecError(error.problems, str(config_path), kind=error.kind) from None
     raw, set_paths = apply_overrides(raw, overrides, str(config_path))
@@ -66,14 +49,76 @@ def spec_from_hf(
     return _to_toml(raw, config_path.name, config.get("model_type", "?"), schema)
 
 
-def spec_data_from_config(config: dict[str, Any], name: str | None = None) -> dict[str, Any]:
-    """Spec data (as parsed from TOML) for a HF DeepSeek-family config dict."""
+def written_by_init(data: bytes) -> bool:
+    """Whether a file's bytes are a spec `moec init` wrote (which `init -o` may replace)."""
+    return INIT_MARK.encode() in b"\n".join(data.split(b"\n", 2)[:2])
+
+
+def _config_file(path: Path) -> Path:
+    """`path`, or `path`/config.json when `path` is a folder."""
+    if not path.is_dir():
+        return path
+    if (path / "config.json").exists():
+        return path / "config.json"
+    raise MoecError(
+        [problem("--from-hf", "is a folder without a config.json", "a HF config.json")],
+        str(path),
+        kind="usage",
+    )
+
+
+def _read_json(config_path: Path) -> Any:
+    """The parsed config.json; a MoecError for a file that is not UTF-8 JSON."""
+
+    def fail(message: str) -> MoecError:
+        return MoecError(
+            [problem("--from-hf", message, "a HF config.json")], str(config_path), kind="usage"
+        )
+
+    try:
+        return json.loads(config_path.read_text(encoding="utf-8"), object_pairs_hook=_no_twice)
+    except OSError as error:
+        raise fail(f"cannot read: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise fail(f"not UTF-8 text: {error.reason}") from None
+    except json.JSONDecodeError as error:
+        raise fail(f"not JSON: {error.msg} at line {error.lineno}") from None
+    except RecursionError:
+        raise fail("not JSON moec can read: nested too deeply") from None
+    except _DuplicateKey as error:
+        raise fail(f"not a config: the key {json.dumps(error.key)} appears twice") from None
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict; a key written twice is an error, not the last one winning."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _DuplicateKey(key)
+        found[key] = value
+    return found
+
+
+def spec_data_from_config(
+    config: dict[str, Any], name: str | None = None, set_keys: set[str] | frozenset = frozenset()
+) -> dict[str, Any]:
+    """Spec data (as parsed from TOML) for a HF DeepSeek-family config dict.
+
+    Every value is type-checked, naming its config key; values are copied as written, never
+    coerced or repaired (ranges are the spec's to check, with the same key names). A key whose
+    spec key `set_keys` (the --set keys) overrides is not checked."""
     if not isinstance(config, dict):
         raise MoecError(
             [problem("--from-hf", "is not a JSON object", "a HF config.json")], kind="usage"
         )
     model_type = config.get("model_type")
-    if model_type not in _KNOWN_TYPES:
+    if not isinstance(model_type, str) or model_type not in _KNOWN_TYPES:
         raise MoecError(
             [
                 problem(
@@ -85,105 +130,100 @@ def spec_data_from_config(config: dict[str, Any], name: str | None = None) -> di
             ],
             kind="usage",
         )
-    is_v2 = model_type == "deepseek_v2"
-    missing = [
-        key
-        for key in (
-            "hidden_size",
-            "moe_intermediate_size",
-            "n_routed_experts",
-            "num_experts_per_tok",
-        )
-        if config.get(key) is None
-    ]
-    if missing:
-        raise MoecError(
-            [problem(key, "is missing from config.json", "a MoE config") for key in missing],
-            kind="usage",
-        )
-    raw: dict[str, Any] = {"name": name or _name_from(config)}
-    raw["model"] = {
-        "hidden_size": config["hidden_size"],
-        "moe_intermediate_size": config["moe_intermediate_size"],
-        "n_routed_experts": config["n_routed_experts"],
-        "num_experts_per_tok": config["num_experts_per_tok"],
-        "n_shared_experts": config.get("n_shared_experts") or 0,
-    }
-    default_scoring = "softmax" if is_v2 else "sigmoid"
-    default_method = "greedy" if is_v2 else "noaux_tc"
-    raw["router"] = {
-        "scoring_func": config.get("scoring_func") or default_scoring,
-        "topk_method": config.get("topk_method") or default_method,
-        "n_group": config.get("n_group") or 1,
-        "topk_group": config.get("topk_group") or 1,
-        "norm_topk_prob": bool(config.get("norm_topk_prob", not is_v2)),
-        "routed_scaling_factor": float(config.get("routed_scaling_factor") or 1.0),
-    }
-    raw["quant"] = _quant_from(config.get("quantization_config"))
-    if config.get("swiglu_limit"):
-        raw["activation"] = {"kind": "silu_clamped", "swiglu_limit": float(config["swiglu_limit"])}
-    elif config.get("hidden_act", "silu") != "silu":
-        raise MoecError(
-            [
-                problem(
-                    "hidden_act",
-                    "is not a gated activation moec knows",
-                    '"silu"',
-                    value=config["hidden_act"],
-                )
-            ],
-            kind="usage",
-        )
-    dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
-    raw["target"] = {
-        "device": "cuda",
-        "dtype": dtype if dtype in ("bfloat16", "float16", "float32") else "bfloat16",
-    }
+    reader = ConfigReader(config, set_keys)
+    raw = {"name": name or _name_from(reader)}
+    raw.update(model=_model_from(reader), router=_router_from(reader, model_type == "deepseek_v2"))
+    raw["quant"] = _quant_from(reader)
+    activation = _activation_from(reader)
+    if activation:
+        raw["activation"] = activation
+    raw["target"] = {"device": "cuda", "dtype": _dtype_from(reader)}
+    reader.raise_problems()
     return raw
 
 
-def _quant_from(quantization: dict[str, Any] | None) -> dict[str, Any]:
-    if not quantization:
-        return {"scheme": "bf16"}
-    if not isinstance(quantization, dict):
-        raise MoecError(
-            [
-                problem(
-                    "quantization_config",
-                    "is not a JSON object",
-                    '{"quant_method": "fp8", ...}',
-                    value=quantization,
-                )
-            ],
-            kind="usage",
-        )
-    method = str(quantization.get("quant_method", ""))
-    block = quantization.get("weight_block_size")
-    if "mxfp8" in method:
-        return {"scheme": "mxfp8", "checkpoint": "quantized"}
-    if method == "fp8":
-        if block:
-            return {"scheme": "fp8_block", "weight_block": list(block), "checkpoint": "quantized"}
-        return {
-            "scheme": "fp8_per_tensor",
-            "activation_scheme": quantization.get("activation_scheme", "dynamic"),
-            "checkpoint": "quantized",
-        }
-    raise MoecError(
-        [
-            problem(
-                "quantization_config.quant_method",
-                "is not a scheme moec runs",
-                '"fp8" or "mxfp8"',
-                value=method,
-            )
-        ],
-        kind="usage",
+def _dtype_from(reader: ConfigReader) -> str:
+    """`torch_dtype` (or transformers' newer `dtype`), bfloat16 when neither is set."""
+    key = "torch_dtype" if reader.config.get("torch_dtype") is not None else "dtype"
+    dtype = reader.text(key, "target.dtype")
+    if dtype is None:
+        return "bfloat16"
+    if dtype not in _DTYPES and not reader.overridden("target.dtype"):
+        hint = f"one of {', '.join(_DTYPES)}, or --set target.dtype=bfloat16"
+        reader.report(key, dtype, "is not a dtype a moec layer runs in", hint)
+    return dtype
+
+
+def _model_from(reader: ConfigReader) -> dict[str, Any]:
+    model = {
+        key: reader.integer(key, f"model.{key}", required=True)
+        for key in ("hidden_size", "moe_intermediate_size", "n_routed_experts")
+    }
+    model["num_experts_per_tok"] = reader.integer(
+        "num_experts_per_tok", "model.num_experts_per_tok", required=True
     )
+    shared = reader.integer("n_shared_experts", "model.n_shared_experts")
+    model["n_shared_experts"] = 0 if shared is None else shared
+    return model
 
 
-def _name_from(config: dict[str, Any]) -> str:
-    source = str(config.get("_name_or_path") or config.get("model_type") or "moe")
+def _router_from(reader: ConfigReader, is_v2: bool) -> dict[str, Any]:
+    """The router keys; a key left out (or null) takes the default of its model type."""
+    router = {
+        "scoring_func": reader.text("scoring_func", "router.scoring_func")
+        or ("softmax" if is_v2 else "sigmoid"),
+        "topk_method": reader.text("topk_method", "router.topk_method")
+        or ("greedy" if is_v2 else "noaux_tc"),
+    }
+    for key in ("n_group", "topk_group"):
+        value = reader.integer(key, f"router.{key}")
+        router[key] = 1 if value is None else value
+    norm = reader.boolean("norm_topk_prob", "router.norm_topk_prob")
+    router["norm_topk_prob"] = (not is_v2) if norm is None else norm
+    scaling = reader.number("routed_scaling_factor", "router.routed_scaling_factor")
+    router["routed_scaling_factor"] = 1.0 if scaling is None else scaling
+    return router
+
+
+def _activation_from(reader: ConfigReader) -> dict[str, Any] | None:
+    """silu_clamped with a (non-zero) swiglu_limit, else None (silu); another hidden_act is
+    reported."""
+    limit = reader.number("swiglu_limit", "activation")
+    act = reader.text("hidden_act", "activation")
+    if limit:  # 0 is how configs say "no clamp"; a negative limit is the spec's to reject
+        return {"kind": "silu_clamped", "swiglu_limit": limit}
+    if act not in (None, "silu") and not reader.overridden("activation"):
+        reader.report("hidden_act", act, "is not a gated activation moec knows", '"silu"')
+    return None
+
+
+def _quant_from(reader: ConfigReader) -> dict[str, Any]:
+    """The quant table from `quantization_config` (absent or null: bf16)."""
+    quantization = reader.table("quantization_config", "quant")
+    if quantization is None:
+        return {"scheme": "bf16"}
+    sub = ConfigReader(quantization, reader.set_keys, "quantization_config.", reader.problems)
+    method = sub.text("quant_method", "quant", required=True)
+    block = sub.integers("weight_block_size", "quant.weight_block")
+    activation = sub.text("activation_scheme", "quant.activation_scheme")
+    if method is None:
+        return {"scheme": "bf16"}  # reported, or overridden by --set
+    # activation_scheme as written, when written: the rules say what each scheme takes
+    written = {"activation_scheme": activation} if activation is not None else {}
+    if "mxfp8" in method:
+        return {"scheme": "mxfp8", **written, "checkpoint": "quantized"}
+    if method == "fp8" and (block or reader.overridden("quant.weight_block")):
+        block = block or [128, 128]  # the --set value replaces it
+        return {"scheme": "fp8_block", "weight_block": block, **written, "checkpoint": "quantized"}
+    if method == "fp8":
+        return {"scheme": "fp8_per_tensor", **written, "checkpoint": "quantized"}
+    if not reader.overridden("quant"):
+        sub.report("quant_method", method, "is not a scheme moec runs", '"fp8" or "mxfp8"')
+    return {"scheme": "bf16"}
+
+
+def _name_from(reader: ConfigReader) -> str:
+    source = reader.text("_name_or_path", "name") or reader.config["model_type"]
     name = re.sub(r"[^A-Za-z0-9_]", "_", source.rstrip("/").split("/")[-1]).strip("_").lower()
     if not name or name[0].isdigit():
         name = f"moe_{name}"
@@ -193,7 +233,7 @@ def _name_from(config: dict[str, Any]) -> str:
 def _to_toml(raw: dict[str, Any], config_name: str, model_type: str, schema: str) -> str:
     out = [
         f"#:schema {schema}",
-        f"# Written by `moec init --from-hf` from {json.dumps(config_name)} (model_type {model_type}).",
+        f"{INIT_MARK} from {json.dumps(config_name)} (model_type {model_type}).",
         f"name = {_value(raw['name'])}",
     ]
     out.extend(  # top-level keys other than name and the tables: from --set (description)

@@ -83,6 +83,10 @@ def parse_spec(
     """Check a spec given as TOML text."""
     try:
         raw = tomli.loads(text)
+    except RecursionError:
+        raise MoecError(
+            [problem("", _TOO_DEEP, "a spec nests tables and arrays a few levels")], source
+        ) from None
     except tomli.TOMLDecodeError as error:
         message = error.msg if hasattr(error, "msg") else str(error)
         line = getattr(error, "lineno", None)
@@ -95,6 +99,9 @@ def parse_spec(
     lines = key_lines(text)
     raw, set_paths = apply_overrides(raw, overrides, source)
     return check_raw(raw, source, text, lines, set_paths, tuple(overrides))
+
+
+_TOO_DEEP = "TOML nested too deeply to read (arrays or tables inside each other)"
 
 
 def check_raw(
@@ -173,6 +180,11 @@ def parse_override(item: str) -> tuple[str, Any]:
     text = value.strip()
     try:
         document = tomli.loads(f"value = {text}")
+    except RecursionError:
+        raise MoecError(
+            [problem("--set", f"the value of {key}: {_TOO_DEEP}", "one TOML value", value=key)],
+            kind="usage",
+        ) from None
     except tomli.TOMLDecodeError as error:
         if text[:1] not in ('"', "'", "[", "{") and "\n" not in text:
             return key, text
@@ -337,4 +349,8 @@ def _type_hint(kind_of: str, item: dict[str, Any]) -> str:
         return "a finite number"
     if kind_of in ("greater_than", "greater_than_equal"):
         return "a positive value" if item.get("ctx", {}).get("gt") == 0 else "a larger value"
+    if kind_of in ("less_than", "less_than_equal"):
+        return "a smaller value"
+    if kind_of == "string_too_long":
+        return "a shorter string"
     return ""

@@ -7,6 +7,8 @@ Keys follow HF `config.json` names where one exists.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import keyword
 import re
 import sys
@@ -16,21 +18,59 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
-SHADOWED = frozenset(sys.stdlib_module_names) | {
-    "torch",
-    "triton",
-    "numpy",
-    "safetensors",
-    "deep_gemm",
-    "deep_ep",
-    "moec",
-}
+MAX_NAME_LENGTH = 100
+"""Characters of a package name: with moec's staging and cache suffixes, the folder name stays
+well inside the 255 bytes file systems allow."""
+
+IMPORTED_BY_PACKAGES = frozenset(
+    {
+        # what generated packages import, besides the standard library
+        "torch",
+        "triton",
+        "numpy",
+        "safetensors",
+        "deep_gemm",
+        "deep_ep",
+        # what torch and triton import in turn
+        "typing_extensions",
+        "sympy",
+        "mpmath",
+        "networkx",
+        "jinja2",
+        "markupsafe",
+        "filelock",
+        "fsspec",
+        "setuptools",
+        "pkg_resources",
+        "_distutils_hack",
+        "functorch",
+        "torchgen",
+        "nvidia",
+        "optree",
+        "opt_einsum",
+        "psutil",
+        "packaging",
+        "tqdm",
+        "moec",
+    }
+)
+"""Modules a generated package imports, directly or through torch and triton."""
+
+SHADOWED = frozenset(sys.stdlib_module_names) | IMPORTED_BY_PACKAGES
 """Module names a generated package must not take: it would shadow them where it is imported."""
+
+MAX_INT = 2**31 - 1
+"""Largest integer any key takes: dims, counts and token bounds fit int32 (kernels index with
+them), and a TOML integer beyond 64 bits is reported with its key instead of reaching code."""
+MAX_FLOAT = 1e6
+"""Largest value of a float key (scaling factors, clamp limits, GiB, GB/s)."""
 
 Preset = Literal["deepseek-v3", "deepseek-r1", "deepseek-v2", "deepseek-v2-lite", "kimi-k2"]
 QuantScheme = Literal["bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"]
 Arch = Literal["sm80", "sm89", "sm90", "sm100", "sm120"]
-PositiveInt = Annotated[int, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0, le=MAX_INT)]
+Count = Annotated[int, Field(ge=0, le=MAX_INT)]
+PositiveFloat = Annotated[float, Field(gt=0, le=MAX_FLOAT)]
 
 
 class Table(BaseModel):
@@ -61,7 +101,7 @@ class Model(Table):
     """E: number of routed experts."""
     num_experts_per_tok: PositiveInt
     """K: experts each token is routed to (top-k)."""
-    n_shared_experts: Annotated[int, Field(ge=0)] = 0
+    n_shared_experts: Count = 0
     """Shared experts every token goes through; together one MLP of n_shared * I width."""
 
 
@@ -80,7 +120,7 @@ class Router(Table):
     """Groups kept per token by the grouped methods."""
     norm_topk_prob: bool = False
     """Renormalize the k selected weights to sum to 1."""
-    routed_scaling_factor: Annotated[float, Field(gt=0)] = 1.0
+    routed_scaling_factor: PositiveFloat = 1.0
     """Multiplies the routed experts' output (not the shared experts')."""
 
 
@@ -120,7 +160,7 @@ class SiluClamped(Table):
 
     kind: Literal["silu_clamped"]
     """Which gated activation; the other keys of [activation] depend on it."""
-    swiglu_limit: Annotated[float, Field(gt=0)]
+    swiglu_limit: PositiveFloat
     """Clamp bound (DeepSeek-V4 uses 10.0)."""
 
 
@@ -129,9 +169,9 @@ class OaiSwiglu(Table):
 
     kind: Literal["oai_swiglu"]
     """Which gated activation; the other keys of [activation] depend on it."""
-    alpha: Annotated[float, Field(gt=0)] = 1.702
+    alpha: PositiveFloat = 1.702
     """Slope inside the sigmoid (`gemm1_alpha`)."""
-    limit: Annotated[float, Field(gt=0)] = 7.0
+    limit: PositiveFloat = 7.0
     """Clamp bound (`gemm1_clamp_limit`)."""
 
 
@@ -140,9 +180,9 @@ class Situ(Table):
 
     kind: Literal["situ"]
     """Which gated activation; the other keys of [activation] depend on it."""
-    beta: Annotated[float, Field(gt=0)]
+    beta: PositiveFloat
     """Soft cap of the gate branch."""
-    linear_beta: Annotated[float, Field(gt=0)]
+    linear_beta: PositiveFloat
     """Soft cap of the up branch."""
 
 
@@ -158,7 +198,7 @@ class Experts(Table):
     """contiguous: rows grouped by expert, padded per expert; masked: [E, max_m, H] per
     expert with valid-row counts. auto: masked when its peak memory at max_num_tokens fits
     masked_memory_budget_gib."""
-    masked_memory_budget_gib: Annotated[float, Field(gt=0)] | None = None
+    masked_memory_budget_gib: PositiveFloat | None = None
     """Memory the masked layout may take; default 20% of the target's device memory."""
     shared_experts: Literal["auto", "separate", "fused"] = "auto"
     """separate: a dense MLP beside the routed experts; fused: appended as extra experts that
@@ -182,7 +222,7 @@ class Parallel(Table):
     nodes: PositiveInt = 1
     """Nodes the tp_size * ep_size ranks span, evenly: ranks of one node talk over NVLink,
     ranks of different nodes over the NIC (the cost model uses both)."""
-    nic_bandwidth_gbs: Annotated[float, Field(gt=0)] | None = None
+    nic_bandwidth_gbs: PositiveFloat | None = None
     """One-way network bandwidth per GPU between nodes, GB/s; default the device table's."""
 
 
@@ -203,8 +243,11 @@ class Spec(Table):
     """One DeepSeek-style MoE layer, as moec compiles it."""
 
     name: str
-    """ASCII identifier naming the generated package; not a keyword, nor the name of a module
-    it would shadow (the standard library, torch, triton, ...)."""
+    """ASCII identifier naming the generated package, importable by that name (at most 100
+    characters, no keyword, no dunder such as __main__), and not the name of a module it would
+    shadow: the standard library, what generated packages import directly or through torch
+    (torch, triton, numpy, safetensors, typing_extensions, sympy, jinja2, ...), or the top-level
+    module of a distribution installed where moec runs."""
     description: str = ""
     """Free text, copied into the generated package's docstring as a literal."""
     model: Model
@@ -217,15 +260,44 @@ class Spec(Table):
 
     @field_validator("name")
     @classmethod
-    def _name_is_identifier(cls, value: str) -> str:
-        if not IDENTIFIER.match(value) or keyword.iskeyword(value):
-            raise ValueError(
-                "must be an ASCII Python identifier that is not a keyword "
-                "(letters, digits and _, not starting with a digit)"
-            )
-        if value in SHADOWED:
-            raise ValueError(
-                f"would shadow the Python module {value} wherever the generated package is "
-                f"imported (another name, e.g. {value}_moe)"
-            )
+    def _name_is_a_package_name(cls, value: str) -> str:
+        reason = package_name_problem(value)
+        if reason:
+            raise ValueError(reason)
         return value
+
+
+def package_name_problem(name: str) -> str:
+    """Why `name` cannot name a generated package ("" when it can)."""
+    if not IDENTIFIER.match(name) or keyword.iskeyword(name):
+        return (
+            "must be an ASCII Python identifier that is not a keyword "
+            "(letters, digits and _, not starting with a digit)"
+        )
+    if len(name) > MAX_NAME_LENGTH:
+        return f"is {len(name)} characters long (a package name, at most {MAX_NAME_LENGTH})"
+    if name.startswith("__") and name.endswith("__"):
+        return (
+            f"a dunder name is Python's, not importable as a package (e.g. {name.strip('_')}_moe)"
+        )
+    if name in SHADOWED or name in installed_modules():
+        if name in sys.stdlib_module_names:
+            whose = "standard library"
+        elif name in IMPORTED_BY_PACKAGES:
+            whose = "imported by generated packages, directly or through torch"
+        else:
+            whose = "installed here"
+        return (
+            f"would shadow the Python module {name} ({whose}) wherever the generated package "
+            f"is imported (another name, e.g. {name}_moe)"
+        )
+    return ""
+
+
+@functools.cache
+def installed_modules() -> frozenset[str]:
+    """Top-level modules of the distributions installed in this environment."""
+    try:
+        return frozenset(importlib.metadata.packages_distributions())
+    except Exception:  # a broken distribution's metadata must not break validation
+        return frozenset()

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from moec.errors import Problem, problem
+from moec.spec import memory
 from moec.spec.models import Spec
 
 Check = Callable[[Spec], Iterator[Problem]]
@@ -677,3 +678,39 @@ def _arch(spec: Spec) -> Iterator[Problem]:
             'remove it, or device = "cuda"',
             value=spec.target.arch,
         )
+
+
+# --- size ---------------------------------------------------------------------------------
+
+
+@rule("layer_fits_device")
+def _fits_device(spec: Spec) -> Iterator[Problem]:
+    """One rank's weights and the activations of a forward of max_num_tokens tokens fit the
+    memory of the target device (the device table's; a CPU target has a ceiling no host
+    exceeds). A lower bound: the plan's buffers come on top."""
+    needed = memory.layer_bytes(spec, spec.target.max_num_tokens)
+    device, available = memory.device_memory(spec)
+    if needed.total <= available:
+        return
+    model = spec.model
+    if needed.activations > needed.weights:
+        key, value = "target.max_num_tokens", spec.target.max_num_tokens
+        what = f"a forward of {value} tokens"
+    else:
+        key, value = "model", None
+        what = (
+            f"{model.n_routed_experts} experts of 3 x {model.hidden_size} x "
+            f"{model.moe_intermediate_size} weights in {spec.quant.scheme}"
+        )
+    ranks = spec.parallel.tp_size * spec.parallel.ep_size
+    per_rank = " per rank" if ranks > 1 else ""
+    message = (
+        f"the layer needs at least {memory.show_bytes(needed.total)}{per_rank} (weights "
+        f"{memory.show_bytes(needed.weights)}, activations {memory.show_bytes(needed.activations)}"
+        f"; {what}), more than {device}"
+    )
+    hint = "smaller dims or target.max_num_tokens, or more ranks with parallel.ep_size"
+    if value is None:
+        yield problem(key, message, hint)
+    else:
+        yield problem(key, message, hint, value=value)

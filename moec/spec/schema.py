@@ -26,3 +26,11 @@ def spec_schema() -> dict[str, Any]:
 
 def schema_text() -> str:
     return json.dumps(spec_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def is_moec_schema(data: bytes) -> bool:
+    """Whether a file's bytes are a schema `moec schema` wrote (which `schema -o` may replace)."""
+    try:
+        return json.loads(data).get("$id") == SCHEMA_ID
+    except (ValueError, AttributeError, RecursionError):
+        return False

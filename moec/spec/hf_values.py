@@ -1,0 +1,142 @@
+"""Typed reads of a HF config.json: each value checked against the type its key takes.
+
+A read returns the value as written, or None when the key is absent or null (HF's "not set");
+a value of the wrong type is recorded as a problem naming the config key, never coerced (no
+"false" taken for true, no 0 for 1). Where a --set key overrides the spec key a config key
+becomes, a wrong value there is dropped instead: the override replaces it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from moec.errors import MoecError, Problem, problem
+
+
+@dataclass(frozen=True)
+class _Type:
+    noun: str
+    """What a key of this type holds: "an integer"."""
+    hint: str
+    """How to write one."""
+
+
+_INTEGER = _Type("an integer", "a JSON integer without quotes, e.g. 8")
+_NUMBER = _Type("a finite number", "a JSON number without quotes, e.g. 2.5")
+_BOOLEAN = _Type("a boolean", "true or false, without quotes")
+_STRING = _Type("a string", "a JSON string, in double quotes")
+_INTEGERS = _Type("a list of integers", "e.g. [128, 128]")
+_OBJECT = _Type("a JSON object", 'e.g. {"quant_method": "fp8", "weight_block_size": [128, 128]}')
+
+
+class ConfigReader:
+    """Reads the keys of one JSON object (the config, or a table inside it)."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        set_keys: set[str] | frozenset[str] = frozenset(),
+        prefix: str = "",
+        problems: list[Problem] | None = None,
+    ) -> None:
+        self.config = config
+        self.set_keys = set_keys
+        self.prefix = prefix
+        """Dotted path of this object in the config ("" at the top)."""
+        self.problems: list[Problem] = [] if problems is None else problems
+
+    def integer(self, key: str, spec_key: str, required: bool = False) -> int | None:
+        """An integer (not a bool, not a float)."""
+        return self._read(key, spec_key, required, _is_integer, _INTEGER)
+
+    def number(self, key: str, spec_key: str, required: bool = False) -> int | float | None:
+        """A finite number (not a bool)."""
+        return self._read(key, spec_key, required, _is_number, _NUMBER)
+
+    def boolean(self, key: str, spec_key: str, required: bool = False) -> bool | None:
+        """true or false (not "false", not 0)."""
+        return self._read(key, spec_key, required, _is_bool, _BOOLEAN)
+
+    def text(self, key: str, spec_key: str, required: bool = False) -> str | None:
+        """A string."""
+        return self._read(key, spec_key, required, _is_text, _STRING)
+
+    def integers(self, key: str, spec_key: str, required: bool = False) -> list[int] | None:
+        """A list of integers."""
+        return self._read(key, spec_key, required, _is_integers, _INTEGERS)
+
+    def table(self, key: str, spec_key: str, required: bool = False) -> dict[str, Any] | None:
+        """A JSON object."""
+        return self._read(key, spec_key, required, _is_table, _OBJECT)
+
+    def report(self, key: str, value: Any, message: str, hint: str) -> None:
+        """Record a problem with the value of `key`."""
+        self.problems.append(problem(self.prefix + key, message, hint, value=value))
+
+    def raise_problems(self) -> None:
+        """Raise one MoecError with every problem recorded, if any."""
+        if self.problems:
+            raise MoecError(list(self.problems), kind="usage")
+
+    def _read(self, key: str, spec_key: str, required: bool, fits, expected: _Type) -> Any:
+        value = self.config.get(key)
+        overridden = self.overridden(spec_key)
+        if value is None:
+            if required and not overridden:
+                state = "is missing from config.json" + (" (null)" if key in self.config else "")
+                self.problems.append(problem(self.prefix + key, state, expected.hint))
+            return None
+        if fits(value):
+            return value
+        if not overridden:
+            message = f"is a {_json_type(value)}, not {expected.noun}"
+            self.report(key, value, message, expected.hint)
+        return None
+
+    def overridden(self, spec_key: str) -> bool:
+        """Whether a --set key sets `spec_key`, a key inside it, or the table holding it."""
+        return any(
+            key == spec_key or key.startswith(spec_key + ".") or spec_key.startswith(key + ".")
+            for key in self.set_keys
+        )
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_integer(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_integers(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_integer(item) for item in value)
+
+
+def _is_table(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number" if math.isfinite(value) else "non-finite number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list" if not value or not _is_integers(value) else "list of integers"
+    if isinstance(value, dict):
+        return "JSON object"
+    return type(value).__name__

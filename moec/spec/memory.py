@@ -1,0 +1,98 @@
+"""How much memory one rank of a layer needs at the least, and how much its device has.
+
+A lower bound, from the spec alone: the weights one rank holds (its experts' share of every
+routed and shared expert, in the stored format of their scheme, scales included, and the fp32
+router), and the activations of a forward of T tokens (input and output [T, H], and the T*K
+routed rows through both GEMMs). The rule `layer_fits_device` compares it with the device's
+memory at max_num_tokens; `moec run` with the host's memory at --tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moec.spec.models import Spec
+
+GIB = 2**30
+
+DEVICE_MEMORY_GIB = {"sm80": 79.0, "sm89": 44.0, "sm90": 139.8, "sm100": 178.0, "sm120": 178.0}
+"""Memory of the device of each CUDA arch: the `memory_gib` of moec/plan/devices.py's table
+(a test checks that they agree; the spec layer does not import the plan)."""
+DEVICE_NAMES = {
+    "sm80": "A100-80GB",
+    "sm89": "L40S",
+    "sm90": "H200",
+    "sm100": "B200",
+    "sm120": "B200",
+}
+
+HOST_MEMORY_GIB = 4096.0
+"""A CPU target's ceiling: more than any one host has, so a layer beyond it is a mistake in the
+dims. `moec run` checks the memory of the host it runs on."""
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_SCALE_BYTES = {"fp32": 4, "ue8m0": 1}
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    weights: float
+    """Weights one rank holds (values and scales)."""
+    activations: float
+    """Activations of one forward at the token count asked for."""
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.activations
+
+
+def bytes_per_weight(spec: Spec, scheme: str) -> float:
+    """Bytes one weight value takes stored in `scheme`, its share of the scales included."""
+    if scheme == "bf16":
+        return _DTYPE_BYTES[spec.target.dtype]
+    values = 0.5 if scheme == "mxfp4" else 1.0
+    if scheme == "fp8_per_tensor":
+        return values
+    block = spec.quant.weight_block or ([1, 32] if scheme in ("mxfp8", "mxfp4") else [128, 128])
+    if len(block) != 2:  # reported by the rule block_shape
+        return values
+    scale = _SCALE_BYTES.get(spec.quant.scale_dtype or "fp32", 4)
+    return values + scale / (block[0] * block[1])
+
+
+def layer_bytes(spec: Spec, tokens: int) -> LayerBytes:
+    """The least memory one rank needs for the weights and a forward of `tokens` tokens."""
+    model, parallel = spec.model, spec.parallel
+    hidden = model.hidden_size
+    intermediate = -(-model.moe_intermediate_size // parallel.tp_size)
+    local_experts = -(-model.n_routed_experts // parallel.ep_size)
+    routed = local_experts * 3 * hidden * intermediate * bytes_per_weight(spec, spec.quant.scheme)
+    shared_scheme = spec.quant.shared_scheme or spec.quant.scheme
+    shared = model.n_shared_experts * 3 * hidden * intermediate
+    shared *= bytes_per_weight(spec, shared_scheme)
+    router = model.n_routed_experts * hidden * 4
+    element = _DTYPE_BYTES[spec.target.dtype]
+    rows = tokens * model.num_experts_per_tok
+    activations = 2 * tokens * hidden * element + rows * (hidden + 3 * intermediate) * element
+    return LayerBytes(routed + shared + router, activations)
+
+
+def device_memory(spec: Spec) -> tuple[str, float]:
+    """(what it is, memory in bytes) of the device one rank of `spec` runs on."""
+    if spec.target.device == "cpu":
+        return (
+            f"the {show_bytes(HOST_MEMORY_GIB * GIB)} a CPU target may take",
+            HOST_MEMORY_GIB * GIB,
+        )
+    arch = spec.target.arch or "sm90"
+    available = DEVICE_MEMORY_GIB[arch] * GIB
+    return f"the {DEVICE_NAMES[arch]}'s {show_bytes(available)} ({arch})", available
+
+
+def show_bytes(value: float) -> str:
+    """1536 -> "1.5 KiB": binary units up to EiB, then powers of ten of EiB."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}" if unit != "B" else f"{value:.0f} B"
+        value /= 1024
+    return f"{value:.3g} EiB"

@@ -1,0 +1,302 @@
+"""Issue 9, points 3, 4 and 6 (the CLI side): package names, numbers (spec integers and floats,
+the layer against the device's memory, command-line numbers), TOML nested too deeply, and
+`moec run --weights` with checkpoints that do not load: exit 2, one message naming the key,
+argument, path or tensor, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from clihelp import assert_refused, cli, snapshot
+from conftest import EXAMPLES
+from safetensors.torch import save_file
+
+from moec import runner
+from moec.plan import devices
+from moec.spec import memory
+
+TINY = EXAMPLES / "tiny-cpu.toml"
+V3 = EXAMPLES / "deepseek-v3-fp8.toml"
+BEYOND_64_BITS = 2**70
+
+
+@pytest.fixture(autouse=True)
+def _session_cache(cache_dir, monkeypatch):
+    """`moec run` builds into the session's cache, not the user's."""
+    monkeypatch.setenv("MOEC_CACHE_DIR", str(cache_dir))
+
+
+# --- package names ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("__main__", "a dunder name"),
+        ("__init__", "a dunder name"),
+        ("typing_extensions", "would shadow the Python module typing_extensions"),
+        ("sympy", "through torch"),
+        ("networkx", "would shadow"),
+        ("jinja2", "would shadow"),
+        ("filelock", "would shadow"),
+        ("fsspec", "would shadow"),
+        ("mpmath", "would shadow"),
+        ("safetensors", "would shadow"),
+        ("numpy", "would shadow"),
+        ("deep_gemm", "would shadow"),
+        ("deep_ep", "would shadow"),
+        ("tempfile", "standard library"),
+        ("dataclasses", "standard library"),
+        ("moec", "would shadow"),
+        ("pytest", "installed here"),
+        ("a" * 101, "at most 100"),
+    ],
+    ids=lambda value: value[:20],
+)
+def test_a_name_that_cannot_be_the_package(name, fragment, capsys):
+    code, out, err = cli(capsys, "validate", TINY, "--set", f"name={name}")
+    assert_refused(code, out, err, f'name = "{name}"', fragment)
+    assert "_moe" in err or "100" in err  # a suggestion
+
+
+# --- integers and floats of the spec ------------------------------------------------------
+
+INT_KEYS = [
+    "model.hidden_size",
+    "model.moe_intermediate_size",
+    "model.n_routed_experts",
+    "model.num_experts_per_tok",
+    "model.n_shared_experts",
+    "router.n_group",
+    "router.topk_group",
+    "parallel.tp_size",
+    "parallel.ep_size",
+    "parallel.nodes",
+    "parallel.max_tokens_per_rank",
+    "target.max_num_tokens",
+]
+
+
+@pytest.mark.parametrize("key", INT_KEYS)
+def test_an_integer_beyond_64_bits_names_its_key(key, capsys):
+    code, out, err = cli(capsys, "validate", TINY, "--set", f"{key}={BEYOND_64_BITS}")
+    assert_refused(code, out, err, f"{key} = {BEYOND_64_BITS}", "less than or equal to", lines=None)
+
+
+def test_an_integer_beyond_64_bits_in_a_list(capsys):
+    code, out, err = cli(
+        capsys, "validate", TINY, "--set", f"quant.weight_block=[{BEYOND_64_BITS}, 128]"
+    )
+    assert_refused(code, out, err, "quant.weight_block", lines=None)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "router.routed_scaling_factor",
+        "parallel.nic_bandwidth_gbs",
+        "experts.masked_memory_budget_gib",
+    ],
+)
+@pytest.mark.parametrize("value", ["1e300", str(BEYOND_64_BITS)])
+def test_a_huge_float_names_its_key(key, value, capsys):
+    code, out, err = cli(capsys, "validate", TINY, "--set", f"{key}={value}")
+    assert_refused(code, out, err, key, lines=None)
+
+
+def test_the_memory_table_agrees_with_the_devices():
+    for arch, device in devices.BY_ARCH.items():
+        assert memory.DEVICE_MEMORY_GIB[arch] == device.memory_gib
+        assert memory.DEVICE_NAMES[arch] == device.name
+
+
+@pytest.mark.parametrize(
+    ("sets", "fragments"),
+    [
+        (["model.hidden_size=114688"], ["model: the layer needs at least", "H200's 139.8 GiB"]),
+        (
+            ["target.arch=sm89", "quant.scheme=bf16", "model.n_routed_experts=1024"],
+            ["L40S's 44.0 GiB"],
+        ),
+        (["model.n_routed_experts=65536", "model.hidden_size=65536"], ["TiB", "H200"]),
+        (["target.max_num_tokens=2147483647"], ["target.max_num_tokens = 2147483647"]),
+    ],
+    ids=["16x wider", "bf16 on an L40S", "huge", "tokens"],
+)
+def test_a_layer_larger_than_the_device_is_reported_with_its_size(sets, fragments, capsys):
+    argv = ["validate", "--portable", V3]
+    for item in sets:
+        argv += ["--set", item]
+    code, out, err = cli(capsys, *argv)
+    assert_refused(code, out, err, "GiB", *fragments, lines=None)
+
+
+def test_a_layer_larger_than_any_host(capsys):
+    code, out, err = cli(capsys, "validate", TINY, "--set", "model.hidden_size=2000000000")
+    assert_refused(code, out, err, "the 4.0 TiB a CPU target may take")
+
+
+def test_a_layer_that_fits_per_rank_with_expert_parallelism(capsys):
+    """1024 DeepSeek-V3 experts in bf16: 84 GiB of weights, over an A100's 79 GiB; a quarter of
+    it per rank with ep_size = 4."""
+    sets = ["--set", "target.arch=sm80", "--set", "quant.scheme=bf16"]
+    sets += ["--set", "model.n_routed_experts=1024"]
+    code, _, err = cli(capsys, "validate", "--portable", V3, *sets)
+    assert code == 2 and "the A100-80GB's 79.0 GiB" in err
+    sets += ["--set", "parallel.ep_size=4", "--set", "parallel.dispatch=all2all"]
+    code, _, err = cli(capsys, "validate", "--portable", V3, *sets)
+    assert "needs at least" not in err, err
+
+
+# --- numbers on the command line ----------------------------------------------------------
+
+BAD_COUNTS = ["nan", "inf", "0", "-1", "1e3", "2.5", "99999999999999999999", "abc", ""]
+
+
+@pytest.mark.parametrize("value", BAD_COUNTS)
+def test_run_tokens(value, capsys):
+    assert_refused(
+        *cli(capsys, "run", TINY, "--tokens", value), "moec run: --tokens", "whole number"
+    )
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", str(2**64), "1.5"])
+def test_run_seed(value, capsys):
+    assert_refused(*cli(capsys, "run", TINY, "--seed", value), "--seed", "whole number")
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "1,,x", str(2**40), "1," * 100])
+def test_explain_tokens(value, capsys):
+    assert_refused(*cli(capsys, "explain", TINY, "--tokens", value), "--tokens", "token counts")
+
+
+@pytest.mark.parametrize("option", ["--bandwidth", "--bf16-tflops", "--fp8-tflops"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "1e-300", "1e308", "fast"])
+def test_explain_ceilings(option, value, capsys):
+    code, out, err = cli(capsys, "explain", TINY, f"{option}={value}")  # = lets "-inf" through
+    assert_refused(code, out, err, f"{option} = ", "finite number")
+
+
+def test_run_tokens_over_the_layer_bound(capsys):
+    code, out, err = cli(capsys, "run", TINY, "--tokens", "100000")
+    assert_refused(code, out, err, "--tokens = 100000", "target.max_num_tokens = 256")
+
+
+def test_run_tokens_that_do_not_fit_say_so_before_allocating(capsys, monkeypatch):
+    monkeypatch.setattr(runner, "_free_memory", lambda device: 2**20)
+    monkeypatch.setattr(torch, "randn", _never)
+    code, out, err = cli(capsys, "run", TINY, "--tokens", "256")
+    assert_refused(code, out, err, "--tokens = 256", "more than the 1.0 MiB free on this cpu")
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("allocated before the memory check")
+
+
+# --- TOML nested too deeply ---------------------------------------------------------------
+
+DEEP = 5000
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"a = {'[' * DEEP}{']' * DEEP}\n",
+        "a = " + "{b = " * DEEP + "1" + "}" * DEEP + "\n",
+        'name = "x"\n' + "[model]\nhidden_size = " + "[" * DEEP + "]" * DEEP + "\n",
+    ],
+    ids=["arrays", "inline tables", "inside a table"],
+)
+def test_toml_nested_too_deeply(text, tmp_path, capsys):
+    spec = tmp_path / "deep.toml"
+    spec.write_text(text)
+    assert_refused(*cli(capsys, "validate", spec), f"{spec}", "nested too deeply")
+
+
+def test_a_set_value_nested_too_deeply(capsys):
+    value = "[" * DEEP + "]" * DEEP
+    assert_refused(*cli(capsys, "validate", TINY, "--set", f"quant.weight_block={value}"), "--set")
+
+
+@pytest.mark.parametrize("depth", [5, 200, 400])
+def test_nesting_tomli_reads_is_a_type_error_shown_short(depth, tmp_path, capsys):
+    spec = tmp_path / "nested.toml"
+    value = "[" * depth + "]" * depth
+    spec.write_text(TINY.read_text().replace('name = "tiny_cpu"', f"name = {value}"))
+    code, out, err = cli(capsys, "validate", spec)
+    assert_refused(code, out, err, "name = [[[[")
+    assert len(err) < 300
+
+
+def test_a_set_key_nested_deeply(capsys):
+    key = ".".join(["a"] * 3000)
+    code, out, err = cli(capsys, "validate", TINY, "--set", f"{key}=1")
+    assert_refused(code, out, err, "a = {a = {", "unknown key in the top level")
+
+
+def test_a_long_value_is_shown_cut_short(capsys):
+    code, out, err = cli(capsys, "validate", TINY, "--set", f"name={'x' * 5000}")
+    assert_refused(code, out, err, "5000 characters", '..."')
+    assert len(err) < 600
+
+
+def test_toml_nested_too_deeply_from_a_real_process(tmp_path):
+    spec = tmp_path / "deep.toml"
+    spec.write_text(f"a = {'[' * 100_000}{']' * 100_000}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "moec", "validate", str(spec)], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "nested too deeply" in result.stderr
+
+
+# --- moec run --weights -------------------------------------------------------------------
+
+
+def _garbage(folder):
+    (folder / "w.safetensors").write_bytes(b"\x00" * 64)
+    return folder / "w.safetensors"
+
+
+def _tensors(folder, tensor):
+    save_file({"gate.weight": tensor}, folder / "w.safetensors")
+    return folder / "w.safetensors"
+
+
+def _pickle(folder):
+    torch.save({"gate.weight": torch.zeros(16, 256)}, folder / "w.pt")
+    return folder / "w.pt"
+
+
+def _under_another_prefix(folder):
+    save_file({"model.layers.3.mlp.gate.weight": torch.zeros(16, 256)}, folder / "w.safetensors")
+    return folder / "w.safetensors"
+
+
+WEIGHTS = {
+    "missing": (lambda folder: folder / "nope.safetensors", "no such file or folder"),
+    "garbage": (_garbage, "not a readable safetensors file"),
+    "int32": (lambda f: _tensors(f, torch.ones(16, 256, dtype=torch.int32)), "torch.int32"),
+    "nan": (lambda f: _tensors(f, torch.full((16, 256), float("nan"))), "gate.weight: 4096 of"),
+    "inf": (lambda f: _tensors(f, torch.full((16, 256), float("inf"))), "not finite"),
+    "pickle": (_pickle, "pickle file"),
+    "fp8 without scale": (
+        lambda f: _tensors(f, torch.zeros(16, 256).to(torch.float8_e4m3fn)),
+        "gate.weight: fp8 values without gate.weight_scale_inv",
+    ),
+    "another prefix": (_under_another_prefix, 'under "model.layers.3.mlp.": pass that prefix'),
+    "empty folder": (lambda folder: folder, "without *.safetensors"),
+}
+
+
+@pytest.mark.parametrize("case", WEIGHTS)
+def test_run_weights_that_do_not_load(case, tmp_path, capsys):
+    make, fragment = WEIGHTS[case]
+    weights = make(tmp_path)
+    before = snapshot(tmp_path)
+    code, out, err = cli(capsys, "run", TINY, "--tokens", "2", "--weights", weights)
+    assert_refused(code, out, err, f"{weights}: --weights: ", fragment, lines=None)
+    assert snapshot(tmp_path) == before
