@@ -33,7 +33,7 @@ import torch
 from moec import load_spec
 from moec.cli import main
 from moec.errors import MoecError
-from moec.integrations.transformers import MoecMoE, check_version, patch_model
+from moec.integrations.transformers import MoecMoE, check_version, patch_model, spec_for_model
 
 U32 = 2.0**-24
 U_E4M3 = 2.0**-4
@@ -216,3 +216,23 @@ def test_refuses_other_transformers_versions_and_models():
         check_version(version)
     with pytest.raises(MoecError, match="has no DeepSeek MoE block to replace"):
         patch_model(torch.nn.Linear(4, 4))
+
+
+@pytest.mark.parametrize(
+    ("capability", "arch"),
+    [((9, 0), "sm90"), ((10, 3), "sm100"), ((8, 6), "sm80"), ((8, 9), "sm89")],
+)
+def test_spec_from_the_config_targets_the_gpu_it_finds(monkeypatch, capability, arch):
+    """On CUDA the spec names the newest architecture moec knows that the GPU has."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
+    config = hf_oracle.deepseek_v3()
+    loaded = spec_for_model(config, torch.bfloat16, torch.device("cuda", 0), ["name=on_gpu"])
+    target = loaded.spec.target
+    assert (target.device, target.arch, target.dtype) == ("cuda", arch, "bfloat16")
+    assert loaded.spec.quant.checkpoint == "bf16" and loaded.spec.name == "on_gpu"
+
+
+def test_spec_from_the_config_refuses_a_gpu_older_than_sm80(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 5))
+    with pytest.raises(MoecError, match="target.arch: the model's GPU is sm75, older than"):
+        spec_for_model(hf_oracle.deepseek_v3(), torch.bfloat16, torch.device("cuda", 0))

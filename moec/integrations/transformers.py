@@ -187,12 +187,24 @@ def spec_for_model(config, dtype: torch.dtype, device: torch.device, overrides=(
 
 
 def _arch_of(device: torch.device) -> dict[str, str]:
-    """{"arch": "sm90"} for a CUDA device moec knows, else {} (the spec's default applies)."""
+    """{"arch": the newest architecture moec knows that this CUDA device has, e.g. "sm80" for
+    an sm86 GPU}; {} for a CPU; MoecError for a GPU older than any moec targets."""
     if device.type != "cuda":
         return {}
     major, minor = torch.cuda.get_device_capability(device)
-    name = f"sm{major}{minor}"
-    return {"arch": name} if name in get_args(Arch) else {}
+    known = [name for name in get_args(Arch) if int(name[2:]) <= major * 10 + minor]
+    if not known:
+        raise MoecError(
+            [
+                problem(
+                    "target.arch",
+                    f"the model's GPU is sm{major}{minor}, older than any moec targets",
+                    f"a GPU of {', '.join(get_args(Arch))}",
+                )
+            ],
+            kind="usage",
+        )
+    return {"arch": max(known, key=lambda name: int(name[2:]))}
 
 
 def check_spec_fits(loaded: LoadedSpec, config, dtype: torch.dtype, device: torch.device) -> None:
