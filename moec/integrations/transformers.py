@@ -153,6 +153,7 @@ def _expert_weights_format(block: nn.Module, name: str) -> tuple[torch.dtype, to
 
 
 def _resolve_spec(spec, overrides, config, dtype: torch.dtype, device: torch.device) -> LoadedSpec:
+    """The LoadedSpec patch_model builds: as given, read from a path, or from the config."""
     if isinstance(spec, LoadedSpec):
         if overrides:
             raise MoecError(
