@@ -58,7 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument(
         "--tokens", default=None, help="token counts for the cost table, e.g. 1,64,4096"
     )
-    explain.add_argument("--format", choices=["text", "json", "dot", "mermaid"], default="text")
+    explain.add_argument(
+        "--format", choices=["text", "json", "dot", "mermaid", "svg", "png"], default="text"
+    )
+    explain.add_argument("-o", "--out", default=None, help="write to this file (png needs one)")
     explain.add_argument("--matrix", action="store_true", help="print the support matrix instead")
     explain.add_argument("--bandwidth", help="HBM bandwidth in GB/s for the floor")
     explain.add_argument("--bf16-tflops", help="bf16 matmul rate in TFLOP/s")
@@ -140,7 +143,8 @@ def _explain(args: argparse.Namespace) -> int:
         )
         if value is not None
     }
-    print(explain.explain(args.spec, args.overrides, args.tokens, args.format, ceilings), end="")
+    output = explain.explain(args.spec, args.overrides, args.tokens, args.format, ceilings)
+    explain.write(output, args.out)
     return 0
 
 

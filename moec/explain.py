@@ -1,12 +1,16 @@
-"""`moec explain`: the plan printed as text, JSON, Graphviz dot or Mermaid, and the support
-matrix. Renders only; every value comes from the plan or the rules.
+"""`moec explain`: the plan printed as text, JSON, Graphviz dot or Mermaid, drawn as SVG or PNG
+(moec/picture.py), and the support matrix. Renders only; every value comes from the plan or the
+rules.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
+from moec import picture
 from moec.errors import MoecError, problem
 from moec.plan import device_for, plan_loaded
 from moec.plan.export import plan_data
@@ -46,7 +50,10 @@ def parse_tokens(text: str | None) -> list[int]:
     return tokens
 
 
-def explain(path: str, overrides, tokens: str | None, fmt: str, ceilings: dict[str, float]) -> str:
+def explain(
+    path: str, overrides, tokens: str | None, fmt: str, ceilings: dict[str, float]
+) -> str | bytes:
+    """The plan of the spec at `path` in `fmt`: text for every format but png (bytes)."""
     loaded = load_spec(path, overrides)
     spec = loaded.spec
     plan = plan_loaded(loaded)
@@ -58,9 +65,26 @@ def explain(path: str, overrides, tokens: str | None, fmt: str, ceilings: dict[s
         return json.dumps(data, indent=2) + "\n"
     if fmt == "dot":
         return _dot(data)
+    if fmt in ("svg", "png"):
+        dot = _dot(data, picture.heading(data), picture.stage_shares(data))
+        return picture.render(data, fmt, dot)
     if fmt == "mermaid":
         return _mermaid(data)
     return _text(data)
+
+
+def write(output: str | bytes, out: str | None) -> None:
+    """Print `output`, or write it to the file `out`; binary output (png) needs a file."""
+    if out is not None:
+        Path(out).write_bytes(output if isinstance(output, bytes) else output.encode())
+    elif isinstance(output, bytes):
+        raise MoecError(
+            [problem("--out", "is required for --format png (binary output)", "-o plan.png")],
+            "moec explain",
+            kind="usage",
+        )
+    else:
+        sys.stdout.write(output)
 
 
 # --- text ---------------------------------------------------------------------------------
@@ -173,15 +197,22 @@ def _edges(data: dict[str, Any]):
             yield item["from"], stage["name"], f"{item['tensor']}: {item['type']['label']}"
 
 
-def _dot(data: dict[str, Any]) -> str:
+def _dot(data: dict[str, Any], title: tuple[str, ...] = (), shares: dict | None = None) -> str:
+    """DOT text of the stage graph; with a title and each stage's share of the stage floors
+    (the picture formats), those too."""
     lines = [
         f"digraph {json.dumps(data['spec']['name'])} {{",
         "  rankdir=TB;",
         "  node [shape=box];",
     ]
+    if title:
+        heading = "\n".join(title)  # a real newline: DOT's line break once json.dumps escapes it
+        lines.append(f"  labelloc=t; label={json.dumps(heading)};")
     for stage in data["stages"]:
         # A real newline: json.dumps writes it as the two characters \n, DOT's line break.
         label = f"{stage['name']}\n{stage['kind']} / {stage['backend']}"
+        if shares and stage["name"] in shares:
+            label += f"\n{shares[stage['name']]:.1%} of the stage floors"
         lines.append(f"  {json.dumps(stage['name'])} [label={json.dumps(label)}];")
     for source, target, label in _edges(data):
         lines.append(f"  {json.dumps(source)} -> {json.dumps(target)} [label={json.dumps(label)}];")

@@ -2,7 +2,8 @@
 oracle the generated layer is checked against.
 
 Every weight (router bias included) is set to random values before saving, so nothing passes
-because a tensor happens to be zero. Layer 1 is the MoE layer (layer 0 is dense).
+because a tensor happens to be zero. Layer 0 is dense, every later layer MoE; the oracle tests
+read layer 1.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ MOE_LAYER = 1
 PREFIX = f"model.layers.{MOE_LAYER}.mlp."
 
 
-def _common(hidden: int = 64, **moe) -> dict:
+def _common(hidden: int = 64, layers: int = 2, **moe) -> dict:
     return dict(
         vocab_size=64,
         hidden_size=hidden,
         intermediate_size=96,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=2,
         q_lora_rank=16,
@@ -34,12 +35,15 @@ def _common(hidden: int = 64, **moe) -> dict:
     )
 
 
-def deepseek_v3(n_shared: int = 1, hidden: int = 64, intermediate: int = 32) -> object:
+def deepseek_v3(
+    n_shared: int = 1, hidden: int = 64, intermediate: int = 32, layers: int = 2
+) -> object:
     from transformers import DeepseekV3Config
 
     return DeepseekV3Config(
         **_common(
             hidden,
+            layers,
             moe_intermediate_size=intermediate,
             n_routed_experts=16,
             num_experts_per_tok=4,
@@ -52,12 +56,13 @@ def deepseek_v3(n_shared: int = 1, hidden: int = 64, intermediate: int = 32) -> 
     )
 
 
-def deepseek_v2(topk_method: str) -> object:
+def deepseek_v2(topk_method: str, layers: int = 2) -> object:
     from transformers import DeepseekV2Config
 
     grouped = topk_method == "group_limited_greedy"
     return DeepseekV2Config(
         **_common(
+            layers=layers,
             moe_intermediate_size=32,
             n_routed_experts=16,
             num_experts_per_tok=3,

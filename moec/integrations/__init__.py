@@ -1,0 +1,1 @@
+"""moec layers inside other frameworks' models: `moec.integrations.transformers.patch_model`."""
