@@ -324,6 +324,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("token_bound_applies", {"parallel.max_tokens_per_rank": 64}, "parallel.max_tokens_per_rank"),
     ("arch_needs_cuda", {"target.arch": "sm100"}, "target.arch"),
+    ("gpu_needs_cuda", {"target.gpu": "nvidia-h100"}, "target.gpu"),
 ]
 
 

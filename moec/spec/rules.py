@@ -677,3 +677,15 @@ def _arch(spec: Spec) -> Iterator[Problem]:
             'remove it, or device = "cuda"',
             value=spec.target.arch,
         )
+
+
+@rule("gpu_needs_cuda")
+def _gpu(spec: Spec) -> Iterator[Problem]:
+    """target.gpu picks a tuned tile table for a CUDA GPU: only for device = "cuda"."""
+    if spec.target.device == "cpu" and spec.target.gpu is not None:
+        yield problem(
+            "target.gpu",
+            "a CPU target runs no tuned GPU tiles",
+            'remove it, or device = "cuda"',
+            value=spec.target.gpu,
+        )
