@@ -182,3 +182,10 @@ def test_the_floor_says_whose_device_it_is():
 
 def bf16_dims():
     return {"routed": {"scheme": "bf16"}, "shared": {"scheme": "bf16"}}
+
+
+def test_a_raised_error_is_told_by_its_last_line():
+    """A compiler error's message ends with its cause; the check prints that line only."""
+    error = RuntimeError("at 35:36:\n    for part in tl.static_range(PARTS):\n\nNameError('PARTS')\n")
+    assert self_check.last_line(error) == "NameError('PARTS')"
+    assert self_check.last_line(RuntimeError("x" * 300)) == "x" * 200

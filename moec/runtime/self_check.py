@@ -132,8 +132,9 @@ def check_tokens(layer, plan, torch_gated, tokens: int, args, bound: float) -> s
         out = layer(x)
         expected = reference.forward(layer, x, plan, torch_gated)
     except Exception as error:  # noqa: BLE001  (any failure of the layer is a failed check)
-        print(f"{tokens:>6} {type(error).__name__}: {error}")
-        return f"T={tokens}: raised {type(error).__name__}: {error}"
+        raised = f"{type(error).__name__}: {last_line(error)}"
+        print(f"{tokens:>6} {raised}")
+        return f"T={tokens}: raised {raised}"
     error = norm_error(out, expected)
     ms = median_ms(lambda: layer(x), args.device, args.repeats or REPEATS[args.device])
     floors = {row["tokens"]: row["floor_ms"] for row in plan["cost"]}
@@ -142,6 +143,12 @@ def check_tokens(layer, plan, torch_gated, tokens: int, args, bound: float) -> s
     verdict = "ok" if error <= bound else f"OVER the bound {bound:.2e}"
     print(f"{tokens:>6} {error:>9.2e} {ms:>10.3f} {shown}  {verdict}")
     return "" if error <= bound else f"T={tokens}: error {error:.3g} > {bound:.3g}"
+
+
+def last_line(error: Exception, width: int = 200) -> str:
+    """The last line of an error's message (a compiler's names the cause), at most `width`."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return (lines[-1] if lines else "")[:width]
 
 
 def norm_error(out: torch.Tensor, expected: torch.Tensor) -> float:
