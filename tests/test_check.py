@@ -100,7 +100,7 @@ def test_a_built_package_checks_itself(tmp_path, example, package, interpret):
     assert lines[1].startswith("reference: the layer's math in torch ops on its own weights")
     assert "bound 2**-5 + 2**-7 of the output norm (fp8_block" in lines[1]
     assert lines[2] == (
-        "floor: the plan's cost model for CPU (nominal) (not measured), not this machine's CPU: "
+        "floor: the plan's cost model for CPU (nominal), not measured: not this machine's CPU, "
         "compare with care"
     )
     assert lines[3].split() == ["T", "error", "time", "ms", "floor", "ms", "x", "floor"]
@@ -186,6 +186,8 @@ def bf16_dims():
 
 def test_a_raised_error_is_told_by_its_last_line():
     """A compiler error's message ends with its cause; the check prints that line only."""
-    error = RuntimeError("at 35:36:\n    for part in tl.static_range(PARTS):\n\nNameError('PARTS')\n")
+    error = RuntimeError(
+        "at 35:36:\n    for part in tl.static_range(PARTS):\n\nNameError('PARTS')\n"
+    )
     assert self_check.last_line(error) == "NameError('PARTS')"
     assert self_check.last_line(RuntimeError("x" * 300)) == "x" * 200

@@ -5,6 +5,7 @@ machine that cannot tune, and one tiny real tune of the interpreted kernels."""
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 import subprocess
@@ -251,3 +252,24 @@ def test_tune_refuses_what_this_gpu_cannot_tune(fake_h100, capsys, example, over
     assert main(["tune", str(EXAMPLES / f"{example}.toml"), *args]) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_is_lines_in_a_log_and_a_bar_on_a_terminal():
+    log = io.StringIO()
+    progress = Progress(4, log)
+    progress.begin("T=1", 4)
+    for _ in range(4):
+        progress.step()
+    progress.line("T=1: done")
+    assert log.getvalue() == "T=1: 4 candidates\nT=1: done\n"
+    terminal = Terminal()
+    progress = Progress(4, terminal)
+    progress.begin("T=1", 4)
+    progress.step()
+    assert "T=1: 4 candidates\n" in terminal.getvalue()
+    assert terminal.getvalue().endswith("\r\033[K[#######.......................] 1/4 T=1 (0 s)")

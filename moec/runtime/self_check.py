@@ -105,14 +105,14 @@ def header(name: str, plan: dict, args, bound_text: str) -> list[str]:
 def floor_line(plan: dict, device: str) -> str:
     """Which device the plan's floor is for, and whether it is the one the check runs on."""
     name = plan["device"]["name"]
-    line = f"floor: the plan's cost model for {name} ("
-    line += "measured there)" if plan["device"]["measured"] else "not measured)"
+    measured = "measured there" if plan["device"]["measured"] else "not measured"
+    line = f"floor: the plan's cost model for {name}, {measured}:"
     if device == "cpu":
-        return f"{line}, not this machine's CPU: compare with care"
+        return f"{line} not this machine's CPU, compare with care"
     local = torch.cuda.get_device_name()
     if same_device(name, local):
-        return f"{line}, this GPU ({local})"
-    return f"{line}, not this GPU ({local}): compare with care"
+        return f"{line} this GPU ({local})"
+    return f"{line} not this GPU ({local}), compare with care"
 
 
 def same_device(plan_name: str, device_name: str) -> bool:

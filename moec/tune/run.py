@@ -68,46 +68,58 @@ def tune_layer(
 ) -> TunedLayer:
     """Tune the Triton kernels of `package` (built from `layer`'s spec) on `device`."""
     module = partial(_submodule, package)
+    dtype = getattr(torch, layer.dtype.torch)
+    buckets = _gemm_buckets(module, layer, dtype, search, device, timer, progress)
+    tiles = _elementwise_tiles(module, layer, dtype, search, device, timer, progress)
+    return TunedLayer(table_key(layer), buckets, tiles)
+
+
+def _gemm_buckets(module, layer, dtype, search, device, timer, progress) -> list[dict]:
+    """One record per bucket of search.tokens, the last open-ended."""
     dims = GemmDims(
         layer.routed.scheme,
         layer.hidden,
         layer.intermediate,
         layer.local_experts,
         layer.top_k,
-        getattr(torch, layer.dtype.torch),
+        dtype,
     )
     gemm = GemmTuner(module("triton_gemm").grouped_gemm, dims, device)
     buckets = [_bucket(gemm, tokens, search, timer, progress) for tokens in search.tokens]
     buckets[-1]["max_tokens"] = None  # the last bucket takes every larger T
+    return buckets
+
+
+def _elementwise_tiles(module, layer, dtype, search, device, timer, progress) -> dict:
+    """The chosen tiles of permute, act and combine, each checked against the package's."""
     kernels = ElementwiseKernels(
         module("triton_permute").permute_quant,
         partial(module("triton_act").act_quant, activation=module("gated_activation").triton_gated),
         module("triton_combine").combine,
     )
-    elementwise = ElementwiseTuner(
+    tuner = ElementwiseTuner(
         kernels,
         kernel_quant(layer.routed),
         layer.hidden,
         layer.intermediate,
         search.elementwise_tokens,
         layer.top_k,
-        dims.dtype,
+        dtype,
         device,
     )
     tiles = module("tiles")
     anchors = {"permute": tiles.PERMUTE, "act": tiles.ACT, "combine": tiles.COMBINE}
-    chosen = {
-        kernel: _elementwise(elementwise, kernel, anchors[kernel], search, timer, progress)
+    return {
+        kernel: _elementwise(tuner, kernel, anchors[kernel], search, timer, progress)
         for kernel in candidates.ELEMENTWISE_KERNELS
     }
-    return TunedLayer(table_key(layer), buckets, chosen)
 
 
-def search_size(search: Search, anchors: int = 1) -> int:
-    """Trials of a whole run (each GEMM config runs once per GEMM; each kernel adds its anchor)."""
+def search_size(search: Search) -> int:
+    """Trials of a whole run: each GEMM config once per GEMM; each elementwise kernel's tiles
+    and the package's own (the anchor its candidates are checked against)."""
     gemm = sum(2 * len(search.gemm(tokens)) for tokens in search.tokens)
-    kernels = candidates.ELEMENTWISE_KERNELS
-    return gemm + sum(len(search.elementwise(k)) + anchors for k in kernels)
+    return gemm + sum(len(search.elementwise(k)) + 1 for k in candidates.ELEMENTWISE_KERNELS)
 
 
 def _submodule(package: ModuleType, name: str) -> ModuleType:
