@@ -24,6 +24,8 @@ demo: $(STAMP)
 	$(BIN)/moec explain examples/tiny-cpu.toml --tokens 1,64
 	$(BIN)/moec run examples/tiny-cpu.toml --tokens 16
 	TRITON_INTERPRET=1 $(BIN)/moec run examples/tiny-cpu-triton.toml --tokens 8
+	$(BIN)/moec build examples/tiny-cpu.toml -o out
+	cd out && ../$(BIN)/python -m tiny_cpu.check --tokens 1,16
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -x --durations=15

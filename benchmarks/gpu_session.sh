@@ -2,7 +2,7 @@
 # One call on the GPU machine, from the repo root, with .whl (moec's own dependencies as wheels)
 # and, for the DeepGEMM / DeepEP steps, .deps carried. Logs and JSON go to /tmp/session, packed
 # into $RESULTS/session.tgz at the end (the device tool returns at most 8 files).
-#   STEPS="test bench"  (any of: deps test bench bench-ab)
+#   STEPS="test bench"  (any of: deps test bench bench-ab tune check)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 RESULTS=/tmp/session
@@ -51,6 +51,22 @@ for step in ${STEPS:-test bench}; do
         python3 benchmarks/bench_moe.py --scheme fp8_block --tokens "${AB_TOKENS:-1,64,4096}" \
           --torch-max-tokens 64 $flags --out "$RESULTS/ab_$variant.json" > "$RESULTS/ab_$variant.log" 2>&1
         echo "== $variant"; tail -4 "$RESULTS/ab_$variant.log"
+      done
+      ;;
+    tune)  # moec tune of the V3 layer on this GPU: $RESULTS/tuned/<gpu>.json, then the plan's line
+      spec=(benchmarks/specs/v3.toml --set quant.scheme="${TUNE_SCHEME:-fp8_block}")
+      MOEC_TUNING_DIR=$RESULTS/tuned timeout "${TUNE_SECONDS:-3000}" python3 -m moec tune "${spec[@]}" \
+        --tokens "${TUNE_TOKENS:-1,16,64,256,1024,4096,16384}" > "$RESULTS/tune.log" 2>&1
+      tail -4 "$RESULTS/tune.log"
+      MOEC_TUNING_DIR=$RESULTS/tuned python3 -m moec explain "${spec[@]}" | grep "triton tiles ="
+      ;;
+    check)  # python -m <package>.check of the V3 layer: Triton fp8_block, torch bf16
+      for variant in fp8_block:triton bf16:torch; do
+        name=check_${variant/:/_}
+        python3 -m moec build benchmarks/specs/v3.toml -o /tmp/check --set name="$name" \
+          --set quant.scheme="${variant%:*}" --set experts.gemm_backend="${variant#*:}" > /dev/null
+        (cd /tmp/check && python3 -m "$name.check" --tokens "${CHECK_TOKENS:-1,64,4096}") 2>&1 \
+          | tee "$RESULTS/$name.log"
       done
       ;;
   esac

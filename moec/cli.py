@@ -81,6 +81,25 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--prefix", default="", help="prefix of the layer's weight names")
     _add_set(run)
 
+    tune = commands.add_parser(
+        "tune", help="measure Triton tiles on this GPU; write the table `moec build` picks up"
+    )
+    tune.add_argument("spec", metavar="SPEC")
+    tune.add_argument(
+        "--tokens",
+        default=None,
+        help="bucket limits, e.g. 1,16,64 (default: those of 1,16,64,256,1024,4096,16384 "
+        "up to target.max_num_tokens)",
+    )
+    tune.add_argument(
+        "-o",
+        "--out",
+        default=None,
+        metavar="TABLE",
+        help="table file (default: $MOEC_TUNING_DIR or ~/.cache/moec/tuned, <gpu>.json)",
+    )
+    _add_set(tune)
+
     init = commands.add_parser("init", help="write a spec from a HF config.json")
     init.add_argument("--from-hf", required=True, metavar="CONFIG_JSON")
     init.add_argument("-o", "--out", default=None, metavar="SPEC", help="default: standard output")
@@ -165,6 +184,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from moec.tune.command import tune_spec
+
+    print(tune_spec(args.spec, args.overrides, args.tokens, args.out), end="")
+    return 0
+
+
 def _init(args: argparse.Namespace) -> int:
     from moec.codegen.write import write_text
     from moec.spec.hf import spec_from_hf, written_by_init
@@ -238,6 +264,7 @@ _COMMANDS = {
     "explain": _explain,
     "build": _build,
     "run": _run,
+    "tune": _tune,
     "init": _init,
     "schema": _schema,
 }

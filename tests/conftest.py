@@ -13,6 +13,19 @@ EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_user_tuning_tables(tmp_path_factory):
+    """Tests see no user tuning tables (moec tune's output): MOEC_TUNING_DIR names an empty
+    folder, for this process and the processes it starts."""
+    saved = os.environ.get("MOEC_TUNING_DIR")
+    os.environ["MOEC_TUNING_DIR"] = str(tmp_path_factory.mktemp("no-tuned-tables"))
+    yield
+    if saved is None:
+        del os.environ["MOEC_TUNING_DIR"]
+    else:
+        os.environ["MOEC_TUNING_DIR"] = saved
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     """One build cache for the whole session: each spec is built once."""

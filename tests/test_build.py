@@ -29,12 +29,21 @@ def test_build_writes_the_package(tmp_path, capsys):
     assert main(["build", str(EXAMPLES / "tiny-cpu.toml"), "-o", str(tmp_path)]) == 0
     package = tmp_path / "tiny_cpu"
     names = sorted(p.name for p in package.iterdir())
-    generated = ["__init__.py", "gated_activation.py", "layer.py", "stages.py", "weights.py"]
+    generated = [
+        "__init__.py",
+        "check.py",
+        "gated_activation.py",
+        "layer.py",
+        "stages.py",
+        "weights.py",
+    ]
     copied = [
         "checkpoint.py",  # the runtime modules the torch renderers and weights use
         "expert_weights.py",
         "grouping.py",
         "quant.py",
+        "reference.py",  # and those of the self-check (python -m tiny_cpu.check)
+        "self_check.py",
         "torch_matmul.py",
         "torch_select.py",
         "weight_formats.py",

@@ -160,7 +160,7 @@ def test_json_structure_is_pinned(capsys, name):
     assert set(data) == TOP_KEYS
     assert set(data["spec"]) == {"name", "hash"}
     assert re.fullmatch(r"[0-9a-f]{64}", data["spec"]["hash"])
-    assert set(data["target"]) == {"device", "arch", "dtype", "max_num_tokens"}
+    assert set(data["target"]) == {"device", "arch", "dtype", "max_num_tokens", "gpu"}
     assert set(data["device"]) == {
         "name",
         "bandwidth_gbs",

@@ -1,13 +1,17 @@
-"""Plan decisions about kernels: the torch backend's GEMM, and Triton tile tables (tuned on a
-GPU and shipped in moec/plan/tuned/, or the default table)."""
+"""Plan decisions about kernels: the torch backend's GEMM, and Triton tile tables (the user's,
+written by `moec tune`, then those shipped in moec/plan/tuned/, else the default table)."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import EXAMPLES
 
+from moec.cli import main
+from moec.errors import MoecError
 from moec.plan import Environment, make_plan
+from moec.plan.tables import gpu_name
 from moec.plan.tuning import TUNED_DIR, table_key
 from moec.spec import load_spec
 
@@ -55,7 +59,9 @@ def test_tuned_table_is_used_and_named():
         elementwise["combine"],
     )
     decision = plan.decision("triton tiles")
-    assert "tuned on the H200" in decision.reason and table_key(facts) in decision.reason
+    assert decision.reason == (
+        f"tuned on nvidia-h200: moec/plan/tuned/h200.json, key {table_key(facts)}"
+    )
     limits = [b.max_tokens for b in buckets]
     assert limits[-1] is None and limits[:-1] == sorted(limits[:-1])
 
@@ -72,3 +78,150 @@ def test_untuned_shapes_get_the_default_table_and_cpu_one_bucket():
     assert len(untuned.tiles.buckets) > 1
     cpu = plan_of("tiny-cpu-triton.toml")
     assert len(cpu.tiles.buckets) == 1 and "interpreted" in cpu.decision("triton tiles").reason
+
+
+# --- user tables (moec tune) before shipped ones ------------------------------------------
+
+V3_KEY = "fp8_block/H7168/I2048/E256/K8"
+USER_BUCKETS = [
+    {
+        "max_tokens": 8,
+        "block_m": 16,
+        "gate_up": {
+            "BLOCK_M": 16,
+            "BLOCK_N": 32,
+            "BLOCK_K": 128,
+            "GROUP_SIZE_M": 8,
+            "num_warps": 4,
+            "num_stages": 5,
+        },
+        "down": {
+            "BLOCK_M": 16,
+            "BLOCK_N": 64,
+            "BLOCK_K": 128,
+            "GROUP_SIZE_M": 8,
+            "num_warps": 4,
+            "num_stages": 5,
+        },
+        "ms": 0.1,
+    },
+    {
+        "max_tokens": None,
+        "block_m": 64,
+        "gate_up": {
+            "BLOCK_M": 64,
+            "BLOCK_N": 128,
+            "BLOCK_K": 128,
+            "GROUP_SIZE_M": 8,
+            "num_warps": 4,
+            "num_stages": 3,
+        },
+        "down": {
+            "BLOCK_M": 64,
+            "BLOCK_N": 128,
+            "BLOCK_K": 128,
+            "GROUP_SIZE_M": 8,
+            "num_warps": 4,
+            "num_stages": 3,
+        },
+        "ms": 1.0,
+    },
+]
+USER_ELEMENTWISE = {
+    "permute": {"BLOCK_M": 8, "BLOCK_H": 2048, "num_warps": 8},
+    "act": {"BLOCK_M": 8, "BLOCK_I": 2048, "num_warps": 8},
+    "combine": {"BLOCK_T": 8, "BLOCK_H": 2048, "num_warps": 8},
+}
+
+
+@pytest.fixture
+def tuning_dir(tmp_path, monkeypatch):
+    """An empty user tuning folder (MOEC_TUNING_DIR) for this test."""
+    monkeypatch.setenv("MOEC_TUNING_DIR", str(tmp_path))
+    return tmp_path
+
+
+def write_user_table(folder, gpu, key=V3_KEY):
+    table = {key: USER_BUCKETS, f"elementwise/{key}": USER_ELEMENTWISE}
+    (folder / f"{gpu}.json").write_text(json.dumps(table))
+    return folder / f"{gpu}.json"
+
+
+def test_gpu_names_are_device_names_as_slugs():
+    assert gpu_name("NVIDIA H200") == "nvidia-h200"
+    assert gpu_name("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert gpu_name("NVIDIA A100-SXM4-80GB") == "nvidia-a100-sxm4-80gb"
+    assert gpu_name("  NVIDIA GeForce RTX 4090 ") == "nvidia-geforce-rtx-4090"
+
+
+def test_a_user_table_comes_before_the_shipped_one(tuning_dir):
+    path = write_user_table(tuning_dir, "nvidia-h200")
+    plan = plan_of("deepseek-v3-fp8.toml")
+    assert [b.block_m for b in plan.tiles.buckets] == [16, 64]
+    assert plan.tiles.buckets[0].gate_up == USER_BUCKETS[0]["gate_up"]
+    assert plan.tiles.combine == USER_ELEMENTWISE["combine"]
+    reason = plan.decision("triton tiles").reason
+    assert reason == f"tuned on nvidia-h200: {path}, key {V3_KEY}"
+
+
+def test_a_user_table_without_the_key_falls_through_to_the_shipped_one(tuning_dir):
+    write_user_table(tuning_dir, "nvidia-h200", key="bf16/H16/I16/E4/K2")
+    reason = plan_of("deepseek-v3-fp8.toml").decision("triton tiles").reason
+    assert reason == f"tuned on nvidia-h200: moec/plan/tuned/h200.json, key {V3_KEY}"
+
+
+def test_target_gpu_picks_that_gpus_table(tuning_dir):
+    path = write_user_table(tuning_dir, "nvidia-h100-80gb-hbm3")
+    plan = plan_of("deepseek-v3-fp8.toml", "target.gpu=nvidia-h100-80gb-hbm3")
+    assert plan.decision("triton tiles").reason == (
+        f"tuned on nvidia-h100-80gb-hbm3: {path}, key {V3_KEY}"
+    )
+    other = plan_of("deepseek-v3-fp8.toml", "target.gpu=nvidia-l40s")
+    assert other.decision("triton tiles").reason == (
+        f"default table: no table of nvidia-l40s has {V3_KEY} (looked in "
+        f"{tuning_dir / 'nvidia-l40s.json'})"
+    )
+
+
+def test_an_arch_without_a_shipped_table_needs_target_gpu(tuning_dir):
+    write_user_table(tuning_dir, "nvidia-b200")
+    plan = plan_of("deepseek-v3-fp8.toml", "target.arch=sm100")
+    assert plan.decision("triton tiles").reason == (
+        f"default table: target.gpu is unset and moec ships no table for sm100 (key {V3_KEY})"
+    )
+    named = plan_of("deepseek-v3-fp8.toml", "target.arch=sm100", "target.gpu=nvidia-b200")
+    assert [b.block_m for b in named.tiles.buckets] == [16, 64]
+
+
+def test_explain_names_the_table_it_used(tuning_dir, capsys):
+    path = write_user_table(tuning_dir, "nvidia-h200")
+    assert main(["explain", str(EXAMPLES / "deepseek-v3-fp8.toml"), "--tokens", "1"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "triton tiles =" in x)
+    assert line.strip() == (
+        f"triton tiles = 2 token buckets (T<=8, larger): tuned on nvidia-h200: {path}, key {V3_KEY}"
+    )
+    assert (
+        main(["explain", str(EXAMPLES / "deepseek-v3-fp8.toml"), "--set", "model.hidden_size=1024"])
+        == 0
+    )
+    line = next(x for x in capsys.readouterr().out.splitlines() if "triton tiles =" in x)
+    assert "default table: no table of nvidia-h200 has fp8_block/H1024/I2048/E256/K8" in line
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("{not json", "cannot be read"),
+        ("[1, 2]", "is not a JSON object of layer keys"),
+        (json.dumps({V3_KEY: [{"max_tokens": None}]}), "without block_m, gate_up, down"),
+        (json.dumps({V3_KEY: USER_BUCKETS[:1]}), 'without "max_tokens": null'),
+    ],
+)
+def test_a_broken_user_table_is_a_clear_error(tuning_dir, capsys, content, says):
+    (tuning_dir / "nvidia-h200.json").write_text(content)
+    with pytest.raises(MoecError) as raised:
+        plan_of("deepseek-v3-fp8.toml")
+    assert says in raised.value.report() and "target.gpu" in raised.value.report()
+    assert main(["build", str(EXAMPLES / "deepseek-v3-fp8.toml"), "-o", str(tuning_dir)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "moec tune" in err and "Traceback" not in err

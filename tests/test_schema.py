@@ -99,6 +99,15 @@ def test_enums_match_the_models():
     assert set(kinds) == {"silu", "silu_clamped", "oai_swiglu", "situ"}
 
 
+def test_target_gpu_is_a_slug_in_the_schema():
+    """Editors check target.gpu as `moec tune` names GPUs (the model's validator checks the same)."""
+    gpu = spec_schema()["$defs"]["Target"]["properties"]["gpu"]
+    string = next(option for option in gpu["anyOf"] if option.get("type") == "string")
+    assert string["pattern"] == f"^{models.GPU_NAME}$"
+    assert string["maxLength"] == models.GPU_NAME_LENGTH
+    assert {"type": "null"} in gpu["anyOf"] and gpu["default"] is None
+
+
 def test_examples_conform_to_the_schema():
     jsonschema = pytest.importorskip("jsonschema")
     import tomli

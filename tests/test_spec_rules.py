@@ -336,6 +336,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "model",
     ),
     ("layer_fits_device", {"target.max_num_tokens": 2**31 - 1}, "target.max_num_tokens"),
+    ("gpu_needs_cuda", {"target.gpu": "nvidia-h100"}, "target.gpu"),
 ]
 
 

@@ -27,6 +27,8 @@ GENERATED_MODULES = ("gated_activation", "tiles")
 """Package modules rendered per plan; every other module a renderer names is copied."""
 WEIGHT_MODULES = ("expert_weights",)
 """Modules every package uses to load and initialize its weights."""
+CHECK_MODULES = ("self_check",)
+"""Modules of every package's `python -m <package>.check` (with those they import)."""
 COPY_MARK = "# A verbatim copy of moec/runtime/"
 _RELATIVE_IMPORT = re.compile(r"^from \.(\w*) import (.+)$", re.MULTILINE)
 
@@ -88,7 +90,8 @@ def python_sources(plan: Plan) -> dict[str, str]:
         sources["gated_activation.py"] = _activation_module(jinja, plan, common, modules)
     if "tiles" in modules:
         sources["tiles.py"] = render(jinja, "package/tiles.py.j2", {**common, **_tile_fields(plan)})
-    for module in runtime_closure(modules - set(GENERATED_MODULES)):
+    sources["check.py"] = render(jinja, "package/check.py.j2", common)
+    for module in runtime_closure((modules - set(GENERATED_MODULES)) | set(CHECK_MODULES)):
         sources[f"{module}.py"] = _runtime_copy(jinja, module, common)
     return sources
 

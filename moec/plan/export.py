@@ -4,7 +4,7 @@ generated package's `plan.json` / `PLAN`.
 Top-level keys (pinned by tests/test_explain.py):
     moec_version  str
     spec          {name, hash}
-    target        {device, arch, dtype, max_num_tokens}
+    target        {device, arch, dtype, max_num_tokens, gpu}
     device        {name, bandwidth_gbs, bf16_tflops, fp8_tflops, fp32_tflops, memory_gib,
                    measured, link_gbs, nic_gbs}
     choices       what the plan chose for the whole layer, and the per-rank dims

@@ -110,6 +110,8 @@ class Layer:
     dispatch: str
     device: str
     arch: str | None
+    gpu: str | None
+    """The GPU whose tuned tiles the spec asks for (target.gpu), if it names one."""
     max_tokens: int
     activation: str
     """Gated activation kind (moec/plan/activations.py)."""
@@ -152,6 +154,7 @@ def layer_of(spec: Spec) -> Layer:
         dispatch=parallel.dispatch,
         device=spec.target.device,
         arch=spec.target.arch,
+        gpu=spec.target.gpu,
         max_tokens=spec.target.max_num_tokens,
         activation=spec.activation.kind,
         activation_values=tuple(

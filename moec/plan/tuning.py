@@ -1,25 +1,23 @@
 """Pass: Triton tile configs per token bucket, from a tuned table measured on a GPU or defaults.
 
 A bucket is (largest T, block_m, gate/up GEMM config, down GEMM config); both GEMMs of a bucket
-share BLOCK_M, which is also the contiguous layout's row padding. Tuned tables live in
-`moec/plan/tuned/<device>.json`, written on the GPU, keyed by
+share BLOCK_M, which is also the contiguous layout's row padding. Tuned tables (one JSON file
+per GPU, written by `moec tune`; moec/plan/tables.py says where they are looked up) are keyed by
 "<scheme>/H<hidden>/I<intermediate>/E<experts>/K<top_k>"; the plan records which table it used,
 and the generated package carries the configs, so a build never re-tunes.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from moec.plan.graph import Plan
 from moec.plan.layer import Layer
+from moec.plan.tables import TUNED_DIR, TunedTable, find_table, table_key
 
-TUNED_DIR = Path(__file__).resolve().parent / "tuned"
-ARCH_DEVICE = {"sm90": "h200"}
-"""The device whose shipped table a CUDA arch uses."""
+__all__ = ["TUNED_DIR", "TileBucket", "Tiles", "choose_tiles", "table_key"]
+
 PDL_ARCHS = ("sm90", "sm100", "sm120")
 """Architectures with programmatic dependent launch."""
 
@@ -60,8 +58,9 @@ class Tiles:
 def choose_tiles(plan: Plan) -> None:
     """Pass: the tile table of a Triton layer, recorded with its source."""
     layer = plan.layer
-    buckets, source = gemm_buckets(layer)
-    elementwise = elementwise_configs(layer)
+    found = find_table(layer) if layer.device == "cuda" else None
+    buckets, source = gemm_buckets(layer, found)
+    elementwise = elementwise_configs(layer, found)
     pdl = layer.device == "cuda" and layer.arch in PDL_ARCHS
     plan.tiles = Tiles(
         tuple(TileBucket(b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in buckets),
@@ -141,39 +140,20 @@ def _interpreted() -> list[dict[str, Any]]:
     return [{"max_tokens": None, "block_m": 32, "gate_up": config, "down": dict(config)}]
 
 
-def table_key(layer: Layer) -> str:
-    """Key of a layer's GEMM shapes (fused shared experts share the routed experts' table)."""
-    return (
-        f"{layer.routed.scheme}/H{layer.hidden}/I{layer.intermediate}/"
-        f"E{layer.local_experts}/K{layer.top_k}"
-    )
-
-
-def _tuned_table(layer: Layer) -> tuple[dict[str, Any], str] | None:
-    device = ARCH_DEVICE.get(layer.arch or "") if layer.device == "cuda" else None
-    path = TUNED_DIR / f"{device}.json" if device else None
-    if path is None or not path.exists():
-        return None
-    return json.loads(path.read_text()), f"{device.upper()} ({path.name}"
-
-
-def gemm_buckets(layer: Layer) -> tuple[list[dict[str, Any]], str]:
-    """Bucket table for this layer and where it came from (for the plan's decision)."""
+def gemm_buckets(layer: Layer, found: TunedTable | str | None) -> tuple[list[dict[str, Any]], str]:
+    """Bucket table for this layer and where it came from (for the plan's decision); `found`:
+    the layer's tuned table, or why there is none (None for a CPU target)."""
     if layer.device == "cpu":
         return _interpreted(), "one bucket of large tiles: a CPU target runs Triton interpreted"
-    found = _tuned_table(layer)
-    if found and table_key(layer) in found[0]:
-        table, where = found
-        return table[table_key(layer)], f"tuned on the {where}, {table_key(layer)})"
-    return _default_cuda(), f"default table: no tuned entry for {table_key(layer)}"
+    if isinstance(found, TunedTable):
+        return found.buckets, f"tuned on {found.gpu}: {found.where}, key {found.key}"
+    return _default_cuda(), f"default table: {found}"
 
 
-def elementwise_configs(layer: Layer) -> dict[str, dict[str, int]]:
-    """Tiles of the memory-bound kernels (rows x columns)."""
-    found = _tuned_table(layer)
-    key = f"elementwise/{table_key(layer)}"
-    if found and key in found[0]:
-        return found[0][key]
+def elementwise_configs(layer: Layer, found: TunedTable | str | None) -> dict[str, dict[str, int]]:
+    """Tiles of the memory-bound kernels (rows x columns): the tuned table's, else defaults."""
+    if isinstance(found, TunedTable) and found.elementwise:
+        return found.elementwise
     if layer.device == "cpu":
         return {
             "permute": {"BLOCK_M": 16, "BLOCK_H": 256, "num_warps": 4},

@@ -17,6 +17,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+GPU_NAME = r"[a-z0-9]+(-[a-z0-9]+)*"
+"""A GPU as tuned tables name it: the device name in lowercase, each run of other characters
+one hyphen ("NVIDIA H100 80GB HBM3" -> nvidia-h100-80gb-hbm3)."""
+GPU_NAME_LENGTH = 64
 
 MAX_NAME_LENGTH = 100
 """Characters of a package name: with moec's staging and cache suffixes, the folder name stays
@@ -237,6 +241,35 @@ class Target(Table):
     """Dtype of the layer's input, output and unquantized weights."""
     max_num_tokens: PositiveInt = 4096
     """Largest T one forward takes on one rank; sizes buffers and the layout choice."""
+    gpu: (
+        Annotated[
+            str,
+            Field(
+                json_schema_extra={
+                    "pattern": f"^{GPU_NAME}$",
+                    "maxLength": GPU_NAME_LENGTH,
+                }
+            ),
+        ]
+        | None
+    ) = None
+    """The GPU whose tuned Triton tiles the build uses, as `moec tune` names it (lowercase,
+    hyphens: nvidia-h100-80gb-hbm3); default: the GPU the arch's shipped table was tuned on
+    (sm90: nvidia-h200). Tables are looked up in MOEC_TUNING_DIR (default ~/.cache/moec/tuned)
+    first, then among those moec ships."""
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_is_a_slug(cls, value: str | None) -> str | None:
+        if value is not None and (
+            len(value) > GPU_NAME_LENGTH or not re.fullmatch(GPU_NAME, value)
+        ):
+            raise ValueError(
+                f"must be a GPU name as `moec tune` writes it: lowercase letters and digits in "
+                f"words joined by single hyphens, at most {GPU_NAME_LENGTH} characters (e.g. "
+                "nvidia-h100-80gb-hbm3)"
+            )
+        return value
 
 
 class Spec(Table):

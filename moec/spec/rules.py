@@ -714,3 +714,15 @@ def _fits_device(spec: Spec) -> Iterator[Problem]:
         yield problem(key, message, hint)
     else:
         yield problem(key, message, hint, value=value)
+
+
+@rule("gpu_needs_cuda")
+def _gpu(spec: Spec) -> Iterator[Problem]:
+    """target.gpu picks a tuned tile table for a CUDA GPU: only for device = "cuda"."""
+    if spec.target.device == "cpu" and spec.target.gpu is not None:
+        yield problem(
+            "target.gpu",
+            "a CPU target runs no tuned GPU tiles",
+            'remove it, or device = "cuda"',
+            value=spec.target.gpu,
+        )

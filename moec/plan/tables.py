@@ -1,0 +1,142 @@
+"""Tuned tile tables: which GPU a layer's tables belong to, where they are, how they are read.
+
+A table is a JSON file per GPU, as `moec tune` writes it: for each layer key (`table_key`),
+the list of token buckets, and under "elementwise/<key>" the tiles of the memory-bound kernels.
+The GPU is the spec's target.gpu, else the one the arch's shipped table was tuned on (sm90:
+nvidia-h200). Its tables are looked up in order in the user's tuning folder ($MOEC_TUNING_DIR,
+default ~/.cache/moec/tuned/<gpu>.json), then among the tables moec ships (moec/plan/tuned/);
+the first that holds the layer's key is used, else the tile pass takes its default table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moec.errors import MoecError, problem
+from moec.plan.layer import Layer
+
+TUNED_DIR = Path(__file__).resolve().parent / "tuned"
+SHIPPED_TABLES = {"nvidia-h200": "h200.json"}
+"""Tables moec ships (in TUNED_DIR), by the GPU they were tuned on."""
+ARCH_GPU = {"sm90": "nvidia-h200"}
+"""The GPU whose tables a CUDA arch uses when the spec names none (target.gpu)."""
+TUNING_DIR_ENV = "MOEC_TUNING_DIR"
+BUCKET_KEYS = {"max_tokens": (int, type(None)), "block_m": int, "gate_up": dict, "down": dict}
+"""What every bucket of a table holds (a bucket may hold more, e.g. its measured "ms")."""
+
+
+@dataclass(frozen=True)
+class TunedTable:
+    """The entries of one tuned table for one layer."""
+
+    gpu: str
+    key: str
+    where: str
+    """The file, as the plan's decision shows it."""
+    buckets: list[dict[str, Any]]
+    elementwise: dict[str, dict[str, int]] | None
+    """Tiles of permute, act and combine, if the table has them for this layer."""
+
+
+def table_key(layer: Layer) -> str:
+    """Key of a layer's GEMM shapes (fused shared experts share the routed experts' table)."""
+    return (
+        f"{layer.routed.scheme}/H{layer.hidden}/I{layer.intermediate}/"
+        f"E{layer.local_experts}/K{layer.top_k}"
+    )
+
+
+def user_tuning_dir() -> Path:
+    """Where `moec tune` writes tables and the tile pass looks first: $MOEC_TUNING_DIR, else
+    ~/.cache/moec/tuned."""
+    folder = os.environ.get(TUNING_DIR_ENV)
+    return Path(folder) if folder else Path.home() / ".cache" / "moec" / "tuned"
+
+
+def gpu_name(device_name: str) -> str:
+    """A GPU's name in tables and target.gpu: its device name (torch.cuda.get_device_name) in
+    lowercase, each run of other characters one hyphen: "NVIDIA H200" -> nvidia-h200."""
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+
+
+def target_gpu(layer: Layer) -> str | None:
+    """The GPU whose tables a CUDA layer uses: target.gpu, else its arch's shipped GPU."""
+    if layer.device != "cuda":
+        return None
+    return layer.gpu or ARCH_GPU.get(layer.arch or "")
+
+
+def table_files(gpu: str) -> list[tuple[Path, str]]:
+    """Where the tables of `gpu` may be, in lookup order, each with how the plan names it."""
+    user = user_tuning_dir() / f"{gpu}.json"
+    files = [(user, shown(user))]
+    if gpu in SHIPPED_TABLES:
+        files.append((TUNED_DIR / SHIPPED_TABLES[gpu], f"moec/plan/tuned/{SHIPPED_TABLES[gpu]}"))
+    return files
+
+
+def find_table(layer: Layer) -> TunedTable | str:
+    """The first table of the layer's GPU that holds its key, or why there is none."""
+    key, gpu = table_key(layer), target_gpu(layer)
+    if gpu is None:
+        return f"target.gpu is unset and moec ships no table for {layer.arch} (key {key})"
+    looked = []
+    for path, where in table_files(gpu):
+        looked.append(where)
+        entries = read_table(path, where) if path.exists() else {}
+        if key in entries:
+            buckets = _checked_buckets(entries[key], where, key)
+            return TunedTable(gpu, key, where, buckets, entries.get(f"elementwise/{key}"))
+    return f"no table of {gpu} has {key} (looked in {', '.join(looked)})"
+
+
+def shown(path: Path) -> str:
+    """`path` with the home folder written ~, as users see it."""
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+
+
+def read_table(path: Path, where: str) -> dict[str, Any]:
+    """The entries of the table at `path` (a JSON object); MoecError when it is not one."""
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise _table_error(where, f"cannot be read: {error}") from None
+    if not isinstance(entries, dict):
+        raise _table_error(where, "is not a JSON object of layer keys")
+    return entries
+
+
+def _table_error(where: str, what: str) -> MoecError:
+    return MoecError(
+        [
+            problem(
+                "target.gpu",
+                f"the tuned table {where} {what}",
+                "run `moec tune` again, or remove the file",
+            )
+        ],
+        kind="backend",
+    )
+
+
+def _checked_buckets(records: Any, where: str, key: str) -> list[dict[str, Any]]:
+    """The buckets of one entry: each with BUCKET_KEYS, the last one open-ended."""
+    if not isinstance(records, list) or not records:
+        raise _table_error(where, f"has no bucket list under {key}")
+    for index, record in enumerate(records):
+        wrong = [
+            name
+            for name, kind in BUCKET_KEYS.items()
+            if not isinstance(record, dict) or not isinstance(record.get(name), kind)
+        ]
+        if wrong:
+            raise _table_error(where, f"has bucket {index} of {key} without {', '.join(wrong)}")
+    if records[-1]["max_tokens"] is not None:
+        raise _table_error(where, f'has a last bucket of {key} without "max_tokens": null')
+    return records
