@@ -101,6 +101,10 @@ def main() -> None:
         d["what"] == "CUDA graph" and d["choice"] == "yes" for d in fast.PLAN["decisions"]
     )
     plan_floor = {row["tokens"]: row["floor_ms"] for row in fast.PLAN["cost"]}
+    stage_floor = {
+        row["tokens"]: {s["stage"]: round(s["floor_ms"], 4) for s in row["stages"]}
+        for row in fast.PLAN["cost"]
+    }
     fp8 = scheme != "bf16"
     rows = []
     for tokens in map(int, args.tokens.split(",")):
@@ -144,6 +148,7 @@ def main() -> None:
             "tflops": round(layer_flops(fast, tokens) / best / 1e9, 1),
             "max_rel_error_vs_torch": error,
             "stages_ms": per_stage,
+            "stage_floors_ms": stage_floor.get(tokens, {}),
         }
         rows.append(row)
         print(json.dumps(row), f"({time.time() - start:.0f} s)", flush=True)

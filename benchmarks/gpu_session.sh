@@ -2,7 +2,7 @@
 # One call on the GPU machine, from the repo root, with .whl (moec's own dependencies as wheels)
 # and, for the DeepGEMM / DeepEP steps, .deps carried. Logs and JSON go to /tmp/session, packed
 # into $RESULTS/session.tgz at the end (the device tool returns at most 8 files).
-#   STEPS="test bench"  (any of: deps test bench bench-ab tune check)
+#   STEPS="test bench"  (any of: deps test bench bench-ab decode tune check)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 RESULTS=/tmp/session
@@ -15,16 +15,20 @@ export MOEC_GPU_REPORT=$RESULTS
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
 
-deps() {  # DeepGEMM / DeepEP, built in the ignored .deps folder by its own scripts
-  for script in .deps/build_deep_gemm.sh .deps/build_deep_ep.sh; do
-    if [ -x "$script" ]; then "$script" > "$RESULTS/$(basename "$script" .sh).log" 2>&1 & fi
-  done
+deps() {  # DeepGEMM / DeepEP, built in the ignored .deps folder by its own scripts (carry .deps/src)
+  [ -d .deps/src ] || { echo "deps: no .deps/src carried"; return 1; }
+  bash .deps/src/build_deep_gemm.sh > "$RESULTS/build_deep_gemm.log" 2>&1 &
+  bash .deps/src/build_deep_ep.sh > "$RESULTS/build_deep_ep.log" 2>&1 &
   wait
-  tail -3 "$RESULTS"/build_*.log
+  tail -n 2 "$RESULTS"/build_deep_*.log
 }
+# deep_gemm / deep_ep where a previous call (on this warm machine) or the deps step built them
+[ -f .deps/src/env.sh ] && . .deps/src/env.sh
 
-packages() {  # the benchmark packages, built here with moec itself
+packages() {  # the benchmark packages, built here with moec itself (once per call)
+  [ -d benchmarks/.packages ] && [ -n "${PACKAGES_BUILT:-}" ] && return
   MOEC="python3 -m moec" ./benchmarks/build_packages.sh > "$RESULTS/packages.log" 2>&1
+  PACKAGES_BUILT=1
 }
 
 for step in ${STEPS:-test bench}; do
@@ -34,7 +38,7 @@ for step in ${STEPS:-test bench}; do
     test) make gpu-test PY=python3 2>&1 | tee "$RESULTS/gpu-test.log" | tail -25 ;;
     bench)
       packages
-      for scheme in ${SCHEMES:-fp8_block bf16 fp8_block_fused}; do
+      for scheme in ${SCHEMES:-fp8_block fp8_block_separate bf16 fp8_block_deep_gemm bf16_deep_gemm}; do
         python3 benchmarks/bench_moe.py --scheme "$scheme" --tokens "${TOKENS:-1,16,64,256,1024,4096,16384}" \
           --out "$RESULTS/bench_$scheme.json" > "$RESULTS/bench_$scheme.log" 2>&1
         tail -9 "$RESULTS/bench_$scheme.log"
@@ -52,6 +56,13 @@ for step in ${STEPS:-test bench}; do
           --torch-max-tokens 64 $flags --out "$RESULTS/ab_$variant.json" > "$RESULTS/ab_$variant.log" 2>&1
         echo "== $variant"; tail -4 "$RESULTS/ab_$variant.log"
       done
+      ;;
+    decode)  # kernel durations of one graph replay at decode, fp8 and bf16, Triton and DeepGEMM
+      packages
+      python3 benchmarks/profile_decode.py --tokens "${DECODE_TOKENS:-1,16}" \
+        --packages "$(ls benchmarks/.packages | grep -E 'v3_(fp8|fp8sep|bf16)_(triton|deep_gemm)$' | paste -sd,)" \
+        --out "$RESULTS/decode.json" > "$RESULTS/decode.log" 2>&1
+      grep -E "^bench|: graph" "$RESULTS/decode.log"
       ;;
     tune)  # moec tune of the V3 layer on this GPU: $RESULTS/tuned/<gpu>.json, then the plan's line
       spec=(benchmarks/specs/v3.toml --set quant.scheme="${TUNE_SCHEME:-fp8_block}")

@@ -1,0 +1,96 @@
+"""Where a decode step's time goes: every kernel of one layer forward replayed from a CUDA graph.
+
+For each package and T (default 1): capture the layer in a CUDA graph, replay it under
+torch.profiler (CUPTI traces the kernels of a graph), and list each kernel's median duration in
+launch order, their sum, and the replay's wall time measured with CUDA events. Wall minus the
+kernel sum is what the launches cost beyond the kernels themselves (gaps between dependent
+kernels, the drain of one before the next starts). Prints a table; writes JSON.
+
+    python benchmarks/profile_decode.py --packages bench_v3_fp8_triton,bench_v3_bf16_triton --out $OUT/decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from functools import partial
+from pathlib import Path
+
+import torch
+from common import dump, graphed, import_package, median_ms
+from torch.profiler import ProfilerActivity, profile
+
+REPLAYS = 20
+
+
+def kernel_rows(replay) -> list[dict]:
+    """Median duration (us) of each kernel of one replay, in launch order."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPLAYS):
+            replay()
+        torch.cuda.synchronize()
+    kernels = [
+        e
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0
+    ]
+    kernels.sort(key=lambda e: e.time_range.start)
+    per_replay = len(kernels) // REPLAYS
+    if per_replay == 0:
+        return []
+    rows = []
+    for i in range(per_replay):
+        durations = [kernels[r * per_replay + i].device_time for r in range(REPLAYS)]
+        rows.append({"kernel": kernels[i].name[:80], "us": round(statistics.median(durations), 2)})
+    return rows
+
+
+def profile_package(name: str, tokens: int) -> dict:
+    package = import_package(name)
+    layer = package.MoELayer(device="cuda").random_(0)
+    hidden = package.PLAN["choices"]["dims"]["hidden"]
+    x = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    replay = graphed(partial(layer, x))
+    wall_ms = median_ms(replay, warmup=5, repeats=50)
+    rows = kernel_rows(replay)
+    kernel_us = sum(r["us"] for r in rows)
+    floor = next((r["floor_ms"] for r in package.PLAN["cost"] if r["tokens"] == tokens), None)
+    return {
+        "package": name,
+        "tokens": tokens,
+        "graph_ms": round(wall_ms, 4),
+        "kernel_sum_ms": round(kernel_us / 1e3, 4),
+        "plan_floor_ms": floor,
+        "kernels": rows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--packages", default="bench_v3_fp8_triton")
+    parser.add_argument("--tokens", default="1")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    results = []
+    for name in args.packages.split(","):
+        for tokens in map(int, args.tokens.split(",")):
+            try:
+                result = profile_package(name, tokens)
+            except Exception as failure:  # report, keep profiling the rest
+                print(f"{name} T={tokens}: {failure!r}"[:400], flush=True)
+                continue
+            results.append(result)
+            print(
+                f"\n{name} T={tokens}: graph {result['graph_ms']} ms, kernels "
+                f"{result['kernel_sum_ms']} ms, plan floor {result['plan_floor_ms']} ms"
+            )
+            for row in result["kernels"]:
+                print(f"  {row['us']:>8} us  {row['kernel']}")
+    dump(
+        Path(args.out),
+        {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": results},
+    )
+
+
+if __name__ == "__main__":
+    main()
