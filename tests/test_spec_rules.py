@@ -313,6 +313,42 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "target.max_num_tokens",
     ),
     (
+        "deepep_target",
+        {"parallel.dispatch": "deepep_normal", "parallel.ep_size": 2, "target.dtype": "float32"},
+        "target.dtype",
+    ),
+    (
+        "deepep_activation_format",
+        {**LOW_LATENCY, "quant.scheme": "fp8_per_tensor"},
+        "quant.scheme",
+    ),
+    (
+        "deepep_normal_ranks",
+        {**CUDA, "parallel.dispatch": "deepep_normal", "parallel.ep_size": 16},
+        "parallel.nodes",
+    ),
+    (
+        "deepep_normal_ranks",
+        {**CUDA, "parallel.dispatch": "deepep_normal", "parallel.ep_size": 16, "parallel.nodes": 4},
+        "parallel.nodes",
+    ),
+    (
+        "low_latency_needs_masked_and_bound",
+        {
+            **LOW_LATENCY,
+            "parallel.max_tokens_per_rank": 3,
+            "parallel.ep_size": 2,
+            "target.max_num_tokens": 3,
+        },
+        "parallel.max_tokens_per_rank",
+    ),
+    ("low_latency_kernel_shapes", LOW_LATENCY, "model.hidden_size"),
+    (
+        "low_latency_kernel_shapes",
+        {**LOW_LATENCY, "model.num_experts_per_tok": 12},
+        "model.num_experts_per_tok",
+    ),
+    (
         "normal_dispatch_needs_contiguous",
         {
             **CUDA,
@@ -381,7 +417,12 @@ def test_base_passes_every_rule():
         {"router.scoring_func": "sqrtsoftplus", "router.topk_method": "noaux_tc"},
         {"parallel.tp_size": 2, "quant.scheme": "bf16"},
         {"parallel.dispatch": "all2all", "parallel.ep_size": 16},
-        {**LOW_LATENCY, "experts.layout": "masked", "quant.scheme": "fp8_block"},
+        {
+            **LOW_LATENCY,
+            "experts.layout": "masked",
+            "quant.scheme": "fp8_block",
+            "model.hidden_size": 2048,
+        },
         {**CUDA, "experts.gemm_backend": "deep_gemm", "quant.scheme": "fp8_block"},
         {
             **CUDA,

@@ -588,71 +588,6 @@ def _ep_scales(spec: Spec) -> Iterator[Problem]:
         )
 
 
-@rule("deepep_target")
-def _deepep(spec: Spec) -> Iterator[Problem]:
-    """DeepEP runs on CUDA (NVSHMEM), sm90 or newer."""
-    if spec.parallel.dispatch in DEEPEP and (
-        spec.target.device != "cuda" or arch_number(spec) < 90
-    ):
-        yield problem(
-            "parallel.dispatch",
-            "DeepEP needs a CUDA target of sm90 or newer",
-            'target.device = "cuda", or dispatch = "all2all"',
-            value=spec.parallel.dispatch,
-        )
-
-
-@rule("low_latency_needs_masked_and_bound")
-def _low_latency(spec: Spec) -> Iterator[Problem]:
-    """DeepEP low-latency dispatch writes [E_local, ep_size * max_tokens_per_rank, H] buffers:
-    it needs the masked layout, a per-rank token bound, max_num_tokens within that bound, and a
-    bound DeepEP accepts (at most 1024 tokens per rank)."""
-    parallel = spec.parallel
-    if parallel.dispatch != "deepep_low_latency":
-        return
-    if spec.experts.layout == "contiguous":
-        yield problem(
-            "experts.layout",
-            "low-latency dispatch delivers tokens in the masked layout",
-            '"masked" or "auto"',
-            value="contiguous",
-        )
-    if parallel.max_tokens_per_rank is None:
-        yield problem(
-            "parallel.max_tokens_per_rank",
-            "low-latency dispatch needs the per-rank token bound",
-            "e.g. 128 (decode batch per rank)",
-        )
-        return
-    if parallel.max_tokens_per_rank > 1024:
-        yield problem(
-            "parallel.max_tokens_per_rank",
-            "exceeds DeepEP low-latency's bound",
-            "at most 1024",
-            value=parallel.max_tokens_per_rank,
-        )
-    if spec.target.max_num_tokens > parallel.max_tokens_per_rank:
-        yield problem(
-            "target.max_num_tokens",
-            f"exceeds the low-latency bound max_tokens_per_rank = {parallel.max_tokens_per_rank}",
-            f"at most {parallel.max_tokens_per_rank}",
-            value=spec.target.max_num_tokens,
-        )
-
-
-@rule("normal_dispatch_needs_contiguous")
-def _normal(spec: Spec) -> Iterator[Problem]:
-    """DeepEP normal dispatch delivers a data-dependent number of tokens per rank, which the
-    contiguous layout packs; the masked layout would need the worst case per expert."""
-    if spec.parallel.dispatch == "deepep_normal" and spec.experts.layout == "masked":
-        yield problem(
-            "experts.layout",
-            "DeepEP normal dispatch feeds the contiguous layout",
-            '"contiguous" or "auto", or dispatch = "deepep_low_latency"',
-            value="masked",
-        )
-
-
 @rule("token_bound_applies")
 def _token_bound(spec: Spec) -> Iterator[Problem]:
     """max_tokens_per_rank sizes exchange buffers: it applies to expert-parallel dispatch."""
@@ -726,3 +661,6 @@ def _gpu(spec: Spec) -> Iterator[Problem]:
             'remove it, or device = "cuda"',
             value=spec.target.gpu,
         )
+
+
+from moec.spec import deepep_rules  # noqa: E402, F401  (registers the DeepEP rules after these)
