@@ -54,18 +54,28 @@ def apply_buckets(package, table: list[dict], elementwise: dict | None = None) -
         tiles.COMBINE = elementwise["combine"]
 
 
-def design_floor_ms(
-    package, layer, x, weight_bytes_per_expert: float, fp8: bool
-) -> tuple[float, int]:
-    """DESIGN.md's floor: max(bytes of the experts actually touched (routed hit + shared) plus
-    the router weight / bandwidth, FLOPs / matmul rate), from this input's real routing."""
+def chosen_experts(package, layer, x) -> torch.Tensor:
+    """[T, K] the routed experts the layer's router and select choose for x, sorted per token
+    (fused shared experts, numbered after the routed ones, left out)."""
     stages = stages_of(package)
     router_weight = getattr(layer, "gate_weight", None)
     if router_weight is None:  # the bf16 x 3 router: its parts
         router_weight = layer.gate_parts
     logits = stages.router(x, router_weight)
     args = (logits, layer.gate_bias) if hasattr(layer, "gate_bias") else (logits,)
-    _, ids = stages.select(*args)
+    top_k = package.PLAN["choices"]["dims"]["top_k"]
+    return stages.select(*args)[1].sort(dim=1).values[:, :top_k]
+
+
+def design_floor_ms(
+    package, layer, x, weight_bytes_per_expert: float, fp8: bool
+) -> tuple[float, int]:
+    """DESIGN.md's floor: max(bytes of the experts actually touched (routed hit + shared) plus
+    the router weight / bandwidth, FLOPs / matmul rate), from this input's real routing."""
+    ids = chosen_experts(package, layer, x)
+    router_weight = getattr(layer, "gate_weight", None)
+    if router_weight is None:
+        router_weight = layer.gate_parts
     plan = package.PLAN["choices"]["dims"]
     routed = plan["routed_experts"]
     hit = int(torch.unique(ids[ids < routed]).numel())

@@ -45,32 +45,3 @@ def load_layer(cache_dir):
         return moec.load(spec, list(overrides), cache_dir=cache_dir)
 
     return load
-
-
-STAND_IN_PAIRS = (
-    ("dispatch", "deep_ep"),
-    ("combine", "deep_ep"),
-)
-"""Pairs the plan tests plan "as if installed" (deep_ep) before moec renders them."""
-
-
-@pytest.fixture(scope="session", autouse=True)
-def stand_in_renderers():
-    """Register a stand-in for each pair of STAND_IN_PAIRS that has no real renderer, so the plan
-    tests can plan those backends; a stand-in refuses to render (it is never code)."""
-    from moec.codegen import registry
-
-    def refuse(plan, stage):
-        raise AssertionError(f"stand-in renderer for ({stage.kind}, {stage.backend}) rendered")
-
-    added = []
-    for kind, backend in STAND_IN_PAIRS:
-        if registry.renderer(kind, backend) is None:
-            module = backend if backend in ("deep_gemm", "deep_ep") else None
-            registry.register(kind, backend, "stand-in", requires=(module,) if module else ())(
-                refuse
-            )
-            added.append((kind, backend))
-    yield added
-    for pair in added:
-        del registry._RENDERERS[pair]

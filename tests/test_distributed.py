@@ -46,12 +46,12 @@ def _ep(ranks: int) -> list[str]:
     return ["parallel.dispatch=all2all", f"parallel.ep_size={ranks}"]
 
 
-def _run(load_layer, tmp_path, world, cases, x, split):
-    """Run every case [(overrides, replicated, bias)] on `world` gloo ranks in one group;
-    returns, per case, the outputs of each rank."""
+def _run(load_layer, tmp_path, world, cases, x, split, spec=SPEC):
+    """Run every case [(overrides, replicated, bias)] of `spec` on `world` gloo ranks in one
+    group; returns, per case, the outputs of each rank."""
     jobs = []
     for overrides, replicated, bias in cases:
-        package = load_layer(SPEC, *overrides)
+        package = load_layer(spec, *overrides)
         jobs.append((str(Path(package.__file__).parent), package.__name__, replicated, bias))
     out_file = str(tmp_path / "out")
     mp.start_processes(

@@ -583,13 +583,14 @@ EXPECTED = {
             "layout": "masked",
             "dispatch": "deepep_low_latency (deep_ep)",
             "fuse activation + quantize": "yes",
-            "convert a for gemm_gate_up": "transpose scales to MN-major; "
-            "pad scale columns to 16-byte TMA alignment",
+            "fuse quantize + dispatch": "yes (DeepEP)",
+            "DeepEP buffer": "NVLink 0.0 MiB, RDMA 1820.0 MiB, low-latency, 128 tokens per rank, "
+            "32 QPs per rank",
             "convert hq for gemm_down": "transpose scales to MN-major; "
             "pad scale columns to 16-byte TMA alignment",
             "CUDA graph": "yes",
         },
-        ["fuse quantize + dispatch"],
+        ["convert a for gemm_gate_up"],
     ),
     "deepseek-v3-ep2-all2all": (
         PLAIN,

@@ -15,11 +15,20 @@ RECORD_MODULE = {
     "ContiguousRouting": "grouping",
     "MaskedRouting": "grouping",
     "Exchange": "all2all",
+    "NormalExchange": "deepep",
+    "LowLatencyExchange": "deepep",
 }
 """Runtime module defining each record type that travels along an edge."""
 
-GROUP_BACKENDS = ("torch.distributed", "deep_ep")
-"""Backends whose stages take the layer's process group."""
+
+def takes_group(stage: Stage) -> bool:
+    """Whether the stage's function takes the layer's process group: every torch.distributed
+    stage, and DeepEP's dispatch (which allocates the group's buffer; combine finds it in the
+    exchange record)."""
+    return stage.backend == "torch.distributed" or (
+        stage.backend == "deep_ep" and stage.kind == "dispatch"
+    )
+
 
 TENSOR = "torch.Tensor"
 
@@ -80,7 +89,7 @@ def signature(plan: Plan, stage: Stage) -> Signature:
     for weight in stage.weights:
         params.append((weight, TENSOR))
         args.append(f"self.{weight}")
-    if stage.backend in GROUP_BACKENDS:
+    if takes_group(stage):
         params.append(("group", "torch.distributed.ProcessGroup | None"))
         args.append("self.group")
     returns: list[tuple[str, str]] = []

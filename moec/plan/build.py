@@ -8,6 +8,9 @@ E experts, K top-k, I intermediate, M rows of the grouped layout (contiguous) or
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from moec.plan import deepep
 from moec.plan.backends import accepted_scale
 from moec.plan.graph import Plan
 from moec.plan.layer import Layer, QuantFormat
@@ -33,6 +36,12 @@ ROW_PADDING = 128
 torch backend builds exactly the buffers a DeepGEMM GEMM would take."""
 
 ROUTING_RECORD = {"contiguous": "ContiguousRouting", "masked": "MaskedRouting"}
+EXCHANGE_RECORD = {
+    "all2all": "Exchange",
+    "deepep_normal": "NormalExchange",
+    "deepep_low_latency": "LowLatencyExchange",
+}
+"""What dispatch hands combine about the exchange, per mode (the runtime's record class)."""
 
 # How the torch backend runs a grouped GEMM, and what it costs the host: (note, syncs host).
 TORCH_GEMM = {
@@ -100,7 +109,7 @@ def build_stages(plan: Plan, spec: Spec) -> None:
         _shared_expert(plan, gemm)
 
     expert_input, expert_tensor = "input", "x"
-    if routed.quantized:
+    if routed.quantized and layer.dispatch != "deepep_low_latency":  # that one quantizes itself
         _quantize(plan, "quantize", routed, around, ("T", "H"), "xq")
         plan.connect("input", "quantize", "x")
         expert_input, expert_tensor = "quantize", "xq"
@@ -241,6 +250,21 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
     layer, backends = plan.layer, plan.backends
     layout, mode = backends.layout, layer.dispatch
     a_type = plan.stage(source).outputs[tensor]
+    quantize, buffer = None, None
+    if mode.startswith("deepep"):
+        buffer = deepep.buffer_for(layer)
+        plan.decide(
+            "DeepEP buffer",
+            buffer.describe(),
+            "DeepEP's own size hints for this layer (moec/plan/deepep.py); the layer checks them "
+            "against the installed deep_ep when it allocates",
+        )
+    if mode == "deepep_low_latency" and layer.routed.quantized:
+        # DeepEP's low-latency dispatch quantizes each token in 1 x 128 groups as it sends it and
+        # writes the scales MN-major, TMA-aligned ([E, max_m, H/128], max_m a multiple of 4)
+        quantize = layer.routed
+        scale = replace(layer.routed.activation_scale(), major="MN", tma_aligned=True)
+        a_type = TensorType(DType.e4m3, ("T", "H"), scale=scale)
     routing_type = TensorType(
         I32,
         ("M",) if layout == "contiguous" else ("E",),
@@ -249,7 +273,7 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
     )
     outputs = {"a": grouped_type(a_type.dtype, "H", layout, a_type.scale), "routing": routing_type}
     if mode != "local":
-        outputs["exchange"] = TensorType(I32, ("T*K",), record="Exchange")
+        outputs["exchange"] = TensorType(I32, ("T*K",), record=EXCHANGE_RECORD[mode])
     exchanged = mode in ("all2all", "deepep_normal")
     padding = None if backends.gemm == "triton" else ROW_PADDING
     plan.add_stage(
@@ -261,6 +285,8 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
             experts=layer.grouped_experts,
             row_padding=padding if layout == "contiguous" else None,
             routing_backend=around,
+            quantize=quantize,
+            buffer=buffer,
             outputs=outputs,
             syncs_host=exchanged,
             graph_safe=not exchanged,
@@ -271,6 +297,13 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
     plan.connect("select", "dispatch", "topk_ids")
     if mode != "local":  # the weights travel with the tokens; the expert ranks apply them
         plan.connect("select", "dispatch", "topk_weights")
+    if quantize is not None:
+        plan.decide(
+            "fuse quantize + dispatch",
+            "yes (DeepEP)",
+            "DeepEP's low-latency dispatch quantizes each bf16 token to e4m3 with 1 x 128 scales "
+            "as it sends it: half the bytes on the wire, no quantize pass",
+        )
     if layout == "contiguous":
         why = "each expert's rows start on a GEMM tile boundary, so a tile never mixes experts"
         if padding:
@@ -340,7 +373,8 @@ def _combine_and_finalize(plan: Plan, spec: Spec, around: str) -> None:
         )
     )
     plan.connect("gemm_down", "combine", "y")
-    plan.connect("dispatch", "combine", "routing")
+    if mode != "deepep_low_latency":  # that combine finds its way back in the exchange alone
+        plan.connect("dispatch", "combine", "routing")
     if mode == "local":
         plan.connect("select", "combine", "topk_weights")
     else:

@@ -107,8 +107,9 @@ def fuse_finalize_combine(plan: Plan) -> None:
         )
         return
     plan.absorb("combine", "finalize", add_shared=finalize.add_shared)
-    plan.decide(
-        "fuse finalize into combine",
-        "yes",
-        "the weighted sum, the shared-expert add and the rounding to the output dtype are one pass",
+    why = (
+        "the weighted sum, the shared-expert add and the rounding to the output dtype are one pass"
     )
+    if plan.layer.dispatch == "deepep_low_latency":
+        why = "the shared-expert output is added to DeepEP's weighted sum as it arrives (no finalize launch)"
+    plan.decide("fuse finalize into combine", "yes", why)

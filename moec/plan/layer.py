@@ -108,6 +108,8 @@ class Layer:
     nodes: int
     """Nodes the tp * ep ranks span, evenly."""
     dispatch: str
+    tokens_per_rank: int | None
+    """parallel.max_tokens_per_rank: the bound DeepEP's low-latency buffers are sized for."""
     device: str
     arch: str | None
     gpu: str | None
@@ -152,6 +154,7 @@ def layer_of(spec: Spec) -> Layer:
         ep=parallel.ep_size,
         nodes=parallel.nodes,
         dispatch=parallel.dispatch,
+        tokens_per_rank=parallel.max_tokens_per_rank,
         device=spec.target.device,
         arch=spec.target.arch,
         gpu=spec.target.gpu,

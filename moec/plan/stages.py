@@ -13,9 +13,10 @@ changes a stage builds a new record (`dataclasses.replace`) and puts it in the p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
+from moec.plan.deepep import DeepEPBuffer
 from moec.plan.layer import QuantFormat
 from moec.plan.types import TensorType
 
@@ -112,6 +113,8 @@ class Dispatch(Stage):
     """Quantization fused into the copy (the fuse pass), or None."""
     mn_major_scales: bool = False
     """The fused quantization writes its scales MN-major, TMA-aligned (what DeepGEMM reads)."""
+    buffer: DeepEPBuffer | None = None
+    """DeepEP modes: the buffer each rank allocates for dispatch and combine."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +151,8 @@ class Activation(Stage):
     """Quantization of the output for the down GEMM, fused in (the fuse pass), or None."""
     mn_major_scales: bool = False
     """The fused quantization writes its scales MN-major, TMA-aligned (what DeepGEMM reads)."""
+    buffer: DeepEPBuffer | None = None
+    """DeepEP modes: the buffer each rank allocates for dispatch and combine."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,6 +205,8 @@ def choices(stage: Stage) -> dict[str, object]:
         value = getattr(stage, name)
         if isinstance(value, QuantFormat):
             value = value.scheme
+        elif isinstance(value, DeepEPBuffer):
+            value = asdict(value)
         elif isinstance(value, tuple):
             value = [list(v) if isinstance(v, tuple) else v for v in value]
         data[name] = value

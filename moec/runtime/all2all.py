@@ -71,16 +71,6 @@ def send_tokens(x, x_scale, topk_ids, topk_weights, local_experts: int, group):
     return rows, row_scales, local_ids, exchange
 
 
-def rows_of(routing, exchange: Exchange):
-    """`routing` of the local assignments, with each layout row pointing at its received row
-    (the layout's `token_of_row` names assignments; the permute copies received rows)."""
-    row_of = exchange.row_of_assignment
-    lookup = torch.cat((row_of, row_of.new_full((1,), -1)))  # the last entry: padding rows
-    assignment = routing.token_of_row.long()
-    row = lookup[torch.where(assignment >= 0, assignment, row_of.numel())]
-    return routing._replace(token_of_row=row.to(torch.int32))
-
-
 def combine(y, routing, exchange: Exchange, shared, group, out_dtype):
     """out[t] = sum over t's experts of w * row (+ shared[t]): weighted partial sums per
     received row on this rank (fp32), sent back in out_dtype, summed on the token's rank."""

@@ -128,3 +128,13 @@ def combine(y: torch.Tensor, topk_weights, routing, shared, out_dtype) -> torch.
     if shared is not None:
         out += shared.float()
     return out.to(out_dtype)
+
+
+def rows_of(routing, row_of_assignment: torch.Tensor):
+    """`routing` of received assignments (expert-parallel dispatch), with each layout row
+    pointing at the received row its assignment came in (`row_of_assignment` [P]): the layout
+    was computed over the P assignments; the permute copies received rows."""
+    lookup = torch.cat((row_of_assignment, row_of_assignment.new_full((1,), -1)))  # last: padding
+    assignment = routing.token_of_row.long()
+    row = lookup[torch.where(assignment >= 0, assignment, row_of_assignment.numel())]
+    return routing._replace(token_of_row=row.to(torch.int32))

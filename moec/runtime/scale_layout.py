@@ -1,5 +1,6 @@
-"""The scale layout DeepGEMM reads on sm90, from the K-major fp32 scales moec's quantizers write:
-the same values, in other places.
+"""The scale layout DeepGEMM reads on sm90, from the K-major fp32 scales moec's quantizers write,
+and back (DeepEP's low-latency dispatch writes MN-major scales; Triton GEMMs read K-major): the
+same values, in other places.
 
 MN-major, TMA-aligned: the scales of one K group are contiguous along the rows, each group's
 column padded to a 16-byte multiple (rows aligned to 4 fp32); [.., rows, groups] with strides
@@ -28,3 +29,8 @@ def to_mn_major(scale: torch.Tensor) -> torch.Tensor:
     out = mn_major(scale.shape[-2], scale.shape[-1], scale.shape[:-2], scale.dtype, scale.device)
     out.copy_(scale)
     return out
+
+
+def to_k_major(scale: torch.Tensor) -> torch.Tensor:
+    """Scales [.., rows, groups] in any layout copied K-major (each row's groups contiguous)."""
+    return scale.contiguous()

@@ -23,13 +23,15 @@ from .triton_numerics import launch_options, release_dependents, wait_inputs
 @triton.jit
 def _select_topk_kernel(
     # pointers
-    logits_ptr,  # [T, E] fp32
+    logits_ptr,  # [S, T, E] fp32: S partial sums (split-K router) to add, in order
     bias_ptr,  # [E] fp32 (HAS_BIAS)
     ids_ptr,  # [T, TOP_K + FUSED_SHARED] int32 out
     weights_ptr,  # [T, TOP_K + FUSED_SHARED] fp32 out
     # dims
     E,
+    S,
     # strides
+    stride_ls,
     stride_lt,
     stride_it,
     stride_wt,
@@ -51,6 +53,8 @@ def _select_topk_kernel(
     e = tl.arange(0, BLOCK_E)
     valid = e < E
     logits = tl.load(logits_ptr + t * stride_lt + e, mask=valid, other=float("-inf"))
+    for s in range(1, S):
+        logits += tl.load(logits_ptr + s * stride_ls + t * stride_lt + e, mask=valid, other=0.0)
     if SCORING == "softmax":
         shifted = tl.exp(logits - tl.max(logits, axis=0))
         scores = shifted / tl.sum(shifted, axis=0)
@@ -200,10 +204,13 @@ def select_topk(
     fused_shared,
     pdl=False,
 ):
-    """Top-k selection for every token of logits [T, E] fp32 (bias [E] fp32 or None), as
-    torch_select.select_topk: returns (weights [T, K'] fp32, ids [T, K'] int32),
-    K' = top_k + fused_shared; see the comment above."""
-    tokens, experts = logits.shape
+    """Top-k selection for every token of logits [T, E] fp32, or of the sum of partial logits
+    [S, T, E] (the split-K router's), with bias [E] fp32 or None, as torch_select.select_topk:
+    returns (weights [T, K'] fp32, ids [T, K'] int32), K' = top_k + fused_shared; see the
+    comment above."""
+    if logits.dim() == 2:
+        logits = logits.unsqueeze(0)
+    _, tokens, experts = logits.shape
     width = top_k + fused_shared
     ids = torch.empty((tokens, width), dtype=torch.int32, device=logits.device)
     weights = torch.empty((tokens, width), dtype=torch.float32, device=logits.device)
@@ -216,8 +223,10 @@ def select_topk(
             weights,
             # dims
             experts,
+            logits.shape[0],
             # strides
             logits.stride(0),
+            logits.stride(1),
             ids.stride(0),
             weights.stride(0),
             # meta-parameters

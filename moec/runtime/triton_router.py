@@ -5,6 +5,11 @@ x is bf16 (the model dtype); the fp32 weight W is stored as three bf16 parts, W 
 fp32 rounding). Every product of a bf16 x and a bf16 part is exact in fp32, and the tensor
 cores add bf16 products in fp32: the logits are the fp32 GEMM's up to summation order, at the
 bf16 rate (three bf16 GEMMs cost less than one fp32 GEMM on CUDA cores).
+
+Split K: few tokens make few output tiles (256 experts in tiles of 32 are 8 programs at decode),
+so the hidden dim is cut into S slices that run as programs of their own, each writing its
+partial logits; the result is [S, T, E] and select_topk adds the S partials in fp32, in order.
+S is chosen so that the grid holds about config["PROGRAMS"] programs.
 """
 
 import torch
@@ -21,17 +26,19 @@ def _router_kernel(
     # pointers
     x_ptr,  # [T, H] bf16
     parts_ptr,  # [3, E, H] bf16
-    out_ptr,  # [T, E] fp32
+    out_ptr,  # [S, T, E] fp32: the partial logits of each K slice
     # dims
     T,
     E,
     H,
+    K_SLICE,  # hidden elements per K slice, a multiple of BLOCK_K
     # strides
     stride_xt,
     stride_xh,
     stride_pp,
     stride_pe,
     stride_ph,
+    stride_os,
     stride_ot,
     stride_oe,
     # meta-parameters
@@ -46,7 +53,8 @@ def _router_kernel(
     offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
+    k_start = tl.program_id(2) * K_SLICE
+    for k0 in range(k_start, tl.minimum(k_start + K_SLICE, H), BLOCK_K):
         k = k0 + offs_k
         x_ptrs = x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + k[None, :] * stride_xh
         x = tl.load(x_ptrs, mask=(offs_t < T)[:, None] & (k < H)[None, :], other=0.0)
@@ -60,20 +68,30 @@ def _router_kernel(
                 acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
             else:
                 acc = tl.dot(x, w, acc)
+    out_ptr += tl.program_id(2) * stride_os
     out_ptrs = out_ptr + offs_t[:, None].to(tl.int64) * stride_ot + offs_e[None, :] * stride_oe
     tl.store(out_ptrs, acc, mask=(offs_t < T)[:, None] & (offs_e < E)[None, :])
     release_dependents(PDL)
 
 
 def router_logits(x, parts, *, config, pdl=False):
-    """x [T, H] bf16, parts [3, E, H] bf16 -> logits [T, E] fp32. config: BLOCK_T, BLOCK_E,
-    BLOCK_K, num_warps, num_stages."""
+    """x [T, H] bf16, parts [3, E, H] bf16 -> partial logits [S, T, E] fp32 (their sum over S is
+    x W^T). config: BLOCK_T, BLOCK_E, BLOCK_K, PROGRAMS, num_warps, num_stages."""
     tokens, hidden = x.shape
     experts = parts.shape[1]
-    out = torch.empty((tokens, experts), dtype=torch.float32, device=x.device)
+    tiles = triton.cdiv(tokens, config["BLOCK_T"]) * triton.cdiv(experts, config["BLOCK_E"])
+    k_blocks = triton.cdiv(hidden, config["BLOCK_K"])
+    slices = max(1, min(k_blocks, config["PROGRAMS"] // max(tiles, 1)))
+    k_slice = triton.cdiv(k_blocks, slices) * config["BLOCK_K"]
+    slices = triton.cdiv(hidden, k_slice)  # no empty slice
+    out = torch.empty((slices, tokens, experts), dtype=torch.float32, device=x.device)
     if tokens == 0:
         return out
-    grid = (triton.cdiv(tokens, config["BLOCK_T"]), triton.cdiv(experts, config["BLOCK_E"]))
+    grid = (
+        triton.cdiv(tokens, config["BLOCK_T"]),
+        triton.cdiv(experts, config["BLOCK_E"]),
+        slices,
+    )
     _router_kernel[grid](
         # pointers
         x,
@@ -83,6 +101,7 @@ def router_logits(x, parts, *, config, pdl=False):
         tokens,
         experts,
         hidden,
+        k_slice,
         # strides
         x.stride(0),
         x.stride(1),
@@ -91,6 +110,7 @@ def router_logits(x, parts, *, config, pdl=False):
         parts.stride(2),
         out.stride(0),
         out.stride(1),
+        out.stride(2),
         # meta-parameters
         UPCAST=triton.knobs.runtime.interpret,
         BLOCK_T=config["BLOCK_T"],

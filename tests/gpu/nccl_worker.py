@@ -25,7 +25,7 @@ def run_layers(rank: int, world: int, init_file: str, jobs, x_all, split, out_fi
         "nccl", init_method=f"file://{init_file}", rank=rank, world_size=world
     )
     try:
-        outputs, times = [], []
+        outputs, times, graphs = [], [], []
         for folder, name, replicated, *bias in jobs:
             package = import_package(folder, f"{name}_rank")
             layer = package.MoELayer(device="cuda", group=torch.distributed.group.WORLD)
@@ -36,9 +36,10 @@ def run_layers(rank: int, world: int, init_file: str, jobs, x_all, split, out_fi
             out = layer(x)
             outputs.append(out.cpu())
             times.append(median_ms(lambda layer=layer, x=x: layer(x)))
+            graphs.append(graph_run(layer, x, out) if graph_safe(package) else None)
             del layer
             torch.cuda.empty_cache()
-        torch.save({"outputs": outputs, "times": times}, f"{out_file}.{rank}")
+        torch.save({"outputs": outputs, "times": times, "graphs": graphs}, f"{out_file}.{rank}")
     finally:
         torch.distributed.destroy_process_group()
 
@@ -57,3 +58,35 @@ def median_ms(fn, repeats: int = 10) -> float:
         end.synchronize()
         samples.append(start.elapsed_time(end))
     return sorted(samples)[len(samples) // 2]
+
+
+def graph_safe(package) -> bool:
+    return any(
+        d["what"] == "CUDA graph" and d["choice"] == "yes" for d in package.PLAN["decisions"]
+    )
+
+
+def graph_run(layer, x, eager_out) -> dict:
+    """Capture the layer in a CUDA graph (every rank together), replay it: whether the replay
+    gives the eager output bit for bit, and its median time (or why capturing failed)."""
+    try:
+        return _graph_run(layer, x, eager_out)
+    except Exception as failure:  # reported by the test that asked for it
+        return {"equal": False, "error": repr(failure)[:400]}
+
+
+def _graph_run(layer, x, eager_out) -> dict:
+    static = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            layer(static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(static)
+    graph.replay()
+    torch.cuda.synchronize()
+    same = bool(torch.equal(out, eager_out))
+    return {"equal": same, "ms": median_ms(graph.replay)}

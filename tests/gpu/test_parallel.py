@@ -64,3 +64,75 @@ def test_two_gpus_equal_one(load_layer, tmp_path, tokens_per_rank):
     if folder:
         path = Path(folder) / f"parallel-T{tokens_per_rank}.json"
         path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+DEEPEP_CASES = {  # name: (overrides, bound against one GPU)
+    "ep2-deepep-normal-triton": (
+        ["parallel.dispatch=deepep_normal", "experts.layout=contiguous"],
+        2**-7,
+    ),
+    "ep2-deepep-normal-deep_gemm": (
+        ["parallel.dispatch=deepep_normal", "experts.gemm_backend=deep_gemm"],
+        2**-7,
+    ),
+    # DeepEP quantizes the tokens itself (its own amax / 448 arithmetic): one fp8 layer against
+    # another, the fp8_block bound of docs/numerics.md
+    "ep2-deepep-ll-triton": (["parallel.dispatch=deepep_low_latency"], 2**-5 + 2**-7),
+    "ep2-deepep-ll-deep_gemm": (
+        ["parallel.dispatch=deepep_low_latency", "experts.gemm_backend=deep_gemm"],
+        2**-5 + 2**-7,
+    ),
+}
+
+
+@pytest.mark.gpus(2)
+def test_deepep_two_gpus_equal_one(load_layer, tmp_path):
+    """DeepEP normal and low-latency dispatch on two GPUs (64 tokens per rank), Triton and
+    DeepGEMM experts, against the one-GPU layer; low-latency layers also replayed from a CUDA
+    graph, which must give the eager output bit for bit."""
+    pytest.importorskip("deep_ep")
+    pytest.importorskip("deep_gemm")
+    jobs, names = [], []
+    for name, (overrides, _) in DEEPEP_CASES.items():
+        backend = [] if "deep_gemm" in name else ["experts.gemm_backend=triton"]
+        package = load_layer(
+            V3,
+            *FP8,
+            "parallel.ep_size=2",
+            "parallel.max_tokens_per_rank=128",
+            "target.max_num_tokens=128",
+            *backend,
+            *overrides,
+        )
+        jobs.append((str(Path(package.__file__).parent), package.__name__, False))
+        names.append(name)
+    tokens = 128
+    x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(8)).bfloat16()
+    out_file = str(tmp_path / "out")
+    os.environ.update(nccl_worker.MULTICAST_OFF)
+    mp.start_processes(
+        nccl_worker.run_layers,
+        args=(2, str(tmp_path / "init"), jobs, x, [0, 64, tokens], out_file),
+        nprocs=2,
+        start_method="spawn",
+    )
+    ranks = [torch.load(f"{out_file}.{rank}") for rank in range(2)]
+    one = load_layer(V3, *FP8, "experts.gemm_backend=triton").MoELayer(device="cuda").random_(11)
+    expected = one(x.cuda()).cpu()
+    report, failures = {}, []
+    for index, name in enumerate(names):
+        error = norm_error(torch.cat([rank["outputs"][index] for rank in ranks]), expected)
+        graphs = [rank["graphs"][index] for rank in ranks]
+        report[name] = {
+            "error": error,
+            "ms_per_rank": [rank["times"][index] for rank in ranks],
+            "graph": graphs,
+        }
+        if error > DEEPEP_CASES[name][1]:
+            failures.append(f"{name}: {error:.3g}")
+        if "-ll-" in name and not all(g and g["equal"] for g in graphs):
+            failures.append(f"{name}: the CUDA graph replay differs from eager: {graphs}")
+    folder = os.environ.get("MOEC_GPU_REPORT")
+    if folder:
+        (Path(folder) / "deepep-T64.json").write_text(json.dumps(report, indent=2) + "\n")
+    assert not failures, failures

@@ -1,5 +1,6 @@
 """Renderers of DeepGEMM (the expert GEMMs on sm90 / sm100) and of the scale-layout converters
-its kernels need where no quantizer writes their layout directly."""
+between the layouts producers write and GEMMs read (DeepGEMM's MN-major where no quantizer
+writes it directly; K-major for Triton after DeepEP's low-latency dispatch)."""
 
 from __future__ import annotations
 
@@ -46,8 +47,11 @@ def gemm(plan, stage: Gemm) -> StageCode:
     )
 
 
+TO_K_MAJOR = "transpose scales to K-major"
+
+
 def _transpose_and_pad_only(plan, stage: Convert) -> str | None:
-    other = [step for step in stage.steps if step not in LAYOUT_STEPS]
+    other = [step for step in stage.steps if step not in (*LAYOUT_STEPS, TO_K_MAJOR)]
     if other:
         return f"moec's scale converter transposes and pads (sm90), it does not {other[0]}"
     return None
@@ -61,4 +65,5 @@ def _transpose_and_pad_only(plan, stage: Convert) -> str | None:
     refuses=_transpose_and_pad_only,
 )
 def convert(plan, stage: Convert) -> StageCode:
-    return StageCode(f"The same values; scales: {'; '.join(stage.steps)}.")
+    function = "to_k_major" if TO_K_MAJOR in stage.steps else "to_mn_major"
+    return StageCode(f"The same values; scales: {'; '.join(stage.steps)}.", {"function": function})

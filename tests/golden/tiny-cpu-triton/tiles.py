@@ -57,6 +57,7 @@ ROUTER = {
     "BLOCK_T": 16,
     "BLOCK_E": 64,
     "BLOCK_K": 64,
+    "PROGRAMS": 4,
     "num_warps": 4,
     "num_stages": 1,
 }  # router: BLOCK_T, BLOCK_E, BLOCK_K, warps, stages
@@ -64,6 +65,7 @@ ROUTER_DECODE = {
     "BLOCK_T": 16,
     "BLOCK_E": 64,
     "BLOCK_K": 64,
+    "PROGRAMS": 4,
     "num_warps": 4,
     "num_stages": 1,
 }  # the router for at most DECODE_TOKENS tokens

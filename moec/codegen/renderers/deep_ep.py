@@ -1,0 +1,115 @@
+"""Renderers of DeepEP V1 (expert-parallel dispatch and combine through `deep_ep.Buffer`):
+normal mode into the contiguous layout (prefill), low-latency mode into the masked layout
+(decode, CUDA-graph safe). The buffer sizes come from the plan (moec/plan/deepep.py)."""
+
+from __future__ import annotations
+
+from moec.codegen.registry import register
+from moec.codegen.renderers.common import StageCode, call_kwargs
+from moec.codegen.renderers.torch_stages import dispatch_targets, route_call
+from moec.plan.stages import Combine, Dispatch
+
+DEEP_EP = ("deep_ep",)
+
+
+def _template(kind: str):
+    def choose(stage) -> str:
+        mode = "low_latency" if stage.mode == "deepep_low_latency" else "normal"
+        return f"stages/deep_ep/{kind}_{mode}.py.j2"
+
+    return choose
+
+
+def _dispatch_runtime(stage: Dispatch) -> tuple[str, ...]:
+    if stage.mode == "deepep_low_latency":
+        return ("deepep", "grouping")
+    if stage.routing_backend == "triton":
+        return ("deepep", "grouping", "triton_route", "tiles")
+    return ("deepep", "grouping")
+
+
+def _deepep_only(plan, stage) -> str | None:
+    if not stage.mode.startswith("deepep"):
+        return f"deep_ep renders the DeepEP dispatch modes, not {stage.mode}"
+    return None
+
+
+@register(
+    "dispatch",
+    "deep_ep",
+    _template("dispatch"),
+    runtime=_dispatch_runtime,
+    requires=DEEP_EP,
+    refuses=_deepep_only,
+)
+def dispatch(plan, stage: Dispatch) -> StageCode:
+    layer, buffer = plan.layer, stage.buffer
+    if stage.mode == "deepep_low_latency":
+        quantized = stage.quantize is not None
+        options = call_kwargs(
+            max_tokens=buffer.max_tokens,
+            experts=layer.routed_experts,
+            fp8=quantized,
+            pow2=quantized and stage.quantize.pow2_scales,
+        )
+        sizes = call_kwargs(
+            rdma_bytes=buffer.rdma_bytes,
+            qps=buffer.qps,
+            max_tokens=buffer.max_tokens,
+            hidden=layer.hidden,
+            experts=layer.routed_experts,
+        )
+        sent = "e4m3 with 1 x 128 scales, quantized by DeepEP" if quantized else "bf16"
+        return StageCode(
+            f"DeepEP low-latency dispatch: one row per (token, expert) ({sent}) into the masked "
+            f"layout [{layer.local_experts}, {layer.ep} x {buffer.max_tokens}, H] of this "
+            "rank's experts, with each expert's row count; no host sync.",
+            {"buffer": sizes, "options": options, "targets": dispatch_targets(stage)},
+        )
+    scaled = stage.outputs["a"].scale is not None
+    module = "triton_route" if stage.routing_backend == "triton" else "grouping"
+    sizes = call_kwargs(
+        nvl_bytes=buffer.nvl_bytes,
+        rdma_bytes=buffer.rdma_bytes,
+        sms=buffer.sms,
+        qps=buffer.qps,
+        hidden_bytes=layer.hidden * max(layer.dtype.bytes, 2),
+    )
+    quantized = " (e4m3 and scales)" if scaled else ""
+    return StageCode(
+        f"DeepEP normal dispatch: each token row{quantized} once to every rank owning one of its "
+        "experts, with its top-k ids and weights; this rank's assignments laid out by local "
+        f"expert in the {stage.layout} layout.",
+        {
+            "buffer": sizes,
+            "x_scale": "x_scale" if scaled else "None",
+            "local_experts": layer.local_experts,
+            "route": route_call(stage, module, "local_ids.view(-1, 1)"),
+            "targets": dispatch_targets(stage),
+            "experts": stage.experts,
+        },
+    )
+
+
+@register(
+    "combine",
+    "deep_ep",
+    _template("combine"),
+    runtime=("deepep",),
+    requires=DEEP_EP,
+    refuses=_deepep_only,
+)
+def combine(plan, stage: Combine) -> StageCode:
+    shared = {"shared": "shared" if stage.add_shared else "None"}
+    plus = " + shared[t]" if stage.add_shared else ""
+    if stage.mode == "deepep_low_latency":
+        return StageCode(
+            "DeepEP low-latency combine: every expert output back to its token's rank, weighted "
+            f"and summed there (fp32, rounded once){plus}.",
+            shared,
+        )
+    return StageCode(
+        "Weight and sum each received row's expert outputs here (fp32); DeepEP sends the partial "
+        f"sums back and adds them{plus} on the token's rank (fp32, rounded once).",
+        shared,
+    )
