@@ -2,7 +2,7 @@
 # One call on the GPU machine, from the repo root, with .whl (moec's own dependencies as wheels)
 # and, for the DeepGEMM / DeepEP steps, .deps carried. Logs and JSON go to /tmp/session, packed
 # into $RESULTS/session.tgz at the end (the device tool returns at most 8 files).
-#   STEPS="test bench"  (any of: deps test bench bench-ab decode tune check)
+#   STEPS="test bench"  (any of: deps test bench bench-ab decode micro tune check)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 RESULTS=/tmp/session
@@ -63,6 +63,11 @@ for step in ${STEPS:-test bench}; do
         --packages "$(ls benchmarks/.packages | grep -E 'v3_(fp8|fp8sep|bf16)_(triton|deep_gemm)$' | paste -sd,)" \
         --out "$RESULTS/decode.json" > "$RESULTS/decode.log" 2>&1
       grep -E "^bench|: graph" "$RESULTS/decode.log"
+      ;;
+    micro)  # the decode path's router and select kernels alone, grid and warp variants
+      packages
+      python3 benchmarks/micro_decode.py --out "$RESULTS/micro_decode.json" > "$RESULTS/micro_decode.log" 2>&1
+      tail -40 "$RESULTS/micro_decode.log"
       ;;
     tune)  # moec tune of the V3 layer on this GPU: $RESULTS/tuned/<gpu>.json, then the plan's line
       spec=(benchmarks/specs/v3.toml --set quant.scheme="${TUNE_SCHEME:-fp8_block}")

@@ -203,6 +203,7 @@ def select_topk(
     routed_scaling_factor,
     fused_shared,
     pdl=False,
+    num_warps=4,
 ):
     """Top-k selection for every token of logits [T, E] fp32, or of the sum of partial logits
     [S, T, E] (the split-K router's), with bias [E] fp32 or None, as torch_select.select_topk:
@@ -240,7 +241,7 @@ def select_topk(
             ROUTED_SCALING=routed_scaling_factor,
             FUSED_SHARED=fused_shared,
             BLOCK_E=triton.next_power_of_2(experts),
-            num_warps=4,
+            num_warps=num_warps,
             **launch_options(pdl),
         )
     return weights, ids
