@@ -100,13 +100,16 @@ def choose_tiles(plan: Plan) -> None:
 def router_configs(layer: Layer) -> tuple[dict[str, int], dict[str, int]]:
     """Router tiles (untuned): wide T tiles that read the weight once per 128 tokens, and
     16-token tiles at decode; the hidden dim is split into slices until the grid holds about
-    PROGRAMS programs (two per SM of a 132-SM H100/H200), so a few tokens still spread the
-    weight over every SM. Interpreted: small tiles, a few slices (the split path is tested)."""
+    PROGRAMS programs, so a few tokens still spread the weight over every SM. Measured on the
+    H200 at DeepSeek-V3 dims (benchmarks/RESULTS.md, run 9): decode 29.7 us unsplit, 4.2 us
+    with two programs per SM (264); T=1024 72.7 us unsplit, 21.0 us with one per SM (132),
+    24.2 with 264; T=4096 is best unsplit (77 us), which 132 gives.
+    Interpreted: small tiles, a few slices (the split path is tested)."""
     if layer.device == "cpu":
         small = {"BLOCK_T": 16, "BLOCK_E": 64, "BLOCK_K": 64, "PROGRAMS": 4}
         small |= {"num_warps": 4, "num_stages": 1}
         return small, dict(small)
-    large = {"BLOCK_T": 128, "BLOCK_E": 64, "BLOCK_K": 64, "PROGRAMS": 264}
+    large = {"BLOCK_T": 128, "BLOCK_E": 64, "BLOCK_K": 64, "PROGRAMS": 132}
     large |= {"num_warps": 8, "num_stages": 3}
     decode = {"BLOCK_T": 16, "BLOCK_E": 32, "BLOCK_K": 128, "PROGRAMS": 264}
     decode |= {"num_warps": 4, "num_stages": 3}
