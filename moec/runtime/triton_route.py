@@ -60,8 +60,12 @@ def _select_topk_kernel(
         scores = shifted / tl.sum(shifted, axis=0)
     elif SCORING == "sigmoid":
         scores = tl.sigmoid(logits)
-    else:  # sqrt(softplus(x)), softplus(x) = max(x, 0) + log(1 + exp(-|x|))
-        scores = tl.sqrt(tl.maximum(logits, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(logits))))
+    else:  # sqrt(softplus(x)), softplus(x) = max(x, 0) + log1p(exp(-|x|))
+        y = tl.exp(-tl.abs(logits))
+        z = 1.0 + y  # log1p(y) = log(z) * y / (z - 1): exact up to a few ulps (Kahan)
+        exact = z == 1.0
+        log1p = tl.where(exact, y, tl.log(z) * (y / tl.where(exact, 1.0, z - 1.0)))
+        scores = tl.sqrt(tl.maximum(logits, 0.0) + log1p)
     scores = tl.where(valid, scores, 0.0)
     choice = scores
     if HAS_BIAS:
