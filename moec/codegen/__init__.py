@@ -19,7 +19,8 @@ from moec.errors import MoecError, problem
 from moec.plan import device_for, plan_loaded
 from moec.plan.export import plan_data
 from moec.plan.resolve import INSTALL_HINTS, Environment
-from moec.spec import LoadedSpec, load_spec
+from moec.spec import LoadedSpec, load_spec, toml_text
+from moec.spec.toml_text import one_line
 
 PLAN_TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
 """Token counts whose cost the generated plan.json records."""
@@ -48,7 +49,7 @@ def render_package(loaded: LoadedSpec, env: Environment | None = None) -> dict[s
     files = {name: data.encode() for name, data in format_python(python_sources(plan)).items()}
     files["plan.json"] = plan_json.encode()
     files["spec.json"] = (json.dumps(loaded.normalized, indent=2, sort_keys=True) + "\n").encode()
-    files["spec.toml"] = _spec_copy(loaded).encode()
+    files["spec.toml"] = spec_copy(loaded).encode()
     return files
 
 
@@ -74,11 +75,18 @@ def check_installed(plan, loaded: LoadedSpec) -> None:
     )
 
 
-def _spec_copy(loaded: LoadedSpec) -> str:
-    header = f"# Copy of {Path(loaded.source).name} as built"
-    if loaded.overrides:
-        header += ", with --set " + " --set ".join(loaded.overrides)
-    return header + "\n" + loaded.text
+def spec_copy(loaded: LoadedSpec) -> str:
+    """The spec file as it was, or, where --set changed it, the spec as built (every default
+    explicit): either way it parses to the spec this package was built from."""
+    source = one_line(Path(loaded.source).name)
+    if not loaded.overrides:
+        return f"# Copy of {source} as built\n{loaded.text}"
+    sets = " ".join(f"--set {one_line(override)}" for override in loaded.overrides)
+    return (
+        f"# The spec of {source} as built with {sets}\n"
+        "# (every value explicit, defaults included; the file's comments are not kept)\n"
+        + toml_text.dumps(loaded.normalized)
+    )
 
 
 def _asked_by(module: str, loaded: LoadedSpec) -> tuple[str, object]:

@@ -1,0 +1,54 @@
+"""The spec.toml a package carries parses to the spec it was built from: the file as it was, or,
+with --set overrides, the spec as built written back as TOML, whatever the strings hold; and
+spec strings stay on their line wherever moec writes them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from moec.codegen import spec_copy
+from moec.spec import load_spec, parse_spec
+from moec.spec.toml_text import one_line, string
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.toml"))
+NASTY = [
+    "two\nlines",
+    'quotes " and """ and \\ backslash',
+    "# not a comment\r\n[model]\nhidden_size = 1",
+    "controls \x00\x01\x1f\x7f and \u2028\u2029\x85 separators",
+    "unicode é ß 中文 😀 and a tab\there",
+]
+
+
+@pytest.mark.parametrize("text", NASTY)
+def test_a_toml_string_holds_any_text(text):
+    import tomli
+
+    assert tomli.loads(f"x = {string(text)}")["x"] == text
+    assert "\n" not in one_line(text) and len(one_line(text).splitlines()) == 1
+
+
+def _copy(loaded) -> str:
+    return spec_copy(loaded)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_the_copy_parses_to_the_built_spec(example):
+    plain = load_spec(example)
+    assert parse_spec(_copy(plain)).content_hash == plain.content_hash
+    changed = load_spec(example, [f"description={string(NASTY[3] + NASTY[0])}"])
+    copy = _copy(changed)
+    assert copy.startswith("# The spec of ") and copy.splitlines()[0].count("--set") == 1
+    assert parse_spec(copy).content_hash == changed.content_hash
+
+
+def test_an_override_with_a_raw_newline_stays_in_its_comment():
+    """A multi-line literal string in --set puts a real newline in the value: the header
+    writes it escaped, and the copy still parses to the same spec."""
+    loaded = load_spec(EXAMPLES[0], ["description='''first\n[model]\nhidden_size = 1'''"])
+    copy = _copy(loaded)
+    header = [line for line in copy.splitlines() if line.startswith("#")]
+    assert len(header) == 2 and "\\u000a" in header[0]
+    assert parse_spec(copy).content_hash == loaded.content_hash
