@@ -103,7 +103,7 @@ def test_text_shows_stages_types_decisions_and_cost(capsys):
                 re.M,
             ), stage
     assert text.count("stage        ") == 3
-    assert "T = 1: 408.09 MB" in text  # 9 experts of 44 MB (the shared one fused) + 11 MB router
+    assert "T = 1: 408.15 MB" in text  # 9 experts of 44 MB (the shared one fused) + 11 MB router
     assert "9.0 experts hit" in text  # 8 routed + the fused shared expert
 
 

@@ -43,18 +43,26 @@ W13_BYTES = 2 * I * H + g(2 * I) * g(H) * 4  # e4m3 + fp32 128x128 scales
 W2_BYTES = H * I + g(H) * g(I) * 4
 
 
+# Slices of the router's hidden dim (its partial logits [S, T, E]): at most 64 tokens, tiles of
+# 16 tokens x 32 experts and 128-column K blocks aim at 264 programs: T = 1 has 8 tiles, so 33
+# slices wanted, of 2 blocks each (56 blocks): 28; T = 64 has 32 tiles, 8 slices of 7 blocks.
+# Beyond 64 tokens, 128 x 64 tiles aim at 132 programs: T = 4096 has 128 tiles, one slice.
+ROUTER_SLICES = {1: 28, 64: 8, 4096: 1}
+
+
 def hand_costs(tokens: int) -> dict[str, tuple[float, float, float]]:
     """(bytes, FLOPs, rate) per stage of the DeepSeek-V3 fp8 plan with Triton (contiguous,
     quantize fused into dispatch, activation + quantize fused, finalize fused into combine).
     Grouped tensors count the T*K rows that carry a token."""
     T, rows = tokens, tokens * K
+    S = ROUTER_SLICES[tokens]
     hit = E * (1 - (1 - K / E) ** T)
     return {
-        # x in, fp32 logits out, the fp32 gate weight as three bf16 parts [3, E, H]: three bf16
-        # GEMMs (moec/runtime/triton_router.py)
-        "router": (T * H * 2 + T * E * 4 + 3 * E * H * 2, 3 * 2 * T * H * E, BF16),
-        # logits in; weights (fp32) and ids (int32) out; correction bias [E]
-        "select": (T * E * 4 + T * K * 4 * 2 + E * 4, 0, 0),
+        # x in, S partial fp32 logits out, the fp32 gate weight as three bf16 parts [3, E, H]:
+        # three bf16 GEMMs (moec/runtime/triton_router.py)
+        "router": (T * H * 2 + S * T * E * 4 + 3 * E * H * 2, 3 * 2 * T * H * E, BF16),
+        # partial logits in; weights (fp32) and ids (int32) out; correction bias [E]
+        "select": (S * T * E * 4 + T * K * 4 * 2 + E * 4, 0, 0),
         # x and ids in; e4m3 rows + fp32 1x128 scales + m_indices out
         "dispatch": (T * H * 2 + T * K * 4 + rows * (H + g(H) * 4) + rows * 4, 0, 0),
         # x in, out; all of its fp8 weights and their 128x128 scales
@@ -148,7 +156,7 @@ def test_deepseek_v3_fp8_at_one_token_is_nine_experts_of_weights():
     assert 9 * EXPERT_FP8_BYTES == pytest.approx(396.36e6, rel=1e-4)
     assert activations < 1e6  # weights are everything at T = 1
     total = cost_of(plan_of("deepseek-v3-fp8.toml"), 1)
-    assert total.bytes == pytest.approx(408.07e6, rel=1e-4)  # router: 3 bf16 parts, 11 MB
+    assert total.bytes == pytest.approx(408.13e6, rel=1e-4)  # router: 3 bf16 parts, 11 MB
     # memory bound: the floor is bytes / bandwidth, about 0.095 ms
     assert total.floor_ms == pytest.approx(total.bytes / BANDWIDTH * 1e3)
     assert total.floor_ms == pytest.approx(0.0955, abs=1e-4)

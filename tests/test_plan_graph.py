@@ -136,7 +136,8 @@ def test_grouped_layout_types_of_the_deepseek_v3_fp8_plan():
     weights = plan.stage("gemm_gate_up").weights
     assert weights["w13"] == TensorType(DType.e4m3, ("E", "2I", "H"))
     assert weights["w13_scale"] == TensorType(DType.float32, ("E", "2I/128", "H/128"))
-    assert plan.stage("router").outputs["logits"] == TensorType(DType.float32, ("T", "E"))
+    # the Triton router's partial logits of S hidden-dim slices, added by select
+    assert plan.stage("router").outputs["logits"] == TensorType(DType.float32, ("S", "T", "E"))
     assert plan.stage("select").outputs["topk_ids"] == TensorType(DType.int32, ("T", "K"))
 
 

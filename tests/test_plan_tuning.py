@@ -4,15 +4,17 @@ written by `moec tune`, then those shipped in moec/plan/tuned/, else the default
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
+import torch
 from conftest import EXAMPLES
 
 from moec.cli import main
 from moec.errors import MoecError
 from moec.plan import Environment, make_plan
 from moec.plan.tables import gpu_name
-from moec.plan.tuning import TUNED_DIR, table_key
+from moec.plan.tuning import TUNED_DIR, router_slices, table_key
 from moec.spec import load_spec
 
 TRITON = Environment(frozenset({"triton"}))
@@ -225,3 +227,16 @@ def test_a_broken_user_table_is_a_clear_error(tuning_dir, capsys, content, says)
     assert main(["build", str(EXAMPLES / "deepseek-v3-fp8.toml"), "-o", str(tuning_dir)]) == 2
     err = capsys.readouterr().err
     assert says in err and "moec tune" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 70])
+def test_router_slices_are_what_the_kernel_makes(load_layer, tokens):
+    """The plan's S (router slices, sized in the cost model) equals the kernel's partial count."""
+    example = EXAMPLES / "tiny-cpu-triton.toml"
+    package = load_layer(str(example))
+    layer = package.MoELayer().random_(0)
+    x = torch.randn(tokens, layer.gate_parts.shape[2]).bfloat16()
+    stages = sys.modules[f"{package.__name__}.stages"]
+    partials = stages.router(x, layer.gate_parts)
+    assert partials.shape[1:] == (tokens, layer.gate_parts.shape[1])
+    assert partials.shape[0] == router_slices(make_plan(load_spec(example).spec).layer, tokens)

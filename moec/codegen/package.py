@@ -20,6 +20,7 @@ from moec.plan.activations import lower
 from moec.plan.graph import Plan
 from moec.plan.sizes import dim, symbols
 from moec.plan.stages import Stage
+from moec.plan.tuning import ROUTER_DECODE_TOKENS
 from moec.version import __version__
 
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
@@ -283,5 +284,6 @@ def _tile_fields(plan: Plan) -> dict[str, Any]:
         "combine": tiles.combine,
         "router": tiles.router,
         "router_decode": tiles.router_decode,
+        "decode_tokens": ROUTER_DECODE_TOKENS,
         "pdl": tiles.pdl,
     }

@@ -154,17 +154,22 @@ def _router(plan: Plan, around: str) -> None:
     split = around == "triton" and layer.dtype is DType.bfloat16
     if split:
         weights = {"gate_parts": TensorType(DType.bfloat16, ("3", "E", "H"))}
-        note = "x W^T with W = three bf16 parts (fp32 to one rounding), fp32 sums"
+        note = (
+            "x W^T with W = three bf16 parts (fp32 to one rounding), fp32 sums; H split in S "
+            "slices at few tokens, their partial logits added by select"
+        )
+        logits = TensorType(FP32, ("S", "T", "E"))
     else:
         weights = {"gate_weight": TensorType(FP32, ("E", "H"))}
         note = "fp32 GEMM, as the checkpoint's fp32 router computes it"
+        logits = TensorType(FP32, ("T", "E"))
     plan.add_stage(
         Router(
             name="router",
             backend="triton" if split else "torch",
             experts=layer.routed_experts,
             precision="bf16x3" if split else "fp32",
-            outputs={"logits": TensorType(FP32, ("T", "E"))},
+            outputs={"logits": logits},
             weights=weights,
             note=note,
             origin=("experts.gemm_backend", "target.dtype"),

@@ -1,6 +1,6 @@
 """Bytes of typed tensors at a concrete token count.
 
-Symbolic dims (T, H, E, K, I, 2I, Is, 2Is, M, max_m, "H/128", ...) are evaluated against a
+Symbolic dims (T, H, E, K, I, 2I, Is, 2Is, M, max_m, S router slices, "H/128", ...) are evaluated against a
 table built from the layer. Grouped tensors have two sizes: the rows actually used (T * K, for
 the cost floor) and the worst case the buffers must hold (for peak memory).
 """
@@ -11,6 +11,7 @@ import math
 
 from moec.plan.layer import Layer
 from moec.plan.layouts import compact_rows, masked_max_m
+from moec.plan.tuning import router_slices
 from moec.plan.types import DType, Layout, TensorType
 
 
@@ -25,6 +26,7 @@ def symbols(layer: Layer, tokens: int) -> dict[str, int]:
         "Is": layer.shared_intermediate,
         "2Is": 2 * layer.shared_intermediate,
         "1": 1,
+        "S": router_slices(layer, tokens),
     }
 
 

@@ -97,6 +97,10 @@ def choose_tiles(plan: Plan) -> None:
         )
 
 
+ROUTER_DECODE_TOKENS = 64
+"""The router uses its decode tiles up to this many tokens."""
+
+
 def router_configs(layer: Layer) -> tuple[dict[str, int], dict[str, int]]:
     """Router tiles (untuned): wide T tiles that read the weight once per 128 tokens, and
     16-token tiles at decode; the hidden dim is split into slices until the grid holds about
@@ -173,3 +177,15 @@ def elementwise_configs(layer: Layer, found: TunedTable | str | None) -> dict[st
         "act": {"BLOCK_M": 4, "BLOCK_I": 1024, "num_warps": 4},
         "combine": {"BLOCK_T": 4, "BLOCK_H": 1024, "num_warps": 4},
     }
+
+
+def router_slices(layer: Layer, tokens: int) -> int:
+    """K slices of the Triton router at `tokens` tokens (the S of its partial logits [S, T, E]):
+    what moec/runtime/triton_router.py computes from the tiles the plan gives it."""
+    large, decode = router_configs(layer)
+    config = decode if tokens <= ROUTER_DECODE_TOKENS else large
+    tiles = -(-tokens // config["BLOCK_T"]) * -(-layer.routed_experts // config["BLOCK_E"])
+    k_blocks = -(-layer.hidden // config["BLOCK_K"])
+    slices = max(1, min(k_blocks, config["PROGRAMS"] // max(tiles, 1)))
+    k_slice = -(-k_blocks // slices) * config["BLOCK_K"]
+    return -(-layer.hidden // k_slice)
