@@ -60,7 +60,7 @@ for step in ${STEPS:-test bench}; do
     decode)  # kernel durations of one graph replay at decode, fp8 and bf16, Triton and DeepGEMM
       packages
       python3 benchmarks/profile_decode.py --tokens "${DECODE_TOKENS:-1,16}" \
-        --packages "$(ls benchmarks/.packages | grep -E 'v3_(fp8|fp8sep|bf16)_(triton|deep_gemm)$' | paste -sd,)" \
+        --packages "${DECODE_PACKAGES:-$(ls benchmarks/.packages | grep -E 'v3_(fp8|fp8sep|bf16)_(triton|deep_gemm)$' | paste -sd,)}" \
         --out "$RESULTS/decode.json" > "$RESULTS/decode.log" 2>&1
       grep -E "^bench|: graph" "$RESULTS/decode.log"
       ;;
