@@ -1,14 +1,19 @@
-"""permute_quant: gather token rows into the grouped layout, optionally quantizing them to e4m3.
+"""permute_quant: token rows scattered into the grouped layout, optionally quantized to e4m3.
 
-  out[m, :] = quant(x[token_of_row[m], :])        token_of_row[m] == -1: a padding row of zeros
+  out[row_of[t, k], :] = quant(x[t, :])     for every assignment (t, k); row_of == -1: none
 
-QUANT "none"   out in x's dtype, a plain gather.
+Each program reads a tile of token rows once, quantizes it once and writes it to each of its K
+rows: x is read once and quantized once whatever top-k is (a gather by row would read and
+quantize each token K times). Rows no assignment names (an expert's padding, the unused tail of
+the worst-case buffer, a masked expert's slots past its count) are not written: every consumer
+of the layout skips them (the GEMMs mask them out of their loads, the activation and combine
+read only valid rows), as they skip the GEMM outputs of those rows.
+QUANT "none"   out in x's dtype, a plain copy.
       "group"  out e4m3 + scales [M, ceil(H / G)] fp32, one per 1 x G group (UE8M0: round up).
       "tensor" out e4m3 with one given fp32 scale (static, or computed by the "amax" pass).
-      "amax"   no out: atomic max of |x| over the rows into scale[0] (dynamic per-tensor pass 1).
-A padding row is quantized as a row of zeros: q = 0 and, for "group", scale = 1e-10 / 448 (the
-definition applied to zeros; 2**-42 with UE8M0), so out == quant(gather(x)) for every row.
-The masked layout [E, max_m, H] is the same kernel over E * max_m rows.
+      "amax"   no out: atomic max of |x| over all rows into scale[0] (dynamic per-tensor pass 1).
+Without SCATTER, row t goes to row t (K = 1): quantize_rows. The masked layout [E, max_m, H] is
+the same kernel with rows of the flattened [E * max_m].
 """
 
 import torch
@@ -31,15 +36,18 @@ from .triton_numerics import (
 def _permute_quant_kernel(
     # pointers
     x_ptr,  # [T, H] bf16 / fp16 / fp32
-    token_of_row_ptr,  # [M] int32, -1 = padding row (unused without GATHER: row m is token m)
+    row_of_ptr,  # [T, K] int32: each assignment's row of out, -1 = none (read with SCATTER)
     out_ptr,  # [M, H] e4m3, or x's dtype for QUANT="none"
     scale_ptr,  # group: [M, ceil(H / G)] fp32 out; tensor: [1] fp32 in; amax: [1] fp32 in/out
     # dims
-    M,
+    T,
     H,
+    K,
     # strides
     stride_xt,
     stride_xh,
+    stride_rt,
+    stride_rk,
     stride_om,
     stride_oh,
     stride_sm,
@@ -48,49 +56,56 @@ def _permute_quant_kernel(
     QUANT: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
     UE8M0: tl.constexpr,
-    GATHER: tl.constexpr,
+    SCATTER: tl.constexpr,
     SOFT_ROUND: tl.constexpr,  # round to e4m3 in software (the interpreter's cast does not RNE)
-    BLOCK_M: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # token rows per program
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_t = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    if GATHER:
-        token = tl.load(token_of_row_ptr + offs_m, mask=offs_m < M, other=-1)
-    else:
-        token = tl.where(offs_m < M, offs_m, -1)
-    x_ptrs = x_ptr + token.to(tl.int64)[:, None] * stride_xt + offs_h[None, :] * stride_xh
-    x = tl.load(x_ptrs, mask=(token >= 0)[:, None] & (offs_h < H)[None, :], other=0.0)
-    rows = offs_m.to(tl.int64)
-    store_mask = (offs_m < M)[:, None] & (offs_h < H)[None, :]
-    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_h[None, :] * stride_oh
+    in_t = offs_t < T
+    in_h = offs_h < H
+    tokens = offs_t.to(tl.int64)
+    x_ptrs = x_ptr + tokens[:, None] * stride_xt + offs_h[None, :] * stride_xh
+    x = tl.load(x_ptrs, mask=in_t[:, None] & in_h[None, :], other=0.0)
     # One branch per mode: code after a constexpr branch's `return` is still compiled.
     if QUANT == "amax":
         tl.atomic_max(scale_ptr, tl.max(tl.max(tl.abs(x.to(tl.float32)), axis=1), axis=0))
-    elif QUANT == "none":
-        tl.store(out_ptrs, x, mask=store_mask)
     else:
         if QUANT == "group":
             x = tl.reshape(x.to(tl.float32), (BLOCK_M, BLOCK_H // GROUP_SIZE, GROUP_SIZE))
             scale = group_scale(tl.max(tl.abs(x), axis=2), UE8M0)
-            q = tl.reshape(tl.math.div_rn(x, scale[:, :, None]), (BLOCK_M, BLOCK_H))
+            value = to_e4m3(
+                tl.reshape(tl.math.div_rn(x, scale[:, :, None]), (BLOCK_M, BLOCK_H)), SOFT_ROUND
+            )
             offs_g = tl.program_id(1) * (BLOCK_H // GROUP_SIZE) + tl.arange(
                 0, BLOCK_H // GROUP_SIZE
             )
-            scale_ptrs = scale_ptr + rows[:, None] * stride_sm + offs_g[None, :] * stride_sg
-            scale_mask = (offs_m < M)[:, None] & (offs_g * GROUP_SIZE < H)[None, :]
-            tl.store(scale_ptrs, scale, mask=scale_mask)
-        else:  # "tensor"
-            q = tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr))
-        tl.store(out_ptrs, to_e4m3(q, SOFT_ROUND), mask=store_mask)
+            in_g = offs_g * GROUP_SIZE < H
+        elif QUANT == "tensor":
+            value = to_e4m3(tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr)), SOFT_ROUND)
+        else:  # "none"
+            value = x
+        for k in range(K):
+            if SCATTER:
+                rows = tl.load(row_of_ptr + tokens * stride_rt + k * stride_rk, mask=in_t, other=-1)
+            else:
+                rows = tl.where(in_t, offs_t, -1)
+            valid = rows >= 0
+            rows = rows.to(tl.int64)
+            out_ptrs = out_ptr + rows[:, None] * stride_om + offs_h[None, :] * stride_oh
+            tl.store(out_ptrs, value, mask=valid[:, None] & in_h[None, :])
+            if QUANT == "group":
+                scale_ptrs = scale_ptr + rows[:, None] * stride_sm + offs_g[None, :] * stride_sg
+                tl.store(scale_ptrs, scale, mask=valid[:, None] & in_g[None, :])
     release_dependents(PDL)
 
 
 def permute_quant(
     x,
-    token_of_row,
+    row_of,
     out,
     scale=None,
     *,
@@ -101,27 +116,32 @@ def permute_quant(
     dynamic=False,
     pdl=False,
 ):
-    """Gather `x[T, H]` rows into `out[M, H]` by `token_of_row[M]` (int32, -1 = padding row).
+    """Scatter `x[T, H]` rows into `out[M, H]`: row t to rows `row_of[t, :]` ([T, K] int32, -1 =
+    none), or to row t where row_of is None.
 
     quant: "none" (out has x's dtype, scale is None), "group" (out e4m3, scale [M, ceil(H / G)]
     fp32 written), "tensor" (out e4m3, scale [1] fp32: read, or with dynamic=True first computed
-    as max(amax(x), 1e-10) / 448 over all of x in two extra launches). config: BLOCK_M, BLOCK_H
-    (a multiple of group_size for "group"), num_warps. Any strides; a masked [E, max_m, H] out is
-    viewed as [E * max_m, H]. Returns out.
+    as max(amax(x), 1e-10) / 448 over all of x in two extra launches). config: BLOCK_M (token
+    rows per program), BLOCK_H (a multiple of group_size for "group"), num_warps. Any strides; a
+    masked [E, max_m, H] out is viewed as [E * max_m, H]. Rows no assignment names are left as
+    they were. Returns out.
     """
     if quant not in ("none", "group", "tensor"):
         raise ValueError(f"unknown quant {quant!r}")
     if quant != "none" and scale is None:
         raise ValueError(f"quant {quant!r} needs a scale tensor")
     out2 = out.view(-1, out.shape[-1])
-    rows, hidden = out2.shape
-    if token_of_row.shape != (rows,) or token_of_row.dtype != torch.int32:
+    tokens, hidden = x.shape
+    if row_of is not None and (
+        row_of.dim() != 2 or row_of.shape[0] != tokens or row_of.dtype != torch.int32
+    ):
         raise ValueError(
-            f"token_of_row must be int32 [{rows}], got {token_of_row.dtype} "
-            f"{tuple(token_of_row.shape)}"
+            f"row_of must be int32 [{tokens}, K], got {row_of.dtype} {tuple(row_of.shape)}"
         )
-    if x.shape[-1] != hidden:
-        raise ValueError(f"x has {x.shape[-1]} columns, out has {hidden}")
+    if row_of is None and out2.shape[0] < tokens:
+        raise ValueError(f"out has {out2.shape[0]} rows for {tokens} tokens")
+    if out2.shape[1] != hidden:
+        raise ValueError(f"x has {hidden} columns, out has {out2.shape[1]}")
     if quant == "group" and config["BLOCK_H"] % group_size:
         raise ValueError(
             f"BLOCK_H={config['BLOCK_H']} is not a multiple of group_size={group_size}"
@@ -135,54 +155,38 @@ def permute_quant(
         "num_warps": config["num_warps"],
     }
     dummy = scale if scale is not None else out2
-    if quant == "tensor" and dynamic:  # amax over all of x (its rows in order), then the scale
+    grid = (triton.cdiv(tokens, config["BLOCK_M"]), triton.cdiv(hidden, config["BLOCK_H"]))
+    if quant == "tensor" and dynamic:  # amax over all of x, then the scale
         scale.zero_()
-        if x.shape[0] > 0:
-            grid = (
-                triton.cdiv(x.shape[0], config["BLOCK_M"]),
-                triton.cdiv(hidden, config["BLOCK_H"]),
-            )
+        if tokens > 0:
             _permute_quant_kernel[grid](
-                x,
-                token_of_row,
-                out2,
-                scale,
-                x.shape[0],
-                hidden,
-                x.stride(0),
-                x.stride(1),
-                0,
-                0,
-                0,
-                0,
-                QUANT="amax",
-                GATHER=False,
-                **meta,
-                **launch_options(pdl),
-            )
+                x, x, out2, scale, tokens, hidden, 0, x.stride(0), x.stride(1), 0, 0, 0, 0, 0, 0,
+                QUANT="amax", SCATTER=False, **meta, **launch_options(pdl),
+            )  # fmt: skip
         tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0, **launch_options(pdl))
-    if rows == 0 or hidden == 0:
+    if tokens == 0 or hidden == 0:
         return out
     strides_s = scale.view(-1, scale.shape[-1]).stride() if quant == "group" else (0, 0)
-    grid = (triton.cdiv(rows, config["BLOCK_M"]), triton.cdiv(hidden, config["BLOCK_H"]))
     _permute_quant_kernel[grid](
         # pointers
         x,
-        token_of_row,
+        row_of if row_of is not None else x,
         out2,
         dummy,
         # dims
-        rows,
+        tokens,
         hidden,
+        row_of.shape[1] if row_of is not None else 1,
         # strides
         x.stride(0),
         x.stride(1),
+        *(row_of.stride() if row_of is not None else (0, 0)),
         out2.stride(0),
         out2.stride(1),
         *strides_s,
         # meta-parameters
         QUANT=quant,
-        GATHER=True,
+        SCATTER=row_of is not None,
         **meta,
         **launch_options(pdl),
     )
@@ -208,21 +212,20 @@ def permute(
     None for quant "none"; mn_major_scales: group scales written MN-major, TMA-aligned (2-D)."""
     leading = rows_shape(routing, experts)
     scales = (quant, group_size, ue8m0, scale, mn_major_scales)
-    return _into(x, routing.token_of_row, leading, config, *scales, pdl)
+    return _into(x, routing.row_of, leading, config, *scales, pdl)
 
 
 def quantize_rows(x, *, config, quant, group_size=128, ue8m0=False, scale=None, pdl=False):
     """x [T, H] quantized row by row (no permutation): (e4m3 [T, H], scales)."""
-    rows = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
-    return _into(x, rows, (x.shape[0],), config, quant, group_size, ue8m0, scale, False, pdl)
+    return _into(x, None, (x.shape[0],), config, quant, group_size, ue8m0, scale, False, pdl)
 
 
-def _into(x, token_of_row, leading, config, quant, group_size, ue8m0, scale, mn_major, pdl):
+def _into(x, row_of, leading, config, quant, group_size, ue8m0, scale, mn_major, pdl):
     hidden = x.shape[1]
     dtype = x.dtype if quant == "none" else torch.float8_e4m3fn
     out = torch.empty((*leading, hidden), dtype=dtype, device=x.device)
     if quant == "none":
-        permute_quant(x, token_of_row, out, quant="none", config=config, pdl=pdl)
+        permute_quant(x, row_of, out, quant="none", config=config, pdl=pdl)
         return out, None
     if quant == "group":
         groups = -(-hidden // group_size)
@@ -232,7 +235,7 @@ def _into(x, token_of_row, leading, config, quant, group_size, ue8m0, scale, mn_
             scale = torch.empty((*leading, groups), dtype=torch.float32, device=x.device)
         permute_quant(
             x,
-            token_of_row,
+            row_of,
             out,
             scale,
             quant="group",
@@ -247,7 +250,7 @@ def _into(x, token_of_row, leading, config, quant, group_size, ue8m0, scale, mn_
         scale = torch.zeros(1, dtype=torch.float32, device=x.device)
     permute_quant(
         x,
-        token_of_row,
+        row_of,
         out,
         scale,
         quant="tensor",

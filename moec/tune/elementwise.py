@@ -71,9 +71,6 @@ class ElementwiseTuner:
             randn(rows, 2 * intermediate),
             randn(rows, hidden),
         )
-        self.token_of_row = torch.randint(
-            0, tokens, (rows,), generator=gen, device=device, dtype=torch.int32
-        )
         self.row_of = (
             torch.randperm(rows, generator=gen, device=device).view(tokens, top_k).to(torch.int32)
         )
@@ -106,7 +103,7 @@ class ElementwiseTuner:
         k = self.kernels
         if kernel == "permute":
             k.permute_quant(
-                self.x, self.token_of_row, self.a, self.a_scale, config=config, **self.options
+                self.x, self.row_of, self.a, self.a_scale, config=config, **self.options
             )
         elif kernel == "act":
             k.act_quant(self.h, self.g, self.g_scale, config=config, **self.options)

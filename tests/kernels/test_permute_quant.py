@@ -1,4 +1,5 @@
-"""permute_quant against a gather + the numerics.md quantization, bit for bit."""
+"""permute_quant against a gather + the numerics.md quantization, bit for bit; the rows no
+assignment names (padding, the unused tail) are left as they were."""
 
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+def untouched(t: torch.Tensor) -> bool:
+    """Every element still holds the poison (NaN; 0xFF bytes in e4m3)."""
+    if t.dtype == E4M3:
+        return bool((t.view(torch.uint8) == 0xFF).all())
+    return bool(t.isnan().all())
+
+
 def make_x(tokens: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1)
     # Rows of very different magnitudes, so scales span many binades.
@@ -32,14 +40,23 @@ def make_x(tokens: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
 
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_gather(layout, dtype):
+def test_scatter(layout, dtype):
     kernels = load()
     routing = route(tokens=12, topk=2, experts=4, block_m=16)
-    token_of_row = routing.token_of_row if layout == "contiguous" else routing.masked_token_of_row
+    token_of_row, row_of = rows_of(routing, layout)
     x = make_x(12, 256, dtype)
     out = poison(torch.empty(len(token_of_row), 256, dtype=dtype))
-    kernels.permute_quant(x, token_of_row, out, quant="none", config=CONFIG)
-    assert torch.equal(out, gather(x, token_of_row))
+    kernels.permute_quant(x, row_of, out, quant="none", config=CONFIG)
+    named = token_of_row >= 0
+    assert torch.equal(out[named], gather(x, token_of_row)[named])
+    assert untouched(out[~named])
+
+
+def rows_of(routing, layout: str):
+    """(token_of_row [M], row_of [T, K]) of the layout."""
+    if layout == "contiguous":
+        return routing.token_of_row, routing.row_of
+    return routing.masked_token_of_row, routing.masked_row_of
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
@@ -57,19 +74,21 @@ def test_gather(layout, dtype):
 def test_group(layout, dtype, hidden, group, ue8m0):
     kernels = load()
     routing = route(tokens=12, topk=2, experts=4, block_m=16)
-    token_of_row = routing.token_of_row if layout == "contiguous" else routing.masked_token_of_row
+    token_of_row, row_of = rows_of(routing, layout)
     x = make_x(12, hidden, dtype)
     lead = (len(token_of_row),) if layout == "contiguous" else (4, routing.max_m)  # [E, max_m, .]
     out = poison(torch.empty(*lead, hidden, dtype=E4M3))
     scale = poison(torch.empty(*lead, -(-hidden // group)))
     config = dict(CONFIG, BLOCK_H=128)
     kernels.permute_quant(
-        x, token_of_row, out, scale, quant="group", group_size=group, ue8m0=ue8m0, config=config
+        x, row_of, out, scale, quant="group", group_size=group, ue8m0=ue8m0, config=config
     )
-    # Padding rows are zero rows quantized by the same definition (scale = 1e-10 / 448).
     q_ref, scale_ref = quant_group(gather(x, token_of_row), group, ue8m0)
-    assert same_bytes(out.view(-1, hidden), q_ref)
-    assert torch.equal(scale.view(len(token_of_row), -1), scale_ref)
+    named = token_of_row >= 0
+    out, scale = out.view(-1, hidden), scale.view(len(token_of_row), -1)
+    assert same_bytes(out[named], q_ref[named])
+    assert torch.equal(scale[named], scale_ref[named])
+    assert untouched(out[~named]) and untouched(scale[~named])
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -86,10 +105,13 @@ def test_tensor(dynamic, dtype):
     else:
         scale = scale_ref = torch.tensor([0.37])  # a static checkpoint scale, not a power of 2
     kernels.permute_quant(
-        x, routing.token_of_row, out, scale, quant="tensor", dynamic=dynamic, config=CONFIG
+        x, routing.row_of, out, scale, quant="tensor", dynamic=dynamic, config=CONFIG
     )
     assert torch.equal(scale, scale_ref)
-    assert same_bytes(out, quant_e4m3(gather(x, routing.token_of_row), scale_ref))
+    named = routing.token_of_row >= 0
+    expected = quant_e4m3(gather(x, routing.token_of_row), scale_ref)
+    assert same_bytes(out[named], expected[named])
+    assert untouched(out[~named])
 
 
 @pytest.mark.parametrize("ue8m0", [False, True])
@@ -111,12 +133,11 @@ def test_scale_edges(ue8m0):
     x = torch.zeros(rows, 32)
     x[:-1] = (torch.rand(rows - 1, 32, generator=gen) * 1.8 - 0.9) * amax[:, None]
     x[:-1, 7] = amax  # the largest |value| of each row; the last row is all zeros
-    token_of_row = torch.arange(rows, dtype=torch.int32)
     out = poison(torch.empty(rows, 32, dtype=E4M3))
     scale = poison(torch.empty(rows, 1))
     config = {"BLOCK_M": 64, "BLOCK_H": 32, "num_warps": 4}
-    kernels.permute_quant(
-        x, token_of_row, out, scale, quant="group", group_size=32, ue8m0=ue8m0, config=config
+    kernels.permute_quant(  # row_of None: row t to row t
+        x, None, out, scale, quant="group", group_size=32, ue8m0=ue8m0, config=config
     )
     q_ref, scale_ref = quant_group(x, 32, ue8m0)
     assert torch.equal(scale, scale_ref)
@@ -137,7 +158,7 @@ def test_rounding_ties():
     out = poison(torch.empty(1, 256, dtype=E4M3))
     scale = torch.ones(1)
     kernels.permute_quant(
-        x, torch.zeros(1, dtype=torch.int32), out, scale, quant="tensor", config=CONFIG
+        x, torch.zeros(1, 1, dtype=torch.int32), out, scale, quant="tensor", config=CONFIG
     )
     assert same_bytes(out, quant_e4m3(x, scale))
 
@@ -146,11 +167,28 @@ def test_rounding_ties():
 def test_no_rows(quant):
     kernels = load()
     x = torch.empty(0, 256, dtype=torch.bfloat16)
-    token_of_row = torch.empty(0, dtype=torch.int32)
+    row_of = torch.empty(0, 2, dtype=torch.int32)
     out = torch.empty(0, 256, dtype=torch.bfloat16 if quant == "none" else E4M3)
     scale = {"none": None, "group": torch.empty(0, 2), "tensor": poison(torch.empty(1))}[quant]
     kernels.permute_quant(
-        x, token_of_row, out, scale, quant=quant, dynamic=quant == "tensor", config=CONFIG
+        x, row_of, out, scale, quant=quant, dynamic=quant == "tensor", config=CONFIG
     )
     if quant == "tensor":  # amax over nothing is 0, floored at 1e-10
         assert torch.equal(scale, torch.tensor([1e-10]) / 448)
+
+
+def test_dropped_assignments_and_tile_edges():
+    """Assignments with row -1 write nothing; a token tile past T and a partial H tile are
+    masked; the K rows of one token all receive the same quantized bytes."""
+    kernels = load()
+    x = make_x(5, 200, torch.bfloat16)
+    row_of = torch.tensor([[3, -1], [0, 7], [-1, -1], [5, 1], [2, 6]], dtype=torch.int32)
+    out = poison(torch.empty(9, 200, dtype=E4M3))
+    scale = poison(torch.empty(9, 2))
+    config = {"BLOCK_M": 4, "BLOCK_H": 128, "num_warps": 4}
+    kernels.permute_quant(x, row_of, out, scale, quant="group", group_size=128, config=config)
+    q_ref, scale_ref = quant_group(x.float(), 128, False)
+    for t, rows in enumerate(row_of.tolist()):
+        for row in (r for r in rows if r >= 0):
+            assert same_bytes(out[row], q_ref[t]) and torch.equal(scale[row], scale_ref[t])
+    assert untouched(out[[4, 8]]) and untouched(scale[[4, 8]])
