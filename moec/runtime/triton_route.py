@@ -1,4 +1,4 @@
-"""route: top-k expert selection and the grouped layout's indices, in two launches.
+"""route: top-k expert selection and the grouped layout's indices.
 
 select_topk   one program per token: scores from fp32 logits (SCORING softmax | sigmoid |
               sqrtsoftplus), choice = scores (+ correction bias), expert groups (METHOD
@@ -6,10 +6,12 @@ select_topk   one program per token: scores from fp32 logits (SCORING softmax | 
               repeated argmax, weights = scores of the chosen experts (renormalized, scaled),
               then FUSED_SHARED extra experts E.. with weight 1.
 route_layout  one program per expert: rows of the grouped layout for its assignments, in token
-              order (a running cumulative count: the same indices on every run); the counts
-              come first from integer atomic adds (exact); contiguous: each expert's rows padded to
-              BLOCK_M (m_indices -1 on padding), the last program writes num_rows and fills the
-              unused tail; masked: expert e owns rows e * max_m .. + max_m.
+              order (a running cumulative count: the same indices on every run). The counts
+              come first: up to 1024 assignments each program takes them itself (a histogram,
+              so routing is one launch at decode); above, a launch of integer atomic adds
+              (exact) before it. contiguous: each expert's rows padded to BLOCK_M (m_indices -1
+              on padding), the last program writes num_rows and fills the unused tail; masked:
+              expert e owns rows e * max_m .. + max_m.
 """
 
 import torch
@@ -18,6 +20,11 @@ import triton.language as tl
 
 from .grouping import ContiguousRouting, MaskedRouting, compact_rows, masked_max_m
 from .triton_numerics import launch_options, release_dependents, wait_inputs
+
+# select_topk adds the split-K router's partial logits in order, loading this many at a time:
+# at T=1 the decode router leaves 28 slices, and one dependent load per slice made select wait
+# on memory 28 times in a row
+SLICES_AT_ONCE = 8
 
 
 @triton.jit
@@ -46,6 +53,8 @@ def _select_topk_kernel(
     ROUTED_SCALING: tl.constexpr,
     FUSED_SHARED: tl.constexpr,
     BLOCK_E: tl.constexpr,  # power of two >= E
+    BLOCK_K: tl.constexpr,  # power of two >= TOP_K + FUSED_SHARED
+    SLICES_AT_ONCE: tl.constexpr,  # partial logits loaded per step
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
@@ -53,8 +62,14 @@ def _select_topk_kernel(
     e = tl.arange(0, BLOCK_E)
     valid = e < E
     logits = tl.load(logits_ptr + t * stride_lt + e, mask=valid, other=float("-inf"))
-    for s in range(1, S):
-        logits += tl.load(logits_ptr + s * stride_ls + t * stride_lt + e, mask=valid, other=0.0)
+    for s0 in range(1, S, SLICES_AT_ONCE):  # the slices in order; their loads issued together
+        for i in tl.static_range(SLICES_AT_ONCE):
+            slice_width = tl.where(s0 + i < S, E, 0)  # past S: masked, and x + 0.0 == x
+            logits += tl.load(
+                logits_ptr + (s0 + i) * stride_ls + t * stride_lt + e,
+                mask=e < slice_width,
+                other=0.0,
+            )
     if SCORING == "softmax":
         shifted = tl.exp(logits - tl.max(logits, axis=0))
         scores = shifted / tl.sum(shifted, axis=0)
@@ -89,23 +104,28 @@ def _select_topk_kernel(
             kept = kept | (g == top)
         keep_expert = tl.sum(tl.where(kept[None, :] & (g[None, :] == group[:, None]), 1, 0), axis=1)
         choice = tl.where(keep_expert > 0, choice, float("-inf"))
+    # the row of ids and weights is built in registers and stored once
+    slot = tl.arange(0, BLOCK_K)
+    top_ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    top_weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
     total = 0.0
     for k in tl.static_range(TOP_K):
         top = tl.argmax(choice, axis=0)
         weight = tl.sum(tl.where(e == top, scores, 0.0), axis=0)
-        tl.store(ids_ptr + t * stride_it + k, top.to(tl.int32))
-        tl.store(weights_ptr + t * stride_wt + k, weight)
+        top_ids = tl.where(slot == k, top.to(tl.int32), top_ids)
+        top_weights = tl.where(slot == k, weight, top_weights)
         total += weight
         choice = tl.where(e == top, float("-inf"), choice)
-    if NORMALIZE or ROUTED_SCALING != 1.0:  # as the torch backend: w / (sum + 1e-20) * scale
-        for k in tl.static_range(TOP_K):
-            weight = tl.load(weights_ptr + t * stride_wt + k)
-            if NORMALIZE:
-                weight = weight / (total + 1e-20)
-            tl.store(weights_ptr + t * stride_wt + k, weight * ROUTED_SCALING)
-    for k in tl.static_range(FUSED_SHARED):
-        tl.store(ids_ptr + t * stride_it + TOP_K + k, (E + k).to(tl.int32))
-        tl.store(weights_ptr + t * stride_wt + TOP_K + k, 1.0)
+    if NORMALIZE:  # as the torch backend: w / (sum + 1e-20) * scale
+        top_weights = top_weights / (total + 1e-20)
+    if ROUTED_SCALING != 1.0:
+        top_weights = top_weights * ROUTED_SCALING
+    shared = slot >= TOP_K  # the fused shared experts E.., weight 1
+    top_ids = tl.where(shared, E + slot - TOP_K, top_ids)
+    top_weights = tl.where(shared, 1.0, top_weights)
+    width = slot < TOP_K + FUSED_SHARED
+    tl.store(ids_ptr + t * stride_it + slot, top_ids, mask=width)
+    tl.store(weights_ptr + t * stride_wt + slot, top_weights, mask=width)
     release_dependents(PDL)
 
 
@@ -128,7 +148,7 @@ def _route_count_kernel(
 def _route_layout_kernel(
     # pointers
     ids_ptr,  # [A] int32, A = T * K assignments
-    all_counts_ptr,  # [BLOCK_E] int32: assignments per expert (from the count kernel)
+    all_counts_ptr,  # [BLOCK_E] int32: assignments per expert (without LOCAL_COUNTS)
     row_of_ptr,  # [A] int32 out
     token_of_row_ptr,  # [M] int32 out
     m_indices_ptr,  # [M] int32 out (contiguous)
@@ -146,12 +166,19 @@ def _route_layout_kernel(
     BLOCK_M: tl.constexpr,  # contiguous row padding
     BLOCK_A: tl.constexpr,
     BLOCK_E: tl.constexpr,  # power of two > E
+    LOCAL_COUNTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
     expert = tl.program_id(0)
     bins = tl.arange(0, BLOCK_E)
-    counts = tl.load(all_counts_ptr + bins, mask=bins < E, other=0)
+    if LOCAL_COUNTS:  # A <= BLOCK_A: every program counts all assignments itself, one launch
+        offs = tl.arange(0, BLOCK_A)
+        ids = tl.load(ids_ptr + offs, mask=offs < A, other=E)  # E: a bin no expert reads
+        counts = tl.histogram(ids, BLOCK_E)
+        counts = tl.where(bins < E, counts, 0)
+    else:
+        counts = tl.load(all_counts_ptr + bins, mask=bins < E, other=0)
     if LAYOUT == "contiguous":
         padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         start = tl.sum(tl.where(bins < expert, padded, 0), axis=0)
@@ -247,6 +274,8 @@ def select_topk(
             ROUTED_SCALING=routed_scaling_factor,
             FUSED_SHARED=fused_shared,
             BLOCK_E=triton.next_power_of_2(experts),
+            BLOCK_K=triton.next_power_of_2(width),
+            SLICES_AT_ONCE=SLICES_AT_ONCE,
             num_warps=num_warps,
             **launch_options(pdl),
         )
@@ -274,8 +303,12 @@ def route_layout(
     assignments = topk_ids.numel()
     dummy = counts
     block_e = triton.next_power_of_2(experts + 1)
-    histogram = torch.zeros(block_e, dtype=torch.int32, device=topk_ids.device)
-    if assignments:
+    block_a = 128 if assignments <= 128 else 1024
+    local_counts = assignments <= block_a
+    if local_counts:
+        histogram = dummy
+    else:  # counts first, in a launch of their own
+        histogram = torch.zeros(block_e, dtype=torch.int32, device=topk_ids.device)
         _route_count_kernel[(triton.cdiv(assignments, 1024),)](
             topk_ids, histogram, assignments, BLOCK_A=1024, num_warps=4, **launch_options(pdl)
         )
@@ -298,8 +331,9 @@ def route_layout(
         # meta-parameters
         LAYOUT=layout,
         BLOCK_M=block_m,
-        BLOCK_A=1024,
+        BLOCK_A=block_a,
         BLOCK_E=block_e,
+        LOCAL_COUNTS=local_counts,
         num_warps=4,
         **launch_options(pdl),
     )

@@ -81,6 +81,37 @@ def test_select_topk(scoring, method, n_group, topk_group, top_k, normalize, sca
     assert (ids[:, top_k] == experts).all() and (weights[:, top_k] == 1.0).all()  # fused shared
 
 
+@pytest.mark.parametrize("slices, fused_shared", [(3, 0), (9, 2), (28, 1)])
+def test_select_topk_partial_logits(slices, fused_shared):
+    """Partial logits [S, T, E] of a split-K router are added in slice order (S beyond one
+    step of loads, and not a multiple of it), then selected as one logits tensor; no fused
+    shared expert, or two of them after the routed ones."""
+    kernels = load()
+    gen = torch.Generator().manual_seed(slices)
+    partials = torch.randn(slices, 5, 64, generator=gen)
+    logits = partials[0].clone()
+    for part in partials[1:]:  # in order, as the kernel adds them
+        logits += part
+    bias = 0.1 * torch.randn(64, generator=gen)
+    options = dict(
+        scoring_func="sigmoid",
+        topk_method="noaux_tc",
+        n_group=8,
+        topk_group=4,
+        top_k=6,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        fused_shared=fused_shared,
+    )
+    weights, ids = kernels.select_topk(partials, bias, **options)
+    want_weights, want_ids = kernels.select_topk(logits, bias, **options)
+    assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
+    assert ids.shape == (5, 6 + fused_shared)
+    expected_w, expected_ids = torch_select(logits, bias, "sigmoid", "noaux_tc", 8, 4, 6, True, 2.5)
+    assert torch.equal(ids[:, :6].long().sort(-1).values, expected_ids.sort(-1).values)
+    assert (ids[:, 6:] == 64 + torch.arange(fused_shared)).all() and (weights[:, 6:] == 1).all()
+
+
 def torch_route(topk_ids, experts, layout, block_m):
     tokens, top_k = topk_ids.shape
     flat = topk_ids.reshape(-1).long()
@@ -112,7 +143,15 @@ def torch_route(topk_ids, experts, layout, block_m):
 
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 @pytest.mark.parametrize(
-    "tokens, experts, top_k", [(1, 16, 4), (37, 16, 4), (300, 40, 3), (0, 8, 2)]
+    "tokens, experts, top_k",
+    [
+        (1, 16, 4),  # counts in each program, one tile of 128 assignments
+        (37, 16, 4),
+        (256, 20, 4),  # 1024 assignments: the most counted in each program
+        (300, 40, 3),
+        (400, 12, 3),  # 1200: counts by a launch of atomics first
+        (0, 8, 2),
+    ],
 )
 def test_route_layout(layout, tokens, experts, top_k):
     kernels = load()
