@@ -17,6 +17,10 @@ from .triton_numerics import (
     wait_inputs,
 )
 
+# Expert rows loaded per step: one dependent row-index-then-row load per expert, in a loop,
+# left a decode token's combine waiting on memory K times in a row
+TERMS_AT_ONCE = 4
+
 
 @triton.jit
 def _combine_kernel(
@@ -46,6 +50,7 @@ def _combine_kernel(
     SOFT_ROUND: tl.constexpr,  # interpreter: round to bf16 in software (its cast truncates)
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    TERMS_AT_ONCE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
@@ -54,12 +59,18 @@ def _combine_kernel(
     t_ok = offs_t < T
     h_ok = offs_h < H
     acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-    for k in range(K):
-        row = tl.load(row_of_ptr + offs_t * stride_rt + k * stride_rk, mask=t_ok, other=-1)
-        weight = tl.load(weight_ptr + offs_t * stride_wt + k * stride_wk, mask=t_ok, other=0.0)
-        y_ptrs = y_ptr + row.to(tl.int64)[:, None] * stride_ym + offs_h[None, :] * stride_yh
-        y = tl.load(y_ptrs, mask=(row >= 0)[:, None] & h_ok[None, :], other=0.0)
-        acc += weight[:, None] * y.to(tl.float32)
+    for k0 in range(0, K, TERMS_AT_ONCE):  # in k order; the loads of a step issued together
+        for i in tl.static_range(TERMS_AT_ONCE):
+            k_ok = offs_t < tl.where(k0 + i < K, T, 0)  # past K: row -1 adds nothing
+            row = tl.load(
+                row_of_ptr + offs_t * stride_rt + (k0 + i) * stride_rk, mask=k_ok, other=-1
+            )
+            weight = tl.load(
+                weight_ptr + offs_t * stride_wt + (k0 + i) * stride_wk, mask=k_ok, other=0.0
+            )
+            y_ptrs = y_ptr + row.to(tl.int64)[:, None] * stride_ym + offs_h[None, :] * stride_yh
+            y = tl.load(y_ptrs, mask=(row >= 0)[:, None] & h_ok[None, :], other=0.0)
+            acc += weight[:, None] * y.to(tl.float32)
     mask = t_ok[:, None] & h_ok[None, :]
     tokens = offs_t.to(tl.int64)
     if HAS_SHARED:
@@ -115,6 +126,7 @@ def combine(y, row_of, weights, out, shared=None, *, config, pdl=False):
         SOFT_ROUND=triton.knobs.runtime.interpret,
         BLOCK_T=config["BLOCK_T"],
         BLOCK_H=config["BLOCK_H"],
+        TERMS_AT_ONCE=TERMS_AT_ONCE,
         num_warps=config["num_warps"],
         **launch_options(pdl),
     )

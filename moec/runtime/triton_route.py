@@ -5,13 +5,15 @@ select_topk   one program per token: scores from fp32 logits (SCORING softmax | 
               group_limited_greedy: best expert per group; noaux_tc: sum of the top-2), top-k by
               repeated argmax, weights = scores of the chosen experts (renormalized, scaled),
               then FUSED_SHARED extra experts E.. with weight 1.
-route_layout  one program per expert: rows of the grouped layout for its assignments, in token
-              order (a running cumulative count: the same indices on every run). The counts
-              come first: up to 1024 assignments each program takes them itself (a histogram,
-              so routing is one launch at decode); above, a launch of integer atomic adds
-              (exact) before it. contiguous: each expert's rows padded to BLOCK_M (m_indices -1
-              on padding), the last program writes num_rows and fills the unused tail; masked:
-              expert e owns rows e * max_m .. + max_m.
+route_layout  one program per (expert, part of the assignments): rows of the grouped layout
+              for the expert's assignments in that part, in token order (a running cumulative
+              count from the expert's assignments in earlier parts: the same indices on every
+              run). Up to 1024 assignments there is one part, and each program counts every
+              expert itself (a histogram: routing is one launch at decode); above, two launches
+              first count each part (histograms, exact) and prefix the counts over the parts.
+              contiguous: each expert's rows padded to BLOCK_M (m_indices -1 on padding), the
+              last program writes num_rows and fills the unused tail; masked: expert e owns
+              rows e * max_m .. + max_m.
 """
 
 import torch
@@ -20,6 +22,12 @@ import triton.language as tl
 
 from .grouping import ContiguousRouting, MaskedRouting, compact_rows, masked_max_m
 from .triton_numerics import launch_options, release_dependents, wait_inputs
+
+ROUTE_SPAN = 4096
+"""Assignments per part of route_layout above 1024 (its grid: experts x parts). One program per
+expert over every assignment took 288 us at T=16384 on the H200 (benchmarks/RESULTS.md, run 11)."""
+PREFIX_BINS = 64
+"""Experts per program of the prefix over parts."""
 
 # select_topk adds the split-K router's partial logits in order, loading this many at a time:
 # at T=1 the decode router leaves 28 slices, and one dependent load per slice made select wait
@@ -132,15 +140,46 @@ def _select_topk_kernel(
 @triton.jit
 def _route_count_kernel(
     ids_ptr,  # [A] int32
-    counts_ptr,  # [BLOCK_E] int32, zeroed: assignments per expert (integer atomics: exact)
+    part_counts_ptr,  # [PARTS, BLOCK_E] int32 out: assignments per expert in each part
     A,
+    E,
+    SPAN,  # assignments per part, a multiple of BLOCK_A
     BLOCK_A: tl.constexpr,
+    BLOCK_E: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
-    offs = tl.program_id(0) * BLOCK_A + tl.arange(0, BLOCK_A)
-    ids = tl.load(ids_ptr + offs, mask=offs < A, other=0)
-    tl.atomic_add(counts_ptr + ids, 1, mask=offs < A)
+    part = tl.program_id(0)
+    counts = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    for a0 in range(part * SPAN, tl.minimum(A, part * SPAN + SPAN), BLOCK_A):
+        offs = a0 + tl.arange(0, BLOCK_A)
+        ids = tl.load(ids_ptr + offs, mask=offs < A, other=E)  # E: a bin no expert reads
+        counts += tl.histogram(ids, BLOCK_E)
+    tl.store(part_counts_ptr + part * BLOCK_E + tl.arange(0, BLOCK_E), counts)
+    release_dependents(PDL)
+
+
+@triton.jit
+def _route_prefix_kernel(
+    part_counts_ptr,  # [PARTS, BLOCK_E] int32 in, overwritten with the exclusive prefix
+    totals_ptr,  # [BLOCK_E] int32 out: assignments per expert
+    PARTS,
+    BLOCK_E: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # parts per step
+    BINS: tl.constexpr,  # experts per program
+    PDL: tl.constexpr,
+):
+    wait_inputs(PDL)
+    bins = tl.program_id(0) * BINS + tl.arange(0, BINS)
+    carry = tl.zeros((BINS,), dtype=tl.int32)
+    for p0 in range(0, PARTS, BLOCK_P):
+        parts = p0 + tl.arange(0, BLOCK_P)
+        ptrs = part_counts_ptr + parts[:, None] * BLOCK_E + bins[None, :]
+        mask = (parts < PARTS)[:, None] & (bins < BLOCK_E)[None, :]
+        counts = tl.load(ptrs, mask=mask, other=0)
+        tl.store(ptrs, carry[None, :] + tl.cumsum(counts, axis=0) - counts, mask=mask)
+        carry += tl.sum(counts, axis=0)
+    tl.store(totals_ptr + bins, carry)
     release_dependents(PDL)
 
 
@@ -149,6 +188,7 @@ def _route_layout_kernel(
     # pointers
     ids_ptr,  # [A] int32, A = T * K assignments
     all_counts_ptr,  # [BLOCK_E] int32: assignments per expert (without LOCAL_COUNTS)
+    part_offsets_ptr,  # [PARTS, BLOCK_E] int32: an expert's assignments in earlier parts
     row_of_ptr,  # [A] int32 out
     token_of_row_ptr,  # [M] int32 out
     m_indices_ptr,  # [M] int32 out (contiguous)
@@ -161,6 +201,7 @@ def _route_layout_kernel(
     E,
     M,  # rows of the layout (contiguous: worst case; masked: E * max_m)
     MAX_M,  # masked: rows per expert
+    SPAN,  # assignments per part (program_id(1)), a multiple of BLOCK_A
     # meta-parameters
     LAYOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,  # contiguous row padding
@@ -171,6 +212,7 @@ def _route_layout_kernel(
 ):
     wait_inputs(PDL)
     expert = tl.program_id(0)
+    part = tl.program_id(1)
     bins = tl.arange(0, BLOCK_E)
     if LOCAL_COUNTS:  # A <= BLOCK_A: every program counts all assignments itself, one launch
         offs = tl.arange(0, BLOCK_A)
@@ -187,19 +229,32 @@ def _route_layout_kernel(
         start = expert * MAX_M
         total = E * MAX_M
     if expert == E:  # the extra program: unused rows past the last expert, and num_rows
-        if LAYOUT == "contiguous":
-            tl.store(num_rows_ptr, total)
-            for r0 in range(total, M, BLOCK_A):
-                rows = r0 + tl.arange(0, BLOCK_A)
-                tl.store(token_of_row_ptr + rows, -1, mask=rows < M)
-                tl.store(m_indices_ptr + rows, -1, mask=rows < M)
+        if LAYOUT == "contiguous":  # noqa: SIM102 (a constexpr test, then a runtime one)
+            if part == 0:
+                tl.store(num_rows_ptr, total)
+                for r0 in range(total, M, BLOCK_A):
+                    rows = r0 + tl.arange(0, BLOCK_A)
+                    tl.store(token_of_row_ptr + rows, -1, mask=rows < M)
+                    tl.store(m_indices_ptr + rows, -1, mask=rows < M)
     else:
         count = tl.sum(tl.where(bins == expert, counts, 0), axis=0)
-        tl.store(counts_ptr + expert, count)  # the layout's own [E] int32 copy
-        if LAYOUT == "contiguous":
-            tl.store(starts_ptr + expert, start.to(tl.int64))
-        seen = 0
-        for a0 in range(0, A, BLOCK_A):
+        if part == 0:  # the expert's own records, and its padding rows
+            tl.store(counts_ptr + expert, count)  # the layout's own [E] int32 copy
+            if LAYOUT == "contiguous":
+                tl.store(starts_ptr + expert, start.to(tl.int64))
+                end = start + tl.sum(tl.where(bins == expert, padded, 0), axis=0)
+            else:
+                end = start + MAX_M
+            for r0 in range(start + count, end, BLOCK_A):
+                rows = r0 + tl.arange(0, BLOCK_A)
+                tl.store(token_of_row_ptr + rows, -1, mask=rows < end)
+                if LAYOUT == "contiguous":
+                    tl.store(m_indices_ptr + rows, -1, mask=rows < end)
+        if LOCAL_COUNTS:
+            seen = 0
+        else:  # the expert's assignments in the parts before this one
+            seen = tl.load(part_offsets_ptr + part * BLOCK_E + expert)
+        for a0 in range(part * SPAN, tl.minimum(A, part * SPAN + SPAN), BLOCK_A):
             offs = a0 + tl.arange(0, BLOCK_A)
             mine = tl.load(ids_ptr + offs, mask=offs < A, other=-1) == expert
             rank = seen + tl.cumsum(mine.to(tl.int32), axis=0) - 1
@@ -209,15 +264,6 @@ def _route_layout_kernel(
             if LAYOUT == "contiguous":
                 tl.store(m_indices_ptr + rows, expert, mask=mine)
             seen += tl.sum(mine.to(tl.int32), axis=0)
-        if LAYOUT == "contiguous":
-            end = start + tl.sum(tl.where(bins == expert, padded, 0), axis=0)
-        else:
-            end = start + MAX_M
-        for r0 in range(start + count, end, BLOCK_A):  # this expert's padding rows
-            rows = r0 + tl.arange(0, BLOCK_A)
-            tl.store(token_of_row_ptr + rows, -1, mask=rows < end)
-            if LAYOUT == "contiguous":
-                tl.store(m_indices_ptr + rows, -1, mask=rows < end)
     release_dependents(PDL)
 
 
@@ -296,26 +342,41 @@ def route_layout(
     block_m=1,
     max_m=0,
     pdl=False,
+    span=ROUTE_SPAN,
 ):
     """Indices of the grouped layout for topk_ids [T, K] (int32), written in place:
     row_of [T, K], token_of_row [M], counts [E]; contiguous also m_indices [M], starts [E]
-    (int64) and num_rows [1]. See the comment above."""
+    (int64) and num_rows [1]. See the comment above. span: assignments per part (a multiple
+    of 1024) when there are more than 1024."""
     assignments = topk_ids.numel()
     dummy = counts
     block_e = triton.next_power_of_2(experts + 1)
     block_a = 128 if assignments <= 128 else 1024
     local_counts = assignments <= block_a
+    parts = 1
+    histogram = offsets = dummy
     if local_counts:
-        histogram = dummy
-    else:  # counts first, in a launch of their own
-        histogram = torch.zeros(block_e, dtype=torch.int32, device=topk_ids.device)
-        _route_count_kernel[(triton.cdiv(assignments, 1024),)](
-            topk_ids, histogram, assignments, BLOCK_A=1024, num_warps=4, **launch_options(pdl)
-        )
-    _route_layout_kernel[(experts + 1,)](
+        span = block_a
+    else:  # counts per part, their prefix over parts, then every part at once
+        if span % block_a:
+            raise ValueError(f"span={span} is not a multiple of {block_a}")
+        parts = triton.cdiv(assignments, span)
+        offsets = torch.empty((parts, block_e), dtype=torch.int32, device=topk_ids.device)
+        histogram = torch.empty(block_e, dtype=torch.int32, device=topk_ids.device)
+        _route_count_kernel[(parts,)](
+            topk_ids, offsets, assignments, experts, span,
+            BLOCK_A=block_a, BLOCK_E=block_e, num_warps=4, **launch_options(pdl),
+        )  # fmt: skip
+        bins = min(PREFIX_BINS, block_e)
+        _route_prefix_kernel[(block_e // bins,)](
+            offsets, histogram, parts,
+            BLOCK_E=block_e, BLOCK_P=64, BINS=bins, num_warps=4, **launch_options(pdl),
+        )  # fmt: skip
+    _route_layout_kernel[(experts + 1, parts)](
         # pointers
         topk_ids,
         histogram,
+        offsets,
         row_of,
         token_of_row,
         m_indices if m_indices is not None else dummy,
@@ -328,6 +389,7 @@ def route_layout(
         experts,
         token_of_row.numel(),
         max_m,
+        span,
         # meta-parameters
         LAYOUT=layout,
         BLOCK_M=block_m,

@@ -30,16 +30,17 @@ def reference(y, row_of, weights, shared):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("has_shared", [False, True])
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
-def test_combine(layout, has_shared, dtype):
+@pytest.mark.parametrize("topk", [3, 9])  # within one step of loads, and over two
+def test_combine(layout, has_shared, dtype, topk):
     kernels = load()
-    tokens, topk = 20, 3
-    routing = route(tokens=tokens, topk=topk, experts=8, block_m=16)
+    tokens = 20
+    routing = route(tokens=tokens, topk=topk, experts=12, block_m=16)
     gen = torch.Generator().manual_seed(3)
     if layout == "contiguous":
         y = torch.randn(len(routing.m_indices), HIDDEN, generator=gen).to(dtype)
         row_of = routing.row_of
     else:
-        y = torch.randn(8, routing.max_m, HIDDEN, generator=gen).to(dtype)
+        y = torch.randn(12, routing.max_m, HIDDEN, generator=gen).to(dtype)
         row_of = routing.masked_row_of
     row_of = row_of.clone()
     row_of[3, 1] = -1  # an assignment without a local row adds nothing

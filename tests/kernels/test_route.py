@@ -143,17 +143,19 @@ def torch_route(topk_ids, experts, layout, block_m):
 
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 @pytest.mark.parametrize(
-    "tokens, experts, top_k",
+    "tokens, experts, top_k, span",
     [
-        (1, 16, 4),  # counts in each program, one tile of 128 assignments
-        (37, 16, 4),
-        (256, 20, 4),  # 1024 assignments: the most counted in each program
-        (300, 40, 3),
-        (400, 12, 3),  # 1200: counts by a launch of atomics first
-        (0, 8, 2),
+        (1, 16, 4, 4096),  # counts in each program, one tile of 128 assignments
+        (37, 16, 4, 4096),
+        (256, 20, 4, 4096),  # 1024 assignments: the most counted in each program
+        (300, 40, 3, 4096),
+        (400, 12, 3, 4096),  # 1200: counted first, in one part
+        (1000, 12, 3, 1024),  # 3000 in three parts (the last one short)
+        (1500, 10, 3, 4096),  # 4500 in two parts of the default span
+        (0, 8, 2, 4096),
     ],
 )
-def test_route_layout(layout, tokens, experts, top_k):
+def test_route_layout(layout, tokens, experts, top_k, span):
     kernels = load()
     gen = torch.Generator().manual_seed(tokens)
     ids = (
@@ -182,6 +184,7 @@ def test_route_layout(layout, tokens, experts, top_k):
             starts=got_starts,
             num_rows=got_rows,
             block_m=block_m,
+            span=span,
         )
         assert (
             torch.equal(got_m, extra[0])
@@ -190,7 +193,14 @@ def test_route_layout(layout, tokens, experts, top_k):
         )
     else:
         kernels.route_layout(
-            ids, got_row_of, got_token, got_counts, layout=layout, experts=experts, max_m=extra[0]
+            ids,
+            got_row_of,
+            got_token,
+            got_counts,
+            layout=layout,
+            experts=experts,
+            max_m=extra[0],
+            span=span,
         )
     assert torch.equal(got_row_of, row_of)
     assert torch.equal(got_token, token_of_row)
