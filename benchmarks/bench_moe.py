@@ -40,6 +40,8 @@ PACKAGES = {
     "fp8_block_deep_gemm": ("bench_v3_fp8_deep_gemm", "bench_v3_fp8_torch"),
     "bf16_deep_gemm": ("bench_v3_bf16_deep_gemm", "bench_v3_bf16_torch"),
     "bf16": ("bench_v3_bf16_triton", "bench_v3_bf16_torch"),
+    "fp8_block_auto": ("bench_v3_fp8_auto", "bench_v3_fp8_torch"),
+    "bf16_auto": ("bench_v3_bf16_auto", "bench_v3_bf16_torch"),
     "mxfp8": ("bench_small_mxfp8_triton", "bench_small_mxfp8_torch"),
     "mxfp4": ("bench_small_mxfp4_triton", "bench_small_mxfp4_torch"),
 }
@@ -83,6 +85,13 @@ def main() -> None:
         "--no-pdl", action="store_true", help="launch without programmatic dependent launch"
     )
     parser.add_argument("--fp8-acc", type=int, default=None, help="FP8_ACC of every GEMM config")
+    parser.add_argument(
+        "--times-table",
+        default=None,
+        help="a tuned table (JSON, e.g. ~/.cache/moec/tuned/nvidia-h200.json) to record the "
+        "layer's best time per T into, under backends/<key>, for gemm_backend auto",
+    )
+    parser.add_argument("--times-source", default="bench_moe.py", help="how they were measured")
     args = parser.parse_args()
     fast_name, slow_name = PACKAGES[args.scheme]
     fast, slow = import_package(fast_name), import_package(slow_name)
@@ -176,6 +185,8 @@ def main() -> None:
             "triton": __import__("triton").__version__,
         },
     )
+    if args.times_table:
+        record_times(Path(args.times_table), key, fast, rows, args.times_source)
     print(
         f"\n{args.scheme}: T | triton ms | graph ms | torch ms | floor ms | x floor | TFLOP/s | "
         "err (max) | err (norm) | rerouted tokens"
@@ -184,6 +195,24 @@ def main() -> None:
         print(
             f"{r['tokens']:>6} | {r['triton_ms']:>9} | {r['triton_graph_ms']} | {r['torch_ms']} | {r['design_floor_ms']} | {r['ratio_to_floor']} | {r['tflops']} | {r['max_rel_error_vs_torch']} | {r['norm_rel_error_vs_torch']} | {r['tokens_routed_differently']}"
         )
+
+
+def record_times(path: Path, key: str, package, rows: list[dict], source: str) -> None:
+    """Merge the layer's best time per T into `path` under backends/<key>, for its backend."""
+    choices = package.PLAN["choices"]
+    if package.PLAN.get("above"):
+        print(f"{path}: not recorded: {choices['name']} switches GEMM backends with T")
+        return
+    table = json.loads(path.read_text()) if path.exists() else {}
+    entry = table.setdefault(f"backends/{key}", {"source": source, "ms": {}})
+    entry["source"] = source
+    entry["ms"][choices["gemm_backend"]] = {
+        str(r["tokens"]): min(t for t in (r["triton_ms"], r["triton_graph_ms"]) if t is not None)
+        for r in rows
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=2) + "\n")
+    print(f"{path}: recorded {choices['gemm_backend']} under backends/{key}")
 
 
 if __name__ == "__main__":

@@ -24,4 +24,9 @@ if $MOEC validate benchmarks/specs/v3.toml --set experts.gemm_backend=deep_gemm 
     --set quant.scheme=fp8_block --set experts.gemm_backend=deep_gemm --set experts.layout=contiguous
   $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_bf16_deep_gemm \
     --set quant.scheme=bf16 --set experts.gemm_backend=deep_gemm --set experts.layout=contiguous
+  # gemm_backend auto: Triton or DeepGEMM per token bucket, from the times in the tuned table
+  $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_fp8_auto \
+    --set quant.scheme=fp8_block --set experts.gemm_backend=auto --set experts.layout=contiguous
+  $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_bf16_auto \
+    --set quant.scheme=bf16 --set experts.gemm_backend=auto --set experts.layout=contiguous
 fi

@@ -146,10 +146,10 @@ def stage_times_ms(package, layer, x, repeats: int = 5) -> dict[str, float]:
     """Median time of each stage of one forward: every stage function of the package is wrapped
     to synchronize and time itself (so stages do not overlap, as they would not anyway)."""
     stages = stages_of(package)
-    names = [
-        stage["name"]
-        for stage in package.PLAN["stages"]
-        if stage["kind"] not in ("input", "output")
+    names = [  # every stage function (a package with a GEMM split has one set per backend)
+        name
+        for name, value in vars(stages).items()
+        if callable(value) and getattr(value, "__module__", None) == stages.__name__
     ]
     original = {name: getattr(stages, name) for name in names}
     samples: dict[str, list[float]] = {name: [] for name in names}
@@ -174,4 +174,4 @@ def stage_times_ms(package, layer, x, repeats: int = 5) -> dict[str, float]:
     finally:
         for name in names:
             setattr(stages, name, original[name])
-    return {name: round(sorted(v[1:])[len(v[1:]) // 2], 4) for name, v in samples.items()}
+    return {name: round(sorted(v[1:])[len(v[1:]) // 2], 4) for name, v in samples.items() if v[1:]}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine, from the repo root, with .whl (moec's own dependencies as wheels)
 # and, for the DeepGEMM / DeepEP steps, .deps carried. Logs and JSON go to /tmp/session, packed
-# into $RESULTS/session.tgz at the end (the device tool returns at most 8 files).
+# into $RESULTS/session.tgz at the end (the device tool returns at most 8 files). The bench step
+# also records each layer's best time per T in $RESULTS/times.json (a tuned table's backends/<key>
+# entries, which gemm_backend auto chooses by).
 #   STEPS="test bench"  (any of: deps test bench bench-ab decode micro tune check)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -39,8 +41,12 @@ for step in ${STEPS:-test bench}; do
     bench)
       packages
       for scheme in ${SCHEMES:-fp8_block fp8_block_separate bf16 fp8_block_deep_gemm bf16_deep_gemm}; do
+        times=()  # the layers gemm_backend auto chooses between (shared experts fused)
+        case " ${TIMES_SCHEMES:-fp8_block fp8_block_deep_gemm bf16 bf16_deep_gemm} " in
+          *" $scheme "*) times=(--times-table "$RESULTS/times.json" --times-source "${TIMES_SOURCE:-bench_moe.py}") ;;
+        esac
         python3 benchmarks/bench_moe.py --scheme "$scheme" --tokens "${TOKENS:-1,16,64,256,1024,4096,16384}" \
-          --out "$RESULTS/bench_$scheme.json" > "$RESULTS/bench_$scheme.log" 2>&1
+          --out "$RESULTS/bench_$scheme.json" "${times[@]}" > "$RESULTS/bench_$scheme.log" 2>&1
         tail -9 "$RESULTS/bench_$scheme.log"
       done
       ;;

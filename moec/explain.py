@@ -125,7 +125,28 @@ def _text(data: dict[str, Any]) -> str:
         "",
         "stages",
     ]
-    for index, stage in enumerate(data["stages"], start=1):
+    lines += _stage_lines(data["stages"])
+    above = data["above"]
+    if above:
+        lines += [
+            "",
+            f"stages above T = {above['up_to']} ({above['gemm_backend']} GEMMs), where they differ",
+            *_stage_lines(above["stages"]),
+        ]
+    lines += ["", "decisions"]
+    for decision in data["decisions"]:
+        lines.append(f"  {decision['what']} = {decision['choice']}: {decision['reason']}")
+    if above:
+        lines += ["", f"decisions above T = {above['up_to']}, where they differ"]
+        for decision in above["decisions"]:
+            lines.append(f"  {decision['what']} = {decision['choice']}: {decision['reason']}")
+    lines += _cost_text(data)
+    return "\n".join(lines) + "\n"
+
+
+def _stage_lines(stages: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for index, stage in enumerate(stages, start=1):
         flags = []
         if stage["fused"]:
             flags.append("fused " + " + ".join(stage["fused"]))
@@ -144,11 +165,7 @@ def _text(data: dict[str, Any]) -> str:
             lines.append(f"        w    {item['tensor']:<13} {item['type']['label']}")
         if stage["note"]:
             lines.append(f"        note {stage['note']}")
-    lines += ["", "decisions"]
-    for decision in data["decisions"]:
-        lines.append(f"  {decision['what']} = {decision['choice']}: {decision['reason']}")
-    lines += _cost_text(data)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _cost_text(data: dict[str, Any]) -> list[str]:

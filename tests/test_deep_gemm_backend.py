@@ -5,6 +5,7 @@ interpreted: the same layer as the torch backend on the same weights, within 2**
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -83,3 +84,50 @@ def test_contiguous_fp8_scales_are_written_in_deep_gemms_layout(stand_in, load_l
         *SCHEMES["fp8_block"],
     )
     assert [s["kind"] for s in masked.PLAN["stages"]].count("convert") == 2  # 3-D: a converter
+
+
+def test_auto_splits_the_gemms_by_measured_times(stand_in, load_layer, tmp_path, monkeypatch):
+    """gemm_backend auto with times per T on the target GPU: Triton GEMMs up to the largest T
+    where they were faster, DeepGEMM above, in one package on one set of weights; each side
+    equals the torch backend, and each runs only its own GEMMs."""
+    times = {
+        "triton": {"1": 1.0, "16": 2.0, "64": 9.0},
+        "deep_gemm": {"1": 2.0, "16": 3.0, "64": 4.0},
+    }
+    table = {"backends/fp8_block/H256/I256/E4/K2": {"source": "a test", "ms": times}}
+    (tmp_path / "nvidia-h200.json").write_text(json.dumps(table))
+    monkeypatch.setenv("MOEC_TUNING_DIR", str(tmp_path))
+    spec = SPEC.format(target=CUDA).replace('name = "dg"', 'name = "dg_split"')
+    package = load_layer(spec, *SCHEMES["fp8_block"])
+    reference = load_layer(
+        SPEC.format(target=CPU), "experts.gemm_backend=torch", *SCHEMES["fp8_block"]
+    )
+    decisions = {d["what"]: d["choice"] for d in package.PLAN["decisions"]}
+    assert decisions["gemm_backend"] == "triton up to T=16, deep_gemm above"
+    above = package.PLAN["above"]
+    assert above["up_to"] == 16 and above["gemm_backend"] == "deep_gemm"
+    differ = {s["name"]: s["backend"] for s in above["stages"]}
+    assert differ["gemm_gate_up"] == differ["gemm_down"] == "deep_gemm"
+    assert "router" not in differ and "select" not in differ and "combine" not in differ
+    layout = package.PLAN["choices"]["layout"]
+    layer = package.MoELayer(device="cpu").random_(0)
+    expected_layer = reference.MoELayer().random_(0)
+    for tokens in (16, 17):
+        x = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(tokens)).bfloat16()
+        stand_in.CALLS.clear()
+        out = layer(x).double()
+        expected = expected_layer(x).double()
+        deep = [f"m_grouped_fp8_gemm_nt_{layout}"] * 2 if tokens > 16 else []
+        assert stand_in.CALLS == deep
+        assert ((out - expected).norm() / expected.norm()).item() <= 2**-7
+
+
+def test_auto_without_times_runs_deep_gemm_alone(stand_in, load_layer, tmp_path, monkeypatch):
+    """No times for the layer on its GPU: auto takes DeepGEMM for every T, and says why."""
+    monkeypatch.setenv("MOEC_TUNING_DIR", str(tmp_path))
+    spec = SPEC.format(target=CUDA).replace('name = "dg"', 'name = "dg_untimed"')
+    package = load_layer(spec, *SCHEMES["fp8_block"])
+    decision = next(d for d in package.PLAN["decisions"] if d["what"] == "gemm_backend")
+    assert decision["choice"] == "deep_gemm"
+    assert "no times per T" in decision["reason"]
+    assert package.PLAN["above"] is None

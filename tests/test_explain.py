@@ -122,7 +122,17 @@ def test_text_of_every_example(capsys):
 
 # --- json ---------------------------------------------------------------------------------
 
-TOP_KEYS = {"moec_version", "spec", "target", "device", "choices", "stages", "decisions", "cost"}
+TOP_KEYS = {
+    "moec_version",
+    "spec",
+    "target",
+    "device",
+    "choices",
+    "stages",
+    "decisions",
+    "cost",
+    "above",
+}
 STAGE_KEYS = {
     "name",
     "kind",
@@ -325,6 +335,8 @@ def test_dot_is_well_formed(capsys, monkeypatch, name, env):
     """Every stage a node, every typed edge an arrow (deep_gemm masked: with its converters)."""
     monkeypatch.setattr(Environment, "detect", classmethod(lambda cls: env))
     sets = ["--set", "experts.layout=masked"] if env is FULL else []
+    if env is FULL and name == "deepseek-v3-fp8.toml":  # auto would split at T=1024
+        sets += ["--set", "experts.gemm_backend=deep_gemm"]
     data = explain_json(capsys, str(EXAMPLES / name), *sets)
     code, text, _ = run(capsys, "explain", str(EXAMPLES / name), "--format", "dot", *sets)
     assert code == 0
@@ -356,10 +368,9 @@ MERMAID_EDGE = re.compile(rf'^  ({MERMAID_ID}) -->\|"([^"|]*)"\| ({MERMAID_ID})$
 
 def test_mermaid_is_well_formed(capsys, monkeypatch):
     monkeypatch.setattr(Environment, "detect", classmethod(lambda cls: FULL))
-    data = explain_json(capsys, V3_FP8, "--set", "experts.layout=masked")
-    code, text, _ = run(
-        capsys, "explain", V3_FP8, "--format", "mermaid", "--set", "experts.layout=masked"
-    )
+    sets = ["--set", "experts.layout=masked", "--set", "experts.gemm_backend=deep_gemm"]
+    data = explain_json(capsys, V3_FP8, *sets)
+    code, text, _ = run(capsys, "explain", V3_FP8, "--format", "mermaid", *sets)
     assert code == 0
     lines = text.splitlines()
     assert lines[0] == "flowchart TD"
@@ -537,3 +548,25 @@ def test_every_supported_combination_plans():
                     assert wanted is None or wanted == edge.type
             count += 1
     assert count > 150
+
+
+def test_explain_shows_both_sides_of_a_gemm_split(capsys, monkeypatch):
+    """deep_gemm installed, gemm_backend auto: the plan up to the split, then the stages and
+    decisions that differ above it; the cost past the split is the cost of the plan above."""
+    monkeypatch.setattr(Environment, "detect", classmethod(lambda cls: FULL))
+    data = explain_json(capsys, V3_FP8, "--tokens", "1024,4096")
+    above = data["above"]
+    assert above["up_to"] == 1024 and above["gemm_backend"] == "deep_gemm"
+    assert {s["name"] for s in above["stages"]} == {
+        "dispatch",
+        "gemm_gate_up",
+        "activation",
+        "gemm_down",
+    }
+    assert {d["what"] for d in above["decisions"]} >= {"gemm_backend", "contiguous row padding"}
+    code, text, _ = run(capsys, "explain", V3_FP8, "--tokens", "1024,4096")
+    assert code == 0
+    assert "gemm_backend = triton up to T=1024, deep_gemm above: auto, per token bucket" in text
+    assert "stages above T = 1024 (deep_gemm GEMMs), where they differ" in text
+    assert "decisions above T = 1024, where they differ" in text
+    assert "gemm_gate_up [gemm, deep_gemm]" in text and "gemm_gate_up [gemm, triton]" in text

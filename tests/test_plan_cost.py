@@ -240,7 +240,12 @@ def test_fused_shared_experts_count_as_hit_experts():
 def test_converters_cost_only_their_scales():
     """A converter rewrites scales; the e4m3 values pass through untouched."""
     rows = 64 * K
-    masked = plan_of("deepseek-v3-fp8.toml", "experts.layout=masked", env=FULL)
+    masked = plan_of(
+        "deepseek-v3-fp8.toml",
+        "experts.layout=masked",
+        'experts.gemm_backend="deep_gemm"',
+        env=FULL,
+    )
     sm90 = {s.stage: s.bytes for s in cost_of(masked, 64).stages}
     # K-major fp32 in, MN-major TMA-aligned fp32 out (512 rows: already 16-byte aligned)
     assert sm90["convert_a_for_gemm_gate_up"] == 2 * rows * g(H) * 4
@@ -268,7 +273,7 @@ def test_peak_memory_by_hand_triton_contiguous():
 
 def test_peak_memory_by_hand_deep_gemm():
     """T = 1, deep_gemm, contiguous with block_m 128: 8 * 128 = 1024 rows."""
-    plan = plan_of("deepseek-v3-fp8.toml", env=FULL)
+    plan = plan_of("deepseek-v3-fp8.toml", 'experts.gemm_backend="deep_gemm"', env=FULL)
     buf = 8 * 128
     at_gemm_down = K * 4 + buf * 4 + H * 2 + buf * (I + g(I) * 4) + buf * H * 2
     assert cost_of(plan, 1).peak_bytes == at_gemm_down == 16_861_216

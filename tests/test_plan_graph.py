@@ -151,7 +151,7 @@ def test_masked_layout_types():
 
 
 def test_scale_types_of_deep_gemm_inputs_sm90_and_sm100():
-    sm90 = plan_of("deepseek-v3-fp8.toml", env=FULL)
+    sm90 = plan_of("deepseek-v3-fp8.toml", 'experts.gemm_backend="deep_gemm"', env=FULL)
     accepted = sm90.stage("gemm_gate_up").accepts["a"].scale
     assert accepted == ScaleType("1x128", DType.float32, "MN", True, False)
     # sm100 (what DeepGEMM's Blackwell kernels read; moec does not drive them yet)

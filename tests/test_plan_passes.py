@@ -7,12 +7,13 @@ the layout choice), not by calling the code under test.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import pytest
 
-from moec.plan import Environment, make_plan
+from moec.plan import Environment, GemmSplit, make_plan
 from moec.plan.convert import conversion_steps
 from moec.plan.layer import layer_of
 from moec.plan.layouts import masked_peak_bytes
@@ -49,8 +50,6 @@ def choices(plan) -> dict[str, str]:
     [
         ("tiny-cpu.toml", ['experts.gemm_backend="auto"'], FULL, "torch", "CPU target"),
         ("deepseek-v3-fp8.toml", [], PLAIN, "triton", "deep_gemm is not installed"),
-        ("deepseek-v3-fp8.toml", [], FULL, "deep_gemm", "deep_gemm is installed"),
-        ("deepseek-v3-bf16.toml", [], FULL, "deep_gemm", "deep_gemm is installed"),
         # sm100 fp8_block: deep_gemm needs UE8M0 scales; the default (fp32) keeps it out
         ("deepseek-v3-fp8.toml", ['target.arch="sm100"'], FULL, "triton", "does not run"),
         # ... and with UE8M0 scales moec does not drive DeepGEMM's sm100 fp8 kernels
@@ -86,6 +85,43 @@ def test_resolve_gemm_backend(name, overrides, env, choice, reason):
     assert plan.backends.gemm == choice
     gemms = [s for s in plan.order() if s.kind == "gemm"]
     assert [s.backend for s in gemms] == [choice, choice]
+
+
+@pytest.mark.parametrize(
+    ("name", "up_to"), [("deepseek-v3-fp8.toml", 1024), ("deepseek-v3-bf16.toml", 4096)]
+)
+def test_auto_splits_the_gemms_at_the_measured_crossover(name, up_to):
+    """deep_gemm installed, and the H200 times of the layer shipped: Triton up to the largest
+    T where it was faster, DeepGEMM above, with the times in the reason; the plan above the
+    split runs DeepGEMM GEMMs on the same weights, and Triton's tiles stop at the split."""
+    plan = plan_of(name, env=FULL)
+    decision = plan.decision("gemm_backend")
+    assert decision.choice == f"triton up to T={up_to}, deep_gemm above"
+    assert "per token bucket" in decision.reason and f"T={up_to}: " in decision.reason
+    assert plan.backends.gemm == "triton"
+    assert plan.backends.split == GemmSplit(up_to, "deep_gemm")
+    assert [s.backend for s in plan.order() if s.kind == "gemm"] == ["triton", "triton"]
+    above = plan.above
+    assert above.backends.gemm == "deep_gemm" and above.backends.split is None
+    assert [s.backend for s in above.order() if s.kind == "gemm"] == ["deep_gemm", "deep_gemm"]
+    assert plan.at(up_to) is plan and plan.at(up_to + 1) is above
+    limits = [b.max_tokens for b in plan.tiles.buckets]
+    assert limits[-1] is None and all(t < up_to for t in limits[:-1])
+    assert plan.requires == ("deep_gemm", "triton")
+
+
+def test_auto_takes_one_backend_where_the_times_say_so(tmp_path, monkeypatch):
+    """Times where DeepGEMM is faster at every T (or Triton is) give one backend, no split."""
+    key = "backends/fp8_block/H7168/I2048/E256/K8"
+    for faster, expected in (("deep_gemm", "deep_gemm"), ("triton", "triton")):
+        slower = {"deep_gemm": "triton", "triton": "deep_gemm"}[faster]
+        ms = {faster: {"1": 1.0, "4096": 2.0}, slower: {"1": 1.5, "4096": 3.0}}
+        (tmp_path / "nvidia-h200.json").write_text(json.dumps({key: {"source": "t", "ms": ms}}))
+        monkeypatch.setenv("MOEC_TUNING_DIR", str(tmp_path))
+        plan = plan_of("deepseek-v3-fp8.toml", env=FULL)
+        assert plan.backends.gemm == expected and plan.backends.split is None
+        assert plan.above is None
+        assert "every T measured" in plan.decision("gemm_backend").reason
 
 
 def test_named_backend_that_is_not_installed_is_reported_missing():
@@ -274,9 +310,12 @@ def test_layout_forced_or_set(name, overrides, layout, reason):
 def test_contiguous_row_padding_decision():
     assert (
         "block_m = 128"
-        in choices(plan_of("deepseek-v3-fp8.toml", env=FULL))["contiguous row padding"]
+        in choices(plan_of("deepseek-v3-fp8.toml", 'experts.gemm_backend="deep_gemm"', env=FULL))[
+            "contiguous row padding"
+        ]
     )
-    assert plan_of("deepseek-v3-fp8.toml", env=FULL).stage("dispatch").row_padding == 128
+    plan = plan_of("deepseek-v3-fp8.toml", 'experts.gemm_backend="deep_gemm"', env=FULL)
+    assert plan.stage("dispatch").row_padding == 128
     assert (
         "BLOCK_M per token bucket"
         in choices(plan_of("deepseek-v3-fp8.toml"))["contiguous row padding"]
@@ -318,13 +357,23 @@ def converters(plan):
 def test_deep_gemm_scales_on_sm90_written_by_the_triton_quantizers():
     """Contiguous: the permute and activation kernels write MN-major, TMA-aligned fp32 scales,
     so there is no converter; masked (3-D): a converter transposes and pads."""
-    plan = plan_of("deepseek-v3-fp8.toml", "experts.layout=contiguous", env=FULL)
+    plan = plan_of(
+        "deepseek-v3-fp8.toml",
+        "experts.layout=contiguous",
+        'experts.gemm_backend="deep_gemm"',
+        env=FULL,
+    )
     assert converters(plan) == []
     wanted = ScaleType("1x128", DType.float32, "MN", True, False)
     assert plan.stage("dispatch").outputs["a"].scale == wanted
     assert plan.stage("dispatch").mn_major_scales and plan.stage("activation").mn_major_scales
     assert plan.decision("scales of a").choice == "written MN-major, TMA-aligned"
-    masked = plan_of("deepseek-v3-fp8.toml", "experts.layout=masked", env=FULL)
+    masked = plan_of(
+        "deepseek-v3-fp8.toml",
+        "experts.layout=masked",
+        'experts.gemm_backend="deep_gemm"',
+        env=FULL,
+    )
     found = converters(masked)
     assert [s.name for s in found] == ["convert_a_for_gemm_gate_up", "convert_hq_for_gemm_down"]
     for stage in found:
@@ -378,7 +427,12 @@ def test_no_converters_where_types_agree(name, env):
 
 
 def test_converter_is_inserted_only_on_the_edge_that_disagrees():
-    plan = plan_of("deepseek-v3-fp8.toml", "experts.layout=masked", env=FULL)
+    plan = plan_of(
+        "deepseek-v3-fp8.toml",
+        "experts.layout=masked",
+        'experts.gemm_backend="deep_gemm"',
+        env=FULL,
+    )
     # routing still goes straight from dispatch to the GEMM
     assert plan.graph.has_edge("dispatch", "gemm_gate_up")
     tensors = [e.tensor for e in plan.graph.edges["dispatch", "gemm_gate_up"]["tensors"]]
@@ -568,9 +622,9 @@ EXPECTED = {
     "deepseek-v3-bf16": (
         FULL,
         {
-            "gemm_backend": "deep_gemm",
+            "gemm_backend": "triton up to T=4096, deep_gemm above",
             "layout": "contiguous",
-            "contiguous row padding": "block_m = 128",
+            "contiguous row padding": "block_m = the GEMM's BLOCK_M per token bucket",
             "routed scaling": "x2.5 folded into the top-k weights",
             "CUDA graph": "yes",
         },

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from moec.errors import MoecError
 from moec.plan.cost import Cost, cost
 from moec.plan.devices import Device, device_for
-from moec.plan.graph import Backends, Decision, Edge, Plan
+from moec.plan.graph import Backends, Decision, Edge, GemmSplit, Plan
 from moec.plan.layer import Layer, layer_of
 from moec.plan.resolve import Environment
 from moec.plan.stages import Stage
@@ -25,6 +25,7 @@ __all__ = [
     "Device",
     "Edge",
     "Environment",
+    "GemmSplit",
     "Layer",
     "Plan",
     "Stage",
@@ -36,9 +37,10 @@ __all__ = [
 ]
 
 
-def make_plan(spec: Spec, env: Environment | None = None) -> Plan:
+def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | None = None) -> Plan:
     """The plan of a normalized spec; `env` says what is importable (default: this machine).
-    Raises MoecError when a stage of the plan has no renderer."""
+    With a GEMM split (gemm_backend auto, per token bucket), `plan.above` is the plan past it;
+    `above` is for that inner call. Raises MoecError when a stage of the plan has no renderer."""
     from moec.plan import checks, fuse
     from moec.plan.build import build_stages
     from moec.plan.convert import insert_converters
@@ -47,7 +49,7 @@ def make_plan(spec: Spec, env: Environment | None = None) -> Plan:
 
     env = env or Environment.detect()
     plan = Plan(spec.name, spec_hash(spec), layer_of(spec), spec.description)
-    resolve_backends(plan, spec, env)  # auto -> gemm backend, layout, dispatch backend
+    resolve_backends(plan, spec, env, above)  # auto -> gemm backend, layout, dispatch backend
     build_stages(plan, spec)  # the unfused stage graph
     if plan.backends.gemm in ("triton", "deep_gemm"):
         choose_tiles(plan)  # Triton tile configs, tuned or default
@@ -60,6 +62,10 @@ def make_plan(spec: Spec, env: Environment | None = None) -> Plan:
     checks.check_renderers(plan, spec)  # every stage has a renderer, or the spec is rejected
     checks.record_requirements(plan, env)  # optional packages imported, and missing here
     checks.decide_graph_safety(plan)  # CUDA graph capture
+    split = plan.backends.split
+    if split is not None:  # the same layer on the other backend, past the split
+        plan.above = make_plan(spec, env, split)
+        checks.check_split(plan)
     return plan
 
 

@@ -78,3 +78,19 @@ def decide_graph_safety(plan: Plan) -> None:
             "yes",
             "no stage reads device data on the host; buffers are sized by max_num_tokens",
         )
+
+
+def check_split(plan: Plan) -> None:
+    """The two plans of a GEMM split run one set of weights: the same layer, the same weight
+    tensors, the same layout; the package needs what either needs."""
+    above = plan.above
+
+    def weights(p: Plan) -> dict:
+        return {n: t for s in p.order() for n, t in s.weights.items()}
+
+    if plan.layer != above.layer or weights(plan) != weights(above):
+        raise AssertionError("moec bug: the plans of a GEMM split hold different weights")
+    if plan.backends.layout != above.backends.layout:
+        raise AssertionError("moec bug: the plans of a GEMM split lay rows out differently")
+    plan.requires = tuple(sorted(set(plan.requires) | set(above.requires)))
+    plan.missing = tuple(sorted(set(plan.missing) | set(above.missing)))

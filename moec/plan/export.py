@@ -15,7 +15,10 @@ Top-level keys (pinned by tests/test_explain.py):
     decisions     [{what, choice, reason}]
     cost          [{tokens, bytes, flops, floor_ms, peak_bytes, experts_hit,
                     stages: [{stage, bytes, flops, compute, floor_ms, link_bytes,
-                    nic_bytes}]}]
+                    nic_bytes}]}]; past a GEMM split, the cost of the plan above it
+    above         null, or with a GEMM split (gemm_backend auto per token bucket) the plan run
+                  above `up_to` tokens: {up_to, gemm_backend, stages (those that differ, as
+                  in "stages"), decisions (those that differ)}
 """
 
 from __future__ import annotations
@@ -36,6 +39,35 @@ def _type(tensor: TensorType) -> dict[str, Any]:
 
 
 def plan_data(plan: Plan, spec, device: Device, tokens: list[int]) -> dict[str, Any]:
+    stages = _stages(plan)
+    summary = plan_summary(plan)
+    return {
+        "moec_version": __version__,
+        "spec": {"name": spec.name, "hash": summary["hash"]},
+        "target": spec.target.model_dump(mode="json"),
+        "device": asdict(device),
+        "choices": summary,
+        "stages": stages,
+        "decisions": [asdict(d) for d in plan.decisions],
+        "cost": [cost(plan.at(t), device, t).as_dict() for t in tokens],
+        "above": _above(plan, stages),
+    }
+
+
+def _above(plan: Plan, stages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the plan past a GEMM split runs differently."""
+    if plan.above is None:
+        return None
+    ours = [asdict(d) for d in plan.decisions]
+    return {
+        "up_to": plan.backends.split.up_to,
+        "gemm_backend": plan.above.backends.gemm,
+        "stages": [s for s in _stages(plan.above) if s not in stages],
+        "decisions": [d for d in (asdict(d) for d in plan.above.decisions) if d not in ours],
+    }
+
+
+def _stages(plan: Plan) -> list[dict[str, Any]]:
     stages = []
     for stage in plan.order():
         stages.append(
@@ -56,14 +88,4 @@ def plan_data(plan: Plan, spec, device: Device, tokens: list[int]) -> dict[str, 
                 "note": stage.note,
             }
         )
-    summary = plan_summary(plan)
-    return {
-        "moec_version": __version__,
-        "spec": {"name": spec.name, "hash": summary["hash"]},
-        "target": spec.target.model_dump(mode="json"),
-        "device": asdict(device),
-        "choices": summary,
-        "stages": stages,
-        "decisions": [asdict(d) for d in plan.decisions],
-        "cost": [cost(plan, device, t).as_dict() for t in tokens],
-    }
+    return stages

@@ -69,15 +69,27 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class GemmSplit:
+    """The expert GEMMs on another backend above a token count (gemm_backend = "auto")."""
+
+    up_to: int
+    """The last token count the plan's own backend runs."""
+    above: str
+    """The backend of every larger token count."""
+
+
+@dataclass(frozen=True)
 class Backends:
     """What the resolve pass chose for the whole layer."""
 
     gemm: str
-    """Backend of the expert GEMMs: torch, triton or deep_gemm."""
+    """Backend of the expert GEMMs: torch, triton or deep_gemm (up to split.up_to, if split)."""
     layout: str
     """contiguous or masked."""
     dispatch: str
     """Backend of the exchange between ranks: torch (local), torch.distributed or deep_ep."""
+    split: GemmSplit | None = None
+    """Set when the GEMM backend changes with the token count."""
 
 
 @dataclass
@@ -99,9 +111,17 @@ class Plan:
     """Optional packages the generated package imports (deep_gemm, deep_ep, triton)."""
     missing: tuple[str, ...] = ()
     """Those of `requires` not importable where the plan was made."""
+    above: Plan | None = None
+    """With backends.split: the plan of the same layer on split.above, which the package runs
+    above split.up_to tokens (its weights are this plan's)."""
 
     def stage(self, name: str) -> Stage:
         return self.graph.nodes[name]["stage"]
+
+    def at(self, tokens: int) -> Plan:
+        """The plan the package runs at `tokens` tokens: this one, or `above` past the split."""
+        split = self.backends.split if self.backends else None
+        return self.above if split and self.above and tokens > split.up_to else self
 
     def has(self, name: str) -> bool:
         return name in self.graph

@@ -11,9 +11,10 @@ import importlib.util
 from dataclasses import dataclass, replace
 
 from moec.plan.devices import device_for
-from moec.plan.graph import Backends, Plan
+from moec.plan.graph import Backends, GemmSplit, Plan
 from moec.plan.layer import Layer
 from moec.plan.layouts import masked_peak_bytes
+from moec.plan.tables import find_backend_times
 from moec.spec.models import Spec
 from moec.spec.rules import arch_number
 
@@ -53,13 +54,20 @@ DISPATCH_BACKEND = {
 }
 
 
-def resolve_backends(plan: Plan, spec: Spec, env: Environment) -> None:
-    """Pass: choose the GEMM backend, the layout and the dispatch backend, each a decision."""
-    gemm = _gemm_backend(spec, env, plan.decide)
+def resolve_backends(
+    plan: Plan, spec: Spec, env: Environment, above: GemmSplit | None = None
+) -> None:
+    """Pass: choose the GEMM backend, the layout and the dispatch backend, each a decision.
+    `above`: this is the plan of the token counts past a split, on above.above."""
+    if above is not None:
+        gemm, split = above.above, None
+        plan.decide("gemm_backend", gemm, f"above T={above.up_to}: the split of gemm_backend auto")
+    else:
+        gemm, split = _gemm_backend(spec, env, plan.layer, plan.decide)
     layout = _layout(spec, plan.layer, plan.decide)
     dispatch = DISPATCH_BACKEND[spec.parallel.dispatch]
     plan.decide("dispatch", f"{spec.parallel.dispatch} ({dispatch})", _dispatch_reason(spec))
-    plan.backends = Backends(gemm, layout, dispatch)
+    plan.backends = Backends(gemm, layout, dispatch, split)
     if _fuse_shared(spec, gemm, plan.decide):
         plan.layer = replace(plan.layer, fused_shared=True)
 
@@ -99,11 +107,13 @@ def _fuse_shared(spec: Spec, gemm: str, decide) -> bool:
     return True
 
 
-def _gemm_backend(spec: Spec, env: Environment, decide) -> str:
+def _gemm_backend(
+    spec: Spec, env: Environment, layer: Layer, decide
+) -> tuple[str, GemmSplit | None]:
     asked = spec.experts.gemm_backend
     if asked != "auto":
         decide("gemm_backend", asked, "set in the spec (experts.gemm_backend)")
-        return asked
+        return asked, None
     target = spec.target
     if target.device == "cpu":
         decide(
@@ -111,12 +121,11 @@ def _gemm_backend(spec: Spec, env: Environment, decide) -> str:
             "torch",
             "auto on a CPU target: Triton kernels run on a CPU only interpreted (slow)",
         )
-        return "torch"
+        return "torch", None
     renders = "deep_gemm" in renderable_backends("gemm")
     fits = _deep_gemm_fits(spec) and _deep_gemm_driven(spec)
     if env.has("deep_gemm") and fits and renders:
-        decide("gemm_backend", "deep_gemm", f"auto on cuda {target.arch}: deep_gemm is installed")
-        return "deep_gemm"
+        return _measured_choice(spec, env, layer, decide)
     if not env.has("deep_gemm"):
         why_not = "deep_gemm is not installed here"
     elif not _deep_gemm_fits(spec):
@@ -127,12 +136,66 @@ def _gemm_backend(spec: Spec, env: Environment, decide) -> str:
         why_not = "deep_gemm is installed, but moec renders no deep_gemm GEMM"
     if spec.quant.scheme != "bf16" and arch_number(spec) < 89:
         decide("gemm_backend", "torch", f"auto on {target.arch}: no fp8 tensor cores; {why_not}")
-        return "torch"
+        return "torch", None
     if not env.has("triton"):
         decide("gemm_backend", "torch", f"auto on cuda {target.arch}: {why_not}, nor is triton")
-        return "torch"
+        return "torch", None
     decide("gemm_backend", "triton", f"auto on cuda {target.arch}: {why_not}")
-    return "triton"
+    return "triton", None
+
+
+def _measured_choice(
+    spec: Spec, env: Environment, layer: Layer, decide
+) -> tuple[str, GemmSplit | None]:
+    """deep_gemm can run the layer: Triton up to the largest measured token count where it was
+    faster, DeepGEMM above, from the layer's times on its GPU; DeepGEMM alone without them."""
+    where = f"auto on cuda {spec.target.arch}: deep_gemm is installed"
+    times = find_backend_times(layer)
+    if isinstance(times, str):
+        decide("gemm_backend", "deep_gemm", f"{where}; no times per T to choose by ({times})")
+        return "deep_gemm", None
+    ours, theirs = times.ms.get("triton", {}), times.ms.get("deep_gemm", {})
+    measured = sorted(set(ours) & set(theirs))
+    if not measured:
+        decide(
+            "gemm_backend",
+            "deep_gemm",
+            f"{where}; {times.where} times no T on both triton and deep_gemm",
+        )
+        return "deep_gemm", None
+    table = ", ".join(f"T={t}: {ours[t]:.4g} / {theirs[t]:.4g}" for t in measured)
+    evidence = f"ms triton / deep_gemm on {times.gpu} ({times.source}; {times.where}): {table}"
+    triton_wins = [t for t in measured if ours[t] <= theirs[t]]
+    why_not = _why_not_triton(spec, env, layer)
+    if not triton_wins or why_not:
+        reason = why_not or "deep_gemm is faster at every T measured"
+        decide("gemm_backend", "deep_gemm", f"{where}; {reason}; {evidence}")
+        return "deep_gemm", None
+    up_to = max(triton_wins)
+    if up_to == measured[-1]:
+        decide("gemm_backend", "triton", f"auto: triton is faster at every T measured; {evidence}")
+        return "triton", None
+    decide(
+        "gemm_backend",
+        f"triton up to T={up_to}, deep_gemm above",
+        f"auto, per token bucket: triton up to the largest T where it was faster; {evidence}",
+    )
+    return "triton", GemmSplit(up_to, "deep_gemm")
+
+
+def _why_not_triton(spec: Spec, env: Environment, layer: Layer) -> str:
+    """Why a package cannot hold Triton GEMMs beside DeepGEMM ones, or ""."""
+    if not env.has("triton"):
+        return "triton is not installed here"
+    if spec.parallel.dispatch == "deepep_low_latency":
+        return "DeepEP low-latency dispatch is built around one masked GEMM"
+
+    def fused(gemm: str) -> bool:
+        return _fuse_shared(spec, gemm, lambda *_: None)
+
+    if fused("triton") != fused("deep_gemm"):
+        return "the two backends would store the shared experts differently"
+    return ""
 
 
 DEEP_GEMM_DRIVEN = {("fp8_block", "sm90"), ("bf16", "sm90"), ("bf16", "sm100")}

@@ -2,6 +2,9 @@
 
 A table is a JSON file per GPU, as `moec tune` writes it: for each layer key (`table_key`),
 the list of token buckets, and under "elementwise/<key>" the tiles of the memory-bound kernels.
+Under "backends/<key>" a table may hold the whole layer's time per token count for each GEMM
+backend (benchmarks/bench_moe.py on that GPU), from which `gemm_backend = "auto"` chooses per
+token bucket.
 The GPU is the spec's target.gpu, else the one the arch's shipped table was tuned on (sm90:
 nvidia-h200). Its tables are looked up in order in the user's tuning folder ($MOEC_TUNING_DIR,
 default ~/.cache/moec/tuned/<gpu>.json), then among the tables moec ships (moec/plan/tuned/);
@@ -93,6 +96,51 @@ def find_table(layer: Layer) -> TunedTable | str:
             buckets = _checked_buckets(entries[key], where, key)
             return TunedTable(gpu, key, where, buckets, entries.get(f"elementwise/{key}"))
     return f"no table of {gpu} has {key} (looked in {', '.join(looked)})"
+
+
+@dataclass(frozen=True)
+class BackendTimes:
+    """The whole layer's measured time per token count, per GEMM backend, on one GPU."""
+
+    gpu: str
+    where: str
+    source: str
+    """How they were measured (the RESULTS.md run)."""
+    ms: dict[str, dict[int, float]]
+    """backend -> tokens -> ms."""
+
+
+def find_backend_times(layer: Layer) -> BackendTimes | str:
+    """The first table of the layer's GPU with backend timings for its key, or why none."""
+    key, gpu = f"backends/{table_key(layer)}", target_gpu(layer)
+    if gpu is None:
+        return f"target.gpu is unset and moec ships no table for {layer.arch}"
+    looked = []
+    for path, where in table_files(gpu):
+        looked.append(where)
+        entries = read_table(path, where) if path.exists() else {}
+        if key in entries:
+            return _checked_times(entries[key], gpu, where, key)
+    return f"no table of {gpu} has {key} (looked in {', '.join(looked)})"
+
+
+def _checked_times(entry: Any, gpu: str, where: str, key: str) -> BackendTimes:
+    """{"source": str, "ms": {backend: {tokens: ms}}}, with positive times."""
+    ms = entry.get("ms") if isinstance(entry, dict) else None
+    source = entry.get("source") if isinstance(entry, dict) else None
+    if not isinstance(source, str) or not isinstance(ms, dict) or not ms:
+        raise _table_error(where, f'has no "source" and "ms" by backend under {key}')
+    times: dict[str, dict[int, float]] = {}
+    for backend, per_tokens in ms.items():
+        try:
+            times[backend] = {int(t): float(v) for t, v in per_tokens.items()}
+        except (AttributeError, TypeError, ValueError):
+            raise _table_error(
+                where, f"has times of {backend} under {key} that are not numbers"
+            ) from None
+        if not times[backend] or min(times[backend]) < 1 or min(times[backend].values()) <= 0:
+            raise _table_error(where, f"has no positive times of {backend} under {key}")
+    return BackendTimes(gpu, where, source, times)
 
 
 def shown(path: Path) -> str:

@@ -60,6 +60,9 @@ def choose_tiles(plan: Plan) -> None:
     layer = plan.layer
     found = find_table(layer) if layer.device == "cuda" else None
     buckets, source = gemm_buckets(layer, found)
+    split = plan.backends.split
+    if split is not None:  # the Triton GEMMs run only up to the split
+        buckets = _buckets_up_to(buckets, split.up_to)
     elementwise = elementwise_configs(layer, found)
     pdl = layer.device == "cuda" and layer.arch in PDL_ARCHS
     plan.tiles = Tiles(
@@ -73,7 +76,8 @@ def choose_tiles(plan: Plan) -> None:
     )
     limits = ", ".join(f"T<={b['max_tokens']}" if b["max_tokens"] else "larger" for b in buckets)
     if plan.backends.gemm == "triton":
-        plan.decide("triton tiles", f"{len(buckets)} token buckets ({limits})", source)
+        upper = f", up to T={split.up_to}" if split else ""
+        plan.decide("triton tiles", f"{len(buckets)} token buckets ({limits}{upper})", source)
     else:
         plan.decide(
             "triton tiles",
@@ -95,6 +99,16 @@ def choose_tiles(plan: Plan) -> None:
             "the shared MLP runs as a one-expert grouped GEMM over T rows with the same "
             "kernels; it has no table of its own",
         )
+
+
+def _buckets_up_to(buckets: list[dict], tokens: int) -> list[dict]:
+    """The buckets that hold token counts up to `tokens`, the last of them open-ended."""
+    kept = []
+    for bucket in buckets:
+        kept.append(bucket)
+        if bucket["max_tokens"] is None or bucket["max_tokens"] >= tokens:
+            break
+    return [*kept[:-1], {**kept[-1], "max_tokens": None}]
 
 
 ROUTER_DECODE_TOKENS = 64

@@ -50,3 +50,21 @@ def test_scale_layout_on_the_gpu_equals_the_cpu():
     on_gpu = to_mn_major(scale.cuda())
     assert on_gpu.stride() == to_mn_major(scale).stride()
     assert torch.equal(on_gpu.cpu(), scale)
+
+
+@pytest.mark.parametrize("tokens", [64, 2048])
+def test_auto_layer_splits_its_gemms_by_token_count(load_layer, tokens):
+    """gemm_backend auto with the shipped H200 times: Triton GEMMs up to T=1024, DeepGEMM
+    above, on one set of weights; each side equals the torch backend."""
+    overrides = [*SCHEMES["fp8_block"], "experts.layout=contiguous"]
+    package = load_layer(V3, "experts.gemm_backend=auto", *overrides)
+    assert package.PLAN["above"]["up_to"] == 1024
+    assert package.PLAN["above"]["gemm_backend"] == "deep_gemm"
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=torch.Generator("cuda").manual_seed(7))
+    x = x.bfloat16()
+    out = package.MoELayer(device="cuda").random_(0)(x)
+    torch.cuda.empty_cache()
+    reference = load_layer(V3, "experts.gemm_backend=torch", *overrides)
+    expected = reference.MoELayer(device="cuda").random_(0)(x)
+    assert torch.isfinite(out).all()
+    assert norm_error(out, expected) <= BOUND["fp8_block"]
