@@ -131,3 +131,64 @@ def test_auto_without_times_runs_deep_gemm_alone(stand_in, load_layer, tmp_path,
     assert decision["choice"] == "deep_gemm"
     assert "no times per T" in decision["reason"]
     assert package.PLAN["above"] is None
+
+
+def test_mxfp4_experts_run_as_exact_e4m3_blocks(stand_in, load_layer):
+    """mxfp4 experts on deep_gemm (sm90): stored as e4m3 in 128 x 128 blocks, converted at load
+    without changing a value (the torch backend's mxfp4 weights, dequantized, equal them), then
+    the fp8_block GEMMs: the same layer as the torch backend within the fp8 bound of
+    tests/test_quantized.py (both quantize activations to e4m3, in 1 x 32 and 1 x 128 groups:
+    2 * 2**-3 against one another)."""
+    from moec.runtime import quant
+
+    mxfp4 = ["quant.scheme=mxfp4", "quant.checkpoint=quantized", "model.n_shared_experts=0"]
+    spec = SPEC.format(target=CUDA).replace('name = "dg"', 'name = "dg_mxfp4"')
+    package = load_layer(spec, "experts.gemm_backend=deep_gemm", *mxfp4)
+    reference = load_layer(SPEC.format(target=CPU), "experts.gemm_backend=torch", *mxfp4)
+    decisions = {d["what"]: d["choice"] for d in package.PLAN["decisions"]}
+    assert decisions["mxfp4 weights"] == "e4m3 in 128 x 128 blocks, converted at load"
+    layer = package.MoELayer(device="cpu").random_(0)
+    expected_layer = reference.MoELayer().random_(0)
+    assert layer.w13.dtype == torch.float8_e4m3fn and layer.w13_scale.shape == (4, 4, 2)
+    for name in ("w13", "w2"):
+        ours, theirs = getattr(layer, name), getattr(expected_layer, name)
+        ours_scale, theirs_scale = (
+            getattr(layer, f"{name}_scale"),
+            getattr(expected_layer, f"{name}_scale"),
+        )
+        for e in range(4):
+            converted = quant.dequantize_blocks(ours[e], ours_scale[e], 128, 128)
+            fp4 = quant.unpack_e2m1(theirs[e]) * theirs_scale[e].repeat_interleave(32, 1)
+            assert torch.equal(converted, fp4)
+    x = torch.randn(12, 256, generator=torch.Generator().manual_seed(3)).bfloat16()
+    stand_in.CALLS.clear()
+    out = layer(x).double()
+    expected = expected_layer(x).double()
+    assert (
+        stand_in.CALLS == ["m_grouped_fp8_gemm_nt_masked"] * 2
+        or stand_in.CALLS == ["m_grouped_fp8_gemm_nt_contiguous"] * 2
+    )
+    assert ((out - expected).norm() / expected.norm()).item() <= 2 * 2**-3
+
+
+def test_mxfp4_checkpoint_outside_e4m3_is_refused(stand_in, load_layer):
+    """A block whose group scales span more than 2**14 cannot be exact in e4m3: load_weights
+    refuses it, naming the tensor."""
+    from moec.runtime import quant
+
+    mxfp4 = ["quant.scheme=mxfp4", "quant.checkpoint=quantized", "model.n_shared_experts=0"]
+    spec = SPEC.format(target=CUDA).replace('name = "dg"', 'name = "dg_mxfp4"')
+    package = load_layer(spec, "experts.gemm_backend=deep_gemm", *mxfp4)
+    state = {}
+    gen = torch.Generator().manual_seed(1)
+    for e in range(4):
+        for proj, shape in (("gate", (256, 256)), ("up", (256, 256)), ("down", (256, 256))):
+            packed, scale = quant.quantize_e2m1(torch.randn(*shape, generator=gen))
+            if (e, proj) == (2, "up"):
+                scale[0, 1] = scale[0, 0] * 2**-20  # one tiny group beside a large one
+            state[f"experts.{e}.{proj}_proj.weight"] = packed
+            state[f"experts.{e}.{proj}_proj.weight_scale_inv"] = scale
+    state["gate.weight"] = torch.randn(4, 256, generator=gen)
+    state["gate.e_score_correction_bias"] = torch.zeros(4)
+    with pytest.raises(Exception, match=r"experts\.2\.up_proj\.weight: mxfp4 to e4m3"):
+        package.MoELayer(device="cpu").load_weights(state)

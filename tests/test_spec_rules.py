@@ -201,9 +201,19 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         },
         "activation.kind",
     ),
+    (  # mxfp4 runs on deep_gemm only on sm90 (converted to fp8 blocks)
+        "deep_gemm_target",
+        {
+            **CUDA,
+            "target.arch": "sm100",
+            "experts.gemm_backend": "deep_gemm",
+            "quant.scheme": "mxfp4",
+        },
+        "quant.scheme",
+    ),
     (
         "deep_gemm_target",
-        {**CUDA, "experts.gemm_backend": "deep_gemm", "quant.scheme": "mxfp4"},
+        {**CUDA, "experts.gemm_backend": "deep_gemm", "quant.scheme": "fp8_per_tensor"},
         "quant.scheme",
     ),
     (

@@ -279,10 +279,11 @@ def _layer_fields(plan: Plan, calls: list[str]) -> dict[str, Any]:
 
 def _weight_format(fmt, dtype: str) -> str:
     block = tuple(fmt.weight_block) if fmt.weight_block else None
+    source = f", source={literal(fmt.source)}" if fmt.source else ""
     return (
         f"WeightFormat(scheme={literal(fmt.scheme)}, block={literal(block)}, "
         f"pow2={literal(fmt.pow2_scales)}, checkpoint_quantized={literal(fmt.checkpoint_quantized)}, "
-        f"static={literal(fmt.static)}, dtype=torch.{dtype})"
+        f"static={literal(fmt.static)}, dtype=torch.{dtype}{source})"
     )
 
 

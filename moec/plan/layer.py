@@ -29,6 +29,9 @@ class QuantFormat:
     checkpoint_quantized: bool = False
     """The checkpoint holds this format's values and `weight_scale_inv` (else it is quantized on
     load from float weights)."""
+    source: str | None = None
+    """"mxfp4": mxfp4 weights (the checkpoint's, or floats quantized to mxfp4) stored in this
+    fp8_block format, converted exactly at load."""
 
     @property
     def quantized(self) -> bool:
@@ -59,8 +62,16 @@ class QuantFormat:
     def label(self) -> str:
         if not self.quantized:
             return "bf16"
-        return f"{self.scheme} (weights {self.weight_scale_granularity()}, activations " + (
+        source = f", from {self.source} at load" if self.source else ""
+        return f"{self.scheme} (weights {self.weight_scale_granularity()}{source}, activations " + (
             f"1x{self.group})" if self.group else "per-tensor)"
+        )
+
+    def as_e4m3_blocks(self) -> QuantFormat:
+        """This mxfp4 format stored as fp8_block (128 x 128 weight blocks, 1 x 128 fp32
+        activation scales), its values unchanged (runtime quant.e2m1_to_e4m3_blocks)."""
+        return QuantFormat(
+            "fp8_block", (128, 128), 128, False, False, self.checkpoint_quantized, "mxfp4"
         )
 
 

@@ -70,6 +70,25 @@ def resolve_backends(
     plan.backends = Backends(gemm, layout, dispatch, split)
     if _fuse_shared(spec, gemm, plan.decide):
         plan.layer = replace(plan.layer, fused_shared=True)
+    if gemm == "deep_gemm" and plan.layer.routed.scheme == "mxfp4":
+        _mxfp4_as_e4m3(plan)
+
+
+def _mxfp4_as_e4m3(plan: Plan) -> None:
+    """DeepGEMM on sm90 has no fp4 GEMM: its mxfp4 experts are stored as fp8 blocks."""
+    layer = plan.layer
+    shared = layer.shared
+    if layer.fused_shared and shared.scheme == "mxfp4":  # stored in the same tensors
+        shared = shared.as_e4m3_blocks()
+    plan.layer = replace(layer, routed=layer.routed.as_e4m3_blocks(), shared=shared)
+    plan.decide(
+        "mxfp4 weights",
+        "e4m3 in 128 x 128 blocks, converted at load",
+        "DeepGEMM's sm90 kernels take fp8 weights: each block's scale is its largest 1 x 32 "
+        "scale / 2**6, and every e2m1 value times its group's power of two is an e4m3 value, "
+        "exactly (a group more than 2**14 below its block's largest is refused at load); the "
+        "weights take 8 bits instead of 4.25, and activations 1 x 128 fp32 scales",
+    )
 
 
 def _fuse_shared(spec: Spec, gemm: str, decide) -> bool:
@@ -199,7 +218,9 @@ def _why_not_triton(spec: Spec, env: Environment, layer: Layer) -> str:
 
 
 DEEP_GEMM_DRIVEN = {("fp8_block", "sm90"), ("bf16", "sm90"), ("bf16", "sm100")}
-"""(scheme, arch) pairs whose DeepGEMM GEMMs moec renders (codegen/renderers/deep_gemm.py)."""
+"""(scheme, arch) pairs whose DeepGEMM GEMMs moec renders (codegen/renderers/deep_gemm.py) and
+auto may choose; mxfp4 on sm90 runs there only when the spec names deep_gemm (as fp8 blocks,
+twice the weight bytes of Triton's fp4 GEMMs)."""
 
 
 def _deep_gemm_fits(spec: Spec) -> bool:

@@ -93,6 +93,39 @@ def quantize_e2m1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.contiguous(), scale
 
 
+def e2m1_to_e4m3_blocks(
+    packed: torch.Tensor, scale: torch.Tensor, block: int = 128
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """mxfp4 [N, K/2] packed e2m1 with [N, K/32] power-of-two scales -> the same values as e4m3
+    [N, K] with fp32 power-of-two scales [N/block, K/block] (DeepGEMM's fp8 weights on sm90).
+
+    Each block's scale is its largest group scale / 2**6: a group's values become e2m1 x 2**d
+    with d <= 6 (at most 6 * 64 = 384 <= 448), exact in e4m3 while d >= -8 (e2m1's one mantissa
+    bit stays on the e4m3 grid, subnormals included). ValueError when a block holds a nonzero
+    group more than 2**14 below its largest one (not exact); N and K multiples of `block`.
+    """
+    values = unpack_e2m1(packed)  # [N, K]
+    n, k = values.shape
+    group = k // scale.shape[1]
+    if n % block or k % block or block % group:
+        raise ValueError(f"[{n}, {k}] in 1 x {group} groups is not in {block} x {block} blocks")
+    groups = scale.float().view(n // block, block, k // block, block // group)
+    block_scale = groups.amax(dim=(1, 3)) / 2**6  # [N/block, K/block], powers of two
+    offset = scale.float() / block_scale.repeat_interleave(block, 0).repeat_interleave(
+        block // group, 1
+    )
+    exact = values * offset.repeat_interleave(group, 1)  # fp32: a power-of-two product
+    q = exact.to(torch.float8_e4m3fn)
+    inexact = q.float() != exact
+    if inexact.any():
+        blocks = inexact.view(n // block, block, k // block, block).any(dim=(1, 3))
+        raise ValueError(
+            f"{int(blocks.sum())} of {blocks.numel()} {block} x {block} blocks hold a group "
+            "scale more than 2**14 below the block's largest: not exact in e4m3"
+        )
+    return q, block_scale
+
+
 def split_bf16x3(w: torch.Tensor) -> torch.Tensor:
     """fp32 [..] -> bf16 [3, ..] whose sum in fp32 is w to within one fp32 rounding: bf16(w),
     then bf16 of what is left, twice (8 significant bits each)."""

@@ -32,6 +32,9 @@ class WeightFormat:
     """Static activation scales: the checkpoint holds each projection's `input_scale`."""
     dtype: torch.dtype
     """The model dtype (bf16 weights are stored in it)."""
+    source: str | None = None
+    """"mxfp4": the weights are mxfp4 (checkpoint, or quantized from floats) stored as this
+    fp8_block format, converted exactly at load (quant.e2m1_to_e4m3_blocks)."""
 
     @property
     def pack(self) -> int:
@@ -40,6 +43,8 @@ class WeightFormat:
 
     def from_float(self, w: torch.Tensor) -> Pair:
         """Quantize a float weight [N, K] into this format."""
+        if self.source == "mxfp4":  # the mxfp4 values, exactly, as e4m3 blocks
+            return quant.e2m1_to_e4m3_blocks(*quant.quantize_e2m1(w), self.block[0])
         if self.scheme == "bf16":
             return w.to(self.dtype), None
         if self.scheme == "fp8_per_tensor":
@@ -53,6 +58,8 @@ class WeightFormat:
     ) -> Pair | None:
         """Check a checkpoint weight of logical shape [N, K] and its scale; convert them.
         Problems are appended to `problems` (None is returned then)."""
+        if self.source == "mxfp4":
+            return self._from_mxfp4(value, scale, shape, name, problems)
         if value is None:
             problems.append(f"{name}.weight: missing")
             return None
@@ -84,6 +91,19 @@ class WeightFormat:
                 # A float weight where fp8 is expected: quantize it, as a bf16 checkpoint is.
                 return self.from_float(value.float())
         return self._checkpoint_scale(value, scale, shape, name, problems)
+
+    def _from_mxfp4(self, value, scale, shape, name, problems) -> Pair | None:
+        """An mxfp4 checkpoint pair (or a float weight, quantized to mxfp4 first), checked as
+        mxfp4 weights are, stored as e4m3 blocks."""
+        mxfp4 = WeightFormat("mxfp4", (1, 32), True, self.checkpoint_quantized, False, self.dtype)
+        pair = mxfp4.from_checkpoint(value, scale, shape, name, problems)
+        if pair is None:
+            return None
+        try:
+            return quant.e2m1_to_e4m3_blocks(pair[0], pair[1], self.block[0])
+        except ValueError as error:
+            problems.append(f"{name}.weight: mxfp4 to e4m3: {error}")
+            return None
 
     def _checkpoint_scale(self, value, scale, shape, name, problems) -> Pair | None:
         if self.block is None:

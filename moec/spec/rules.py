@@ -408,12 +408,20 @@ def _deep_gemm(spec: Spec) -> Iterator[Problem]:
             "silu, silu_clamped or oai_swiglu, or gemm_backend triton",
             value=spec.activation.kind,
         )
-    if spec.quant.scheme not in ("bf16", "fp8_block", "mxfp8"):
+    if spec.quant.scheme not in ("bf16", "fp8_block", "mxfp8", "mxfp4"):
         yield problem(
             "quant.scheme",
             "deep_gemm grouped GEMMs take bf16 or block-scaled fp8 weights",
-            '"bf16", "fp8_block" or "mxfp8" (sm100), or gemm_backend "triton"',
+            '"bf16", "fp8_block", "mxfp8" (sm100) or "mxfp4" (sm90, as fp8), or gemm_backend '
+            '"triton"',
             value=spec.quant.scheme,
+        )
+    if spec.quant.scheme == "mxfp4" and arch_number(spec) != 90:
+        yield problem(
+            "quant.scheme",
+            "moec runs mxfp4 experts on deep_gemm only on sm90, converted to fp8 blocks at load",
+            'target.arch = "sm90", or gemm_backend "triton"',
+            value="mxfp4",
         )
     if spec.quant.scheme == "mxfp8" and arch_number(spec) < 100:
         yield problem(
