@@ -229,6 +229,35 @@ def test_a_broken_user_table_is_a_clear_error(tuning_dir, capsys, content, says)
     assert says in err and "moec tune" in err and "Traceback" not in err
 
 
+BACKENDS_KEY = f"backends/{V3_KEY}"
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ([1, 2], 'has no "source" and "ms" by backend'),
+        ({"source": "s", "ms": {}}, 'has no "source" and "ms" by backend'),
+        ({"source": "s", "ms": {"triton": [1.0]}}, "times of triton under"),
+        ({"source": "s", "ms": {"triton": {"one": 1.0}}}, "that are not numbers"),
+        ({"source": "s", "ms": {"triton": {"1": "fast"}}}, "that are not numbers"),
+        ({"source": "s", "ms": {"triton": {"1": -2.0}}}, "that are not positive"),
+        ({"source": "s", "ms": {"triton": {"0": 1.0}}}, "that are not positive"),
+        ({"source": "s", "ms": {"triton": {"1": float("nan")}}}, "that are not positive"),
+    ],
+)
+def test_broken_backend_times_are_a_clear_error(tuning_dir, capsys, monkeypatch, entry, says):
+    """gemm_backend auto reads the layer's times per backend only where deep_gemm could run
+    it; a broken entry is the table's problem, reported as such."""
+    (tuning_dir / "nvidia-h200.json").write_text(json.dumps({BACKENDS_KEY: entry}))
+    full = Environment(frozenset({"triton", "deep_gemm"}))
+    monkeypatch.setattr(Environment, "detect", classmethod(lambda cls: full))
+    assert main(["build", str(EXAMPLES / "deepseek-v3-fp8.toml"), "-o", str(tuning_dir)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "target.gpu" in err and "Traceback" not in err
+    # without deep_gemm the times are never read
+    assert plan_of("deepseek-v3-fp8.toml").backends.gemm == "triton"
+
+
 @pytest.mark.parametrize("tokens", [1, 5, 70])
 def test_router_slices_are_what_the_kernel_makes(load_layer, tokens):
     """The plan's S (router slices, sized in the cost model) equals the kernel's partial count."""

@@ -14,6 +14,7 @@ the first that holds the layer's key is used, else the tile pass takes its defau
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -138,8 +139,15 @@ def _checked_times(entry: Any, gpu: str, where: str, key: str) -> BackendTimes:
             raise _table_error(
                 where, f"has times of {backend} under {key} that are not numbers"
             ) from None
-        if not times[backend] or min(times[backend]) < 1 or min(times[backend].values()) <= 0:
-            raise _table_error(where, f"has no positive times of {backend} under {key}")
+        values = times[backend].values()
+        if (
+            not times[backend]
+            or min(times[backend]) < 1
+            or not all(0 < v < math.inf for v in values)
+        ):
+            raise _table_error(
+                where, f"has token counts or times of {backend} under {key} that are not positive"
+            )
     return BackendTimes(gpu, where, source, times)
 
 
