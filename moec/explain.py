@@ -214,6 +214,34 @@ def _edges(data: dict[str, Any]):
             yield item["from"], stage["name"], f"{item['tensor']}: {item['type']['label']}"
 
 
+def _above_graph(data: dict[str, Any]):
+    """With a GEMM split: (node, stage) of each stage the plan above it runs differently, and
+    the edges into and out of them ((source, target, label), sources and targets by node)."""
+    above = data["above"]
+    if not above:
+        return [], []
+    suffix = f" (T > {above['up_to']})"
+    differ = {s["name"] for s in above["stages"]}
+
+    def node(name: str) -> str:
+        return name + suffix if name in differ else name
+
+    nodes = [(node(s["name"]), s) for s in above["stages"]]
+    edges = [
+        (node(item["from"]), node(stage["name"]), f"{item['tensor']}: {item['type']['label']}")
+        for stage in above["stages"]
+        for item in stage["inputs"]
+    ]
+    edges += [  # the stages both plans share read from the ones above where those differ
+        (node(item["from"]), stage["name"], f"{item['tensor']}: {item['type']['label']}")
+        for stage in data["stages"]
+        if stage["name"] not in differ
+        for item in stage["inputs"]
+        if item["from"] in differ
+    ]
+    return nodes, edges
+
+
 def _dot(data: dict[str, Any], title: tuple[str, ...] = (), shares: dict | None = None) -> str:
     """DOT text of the stage graph; with a title and each stage's share of the stage floors
     (the picture formats), those too."""
@@ -233,6 +261,20 @@ def _dot(data: dict[str, Any], title: tuple[str, ...] = (), shares: dict | None 
         lines.append(f"  {json.dumps(stage['name'])} [label={json.dumps(label)}];")
     for source, target, label in _edges(data):
         lines.append(f"  {json.dumps(source)} -> {json.dumps(target)} [label={json.dumps(label)}];")
+    nodes, edges = _above_graph(data)
+    if nodes:
+        above = data["above"]
+        heading = f"T > {above['up_to']}: {above['gemm_backend']} GEMMs"
+        lines += ["  subgraph cluster_above {", f"    label={json.dumps(heading)}; style=dashed;"]
+        for name, stage in nodes:
+            label = f"{stage['name']}\n{stage['kind']} / {stage['backend']}"
+            lines.append(f"    {json.dumps(name)} [label={json.dumps(label)}];")
+        lines.append("  }")
+        for source, target, label in edges:
+            lines.append(
+                f"  {json.dumps(source)} -> {json.dumps(target)} "
+                f"[label={json.dumps(label)}, style=dashed];"
+            )
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -246,6 +288,22 @@ def _mermaid(data: dict[str, Any]) -> str:
     for source, target, label in _edges(data):
         safe = label.replace('"', "'").replace("|", "/")
         lines.append(f'  {source} -->|"{safe}"| {target}')
+    nodes, edges = _above_graph(data)
+    if nodes:  # mermaid ids: the stage name and "_above"
+        above = data["above"]
+
+        def ident(node: str) -> str:
+            return node.split(" ", 1)[0] + ("_above" if " " in node else "")
+
+        lines.append(f'  subgraph above["T > {above["up_to"]}: {above["gemm_backend"]} GEMMs"]')
+        for name, stage in nodes:
+            lines.append(
+                f'    {ident(name)}["{stage["name"]}<br/>{stage["kind"]} / {stage["backend"]}"]'
+            )
+        lines.append("  end")
+        for source, target, label in edges:
+            safe = label.replace('"', "'").replace("|", "/")
+            lines.append(f'  {ident(source)} -.->|"{safe}"| {ident(target)}')
     return "\n".join(lines) + "\n"
 
 

@@ -570,3 +570,30 @@ def test_explain_shows_both_sides_of_a_gemm_split(capsys, monkeypatch):
     assert "stages above T = 1024 (deep_gemm GEMMs), where they differ" in text
     assert "decisions above T = 1024, where they differ" in text
     assert "gemm_gate_up [gemm, deep_gemm]" in text and "gemm_gate_up [gemm, triton]" in text
+
+
+def test_dot_and_mermaid_draw_both_sides_of_a_gemm_split(capsys, monkeypatch):
+    """The stages that differ above the split are a dashed cluster of their own nodes, fed by
+    the shared stages and feeding the shared combine."""
+    monkeypatch.setattr(Environment, "detect", classmethod(lambda cls: FULL))
+    code, text, _ = run(capsys, "explain", V3_FP8, "--format", "dot")
+    assert code == 0
+    assert "subgraph cluster_above {" in text and 'label="T > 1024: deep_gemm GEMMs"' in text
+    assert '"gemm_gate_up (T > 1024)" [label="gemm_gate_up\\ngemm / deep_gemm"];' in text
+    assert '"select" -> "dispatch (T > 1024)"' in text
+    assert '"gemm_down (T > 1024)" -> "combine"' in text
+    assert '"gemm_down" -> "combine"' in text  # the side up to the split, as before
+    if shutil.which("dot"):
+        done = subprocess.run(["dot", "-Tsvg"], input=text, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    code, text, _ = run(capsys, "explain", V3_FP8, "--format", "mermaid")
+    assert code == 0
+    lines = text.splitlines()
+    assert '  subgraph above["T > 1024: deep_gemm GEMMs"]' in lines
+    assert '    gemm_down_above["gemm_down<br/>gemm / deep_gemm"]' in lines
+    defined = {m.group(1) for line in lines if (m := re.match(rf"^ *({MERMAID_ID})\[", line))}
+    arrows = [re.match(rf"^  ({MERMAID_ID}) -\.?->?\|", line) for line in lines]
+    assert all(a.group(1) in defined for a in arrows if a)
+    assert any(
+        line.startswith("  gemm_down_above -.->") and line.endswith(" combine") for line in lines
+    )
