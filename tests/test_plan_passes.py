@@ -762,3 +762,19 @@ def test_decisions_of_examples(example):
     # resolve's decisions come first, the graph-safety verdict last
     assert whats[:3] == ["gemm_backend", "layout", "dispatch"]
     assert whats[-1] == "CUDA graph"
+
+
+@pytest.mark.parametrize(
+    ("name", "layout", "call"),
+    [
+        ("deepseek-v3-fp8.toml", "contiguous", "m_grouped_fp8_gemm_nt_contiguous"),
+        ("deepseek-v3-fp8.toml", "masked", "m_grouped_fp8_gemm_nt_masked"),
+        ("deepseek-v3-bf16.toml", "masked", "m_grouped_bf16_gemm_nt_masked"),
+    ],
+)
+def test_the_plan_records_deep_gemms_functions_and_version(name, layout, call):
+    plan = plan_of(name, 'experts.gemm_backend="deep_gemm"', f"experts.layout={layout}", env=FULL)
+    decision = plan.decision("deep_gemm calls")
+    assert decision.choice == call
+    assert "DeepGEMM 2.6.1" in decision.reason and "installed here: " in decision.reason
+    assert plan_of(name, env=PLAIN).decision("deep_gemm calls") is None

@@ -1,4 +1,5 @@
-"""What each GEMM backend reads: the scale layouts it accepts on its activation input.
+"""What each GEMM backend reads: the scale layouts it accepts on its activation input; and
+which of DeepGEMM's functions, of which version, moec's deep_gemm GEMMs call.
 
 The convert pass compares these with what producers write and inserts converters; nothing
 here converts anything.
@@ -28,3 +29,13 @@ def accepted_scale(backend: str, arch: str | None, produced: ScaleType | None) -
             produced, dtype=DType.ue8m0x4, major="MN", tma_aligned=True, power_of_two=True
         )
     return replace(produced, major="MN", tma_aligned=True)
+
+
+DEEP_GEMM_API = "2.6.1"
+"""The DeepGEMM release whose signatures and alignment (M rows per expert padded to 128 on sm90,
+`get_mk_alignment_for_contiguous_layout()`) moec/runtime/deep_gemm_grouped.py follows."""
+
+
+def deep_gemm_function(quantized: bool, layout: str) -> str:
+    """The DeepGEMM function a deep_gemm GEMM stage calls (deep_gemm_grouped.<kind>_<layout>)."""
+    return f"m_grouped_{'fp8' if quantized else 'bf16'}_gemm_nt_{layout}"

@@ -4,6 +4,7 @@ whether the whole layer can be captured in a CUDA graph."""
 from __future__ import annotations
 
 from moec.errors import MoecError, Problem, problem
+from moec.plan.backends import DEEP_GEMM_API, deep_gemm_function
 from moec.plan.graph import Plan
 from moec.plan.resolve import Environment
 from moec.spec.models import Spec
@@ -61,6 +62,20 @@ def record_requirements(plan: Plan, env: Environment) -> None:
             needed.update(renderer(stage.kind, stage.backend).requires)
     plan.requires = tuple(sorted(needed))
     plan.missing = tuple(m for m in plan.requires if not env.has(m))
+    calls = sorted(
+        {
+            deep_gemm_function(s.format.quantized, s.layout)
+            for s in plan.order()
+            if s.kind == "gemm" and s.backend == "deep_gemm"
+        }
+    )
+    if calls:
+        plan.decide(
+            "deep_gemm calls",
+            ", ".join(calls),
+            f"moec's calls follow DeepGEMM {DEEP_GEMM_API} (signatures, and M rows padded to "
+            f"128 per expert on sm90); installed here: {env.version('deep_gemm')}",
+        )
 
 
 def decide_graph_safety(plan: Plan) -> None:

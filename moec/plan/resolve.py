@@ -7,6 +7,7 @@ dispatch backend from the dispatch kind.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from dataclasses import dataclass, replace
 
@@ -44,6 +45,15 @@ class Environment:
 
     def has(self, module: str) -> bool:
         return module in self.importable
+
+    def version(self, module: str) -> str:
+        """The installed distribution's version, as the plan shows it (not imported)."""
+        if not self.has(module):
+            return "not installed"
+        try:
+            return importlib.metadata.version(module)
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            return "installed, version unknown"
 
 
 DISPATCH_BACKEND = {
