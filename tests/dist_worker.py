@@ -56,3 +56,25 @@ def edit_bias(layer, bias: dict[int, float]) -> None:
     """Steer the router: set e_score_correction_bias of some experts (noaux_tc routers)."""
     for expert, value in bias.items():
         layer.gate_bias.data[expert] = value
+
+
+def run_loaded(rank: int, world: int, init_file: str, folder: str, name: str, checkpoint, x_all):
+    """Load this rank's weights from a sharded checkpoint folder, noting the shards it opens;
+    run the layer on all tokens; save (output, opened shard names)."""
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+    )
+    try:
+        package = import_package(folder, f"{name}_loaded")
+        reader = package.checkpoint._read_safetensors
+        opened = []
+
+        def noting(path, *args, **kwargs):
+            opened.append(Path(path).name)
+            yield from reader(path, *args, **kwargs)
+
+        package.checkpoint._read_safetensors = noting
+        layer = package.MoELayer(group=torch.distributed.group.WORLD).load_weights(checkpoint)
+        torch.save((layer(x_all), sorted(opened)), f"{checkpoint}/out.{rank}")
+    finally:
+        torch.distributed.destroy_process_group()

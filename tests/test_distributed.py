@@ -122,3 +122,58 @@ def test_four_ranks(load_layer, tmp_path, overrides):
     (outputs,) = _run(load_layer, tmp_path, 4, [([*_ep(4), *overrides], False, {})], x, split)
     expected = _one_rank(load_layer, x, overrides)
     assert _error(torch.cat(outputs), expected) <= 1e-5
+
+
+def _sharded_checkpoint(folder: Path) -> None:
+    """The layer of SPEC as an HF checkpoint in three shards (router and shared expert; experts
+    0-3; experts 4-7) with model.safetensors.index.json."""
+    import json
+
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(21)
+
+    def weight(*shape):
+        return torch.randn(*shape, generator=gen) * 0.05
+
+    shards = {
+        "common.safetensors": {},
+        "experts-0-3.safetensors": {},
+        "experts-4-7.safetensors": {},
+    }
+    common = shards["common.safetensors"]
+    common["gate.weight"] = weight(8, HIDDEN)
+    common["gate.e_score_correction_bias"] = weight(8)
+    for proj, shape in (("gate", (256, HIDDEN)), ("up", (256, HIDDEN)), ("down", (HIDDEN, 256))):
+        common[f"shared_experts.{proj}_proj.weight"] = weight(*shape)
+        for e in range(8):
+            shard = shards["experts-0-3.safetensors" if e < 4 else "experts-4-7.safetensors"]
+            shard[f"experts.{e}.{proj}_proj.weight"] = weight(*shape)
+    weight_map = {}
+    for name, tensors in shards.items():
+        save_file(tensors, str(folder / name))
+        weight_map.update(dict.fromkeys(tensors, name))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+def test_expert_parallel_ranks_read_only_their_experts(load_layer, tmp_path):
+    """load_weights on EP=2: each rank opens the shards of the router, the shared expert and its
+    own experts, never the other rank's; together they are the one-rank layer of the same
+    checkpoint."""
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    _sharded_checkpoint(checkpoint)
+    x = torch.randn(10, HIDDEN, generator=torch.Generator().manual_seed(22))
+    package = load_layer(SPEC, *_ep(2))
+    mp.start_processes(
+        dist_worker.run_loaded,
+        args=(2, str(tmp_path / "init"), str(Path(package.__file__).parent), package.__name__,
+              str(checkpoint), x),
+        nprocs=2,
+        start_method="spawn",
+    )  # fmt: skip
+    (out0, opened0), (out1, opened1) = (torch.load(f"{checkpoint}/out.{r}") for r in (0, 1))
+    assert opened0 == ["common.safetensors", "experts-0-3.safetensors"]
+    assert opened1 == ["common.safetensors", "experts-4-7.safetensors"]
+    expected = load_layer(SPEC).MoELayer().load_weights(str(checkpoint))(x)
+    assert _error(out0, expected) <= 1e-5 and _error(out1, expected) <= 1e-5

@@ -14,9 +14,10 @@
     message says how to convert it to safetensors.
 
 Only names that start with `prefix` are read, and they are yielded without it. `expected`
-(names after the prefix) limits the read to those names: a collection of names, or a mapping of
-names to the dtype kind each must have (FLOATING, WIDE_FLOAT or STORED); without it, every
-tensor under the prefix is read, of kind STORED.
+(names after the prefix) limits the read to those names: a collection of names, a mapping of
+names to the dtype kind each must have (FLOATING, WIDE_FLOAT or STORED), or a predicate on a
+name (e.g. an expert-parallel rank skipping the other ranks' experts, whose shards it then never
+opens); without it, or with a predicate, every tensor read is of kind STORED.
 
 Every problem is collected (a missing path, a missing, truncated or garbage safetensors file,
 an index.json that is not JSON, lacks `weight_map` or names a missing shard, a source that is
@@ -106,7 +107,8 @@ class _Wanted:
 
     def __init__(self, prefix: str, expected) -> None:
         self.prefix = prefix
-        self.names = None if expected is None else set(expected)
+        self.accepts = expected if callable(expected) else None
+        self.names = None if expected is None or callable(expected) else set(expected)
         self.kinds = dict(expected) if isinstance(expected, Mapping) else {}
         self.seen = 0
         self.layer_like = 0
@@ -114,7 +116,10 @@ class _Wanted:
     def wants(self, full_name: str) -> bool:
         if not full_name.startswith(self.prefix):
             return False
-        return self.names is None or full_name[len(self.prefix) :] in self.names
+        name = full_name[len(self.prefix) :]
+        if self.accepts is not None:
+            return bool(self.accepts(name))
+        return self.names is None or name in self.names
 
     def __call__(self, full_name: str) -> bool:
         """Whether to read `full_name` (counted when so)."""

@@ -61,7 +61,8 @@ def load(layer, source, prefix: str, spec: LayerWeights) -> None:
     """Read the checkpoint, check every tensor, convert to this layer's formats, copy in.
     Raises WeightError listing every problem."""
     first = _first_expert(layer, spec)
-    found, problems = _collect(read_tensors(source, prefix), prefix, first, spec)
+    wanted = _this_rank(first, spec) if spec.ep > 1 else None
+    found, problems = _collect(read_tensors(source, prefix, wanted), prefix, first, spec)
     values: dict[str, torch.Tensor] = {}
     values["gate_weight"] = _take(
         found, "gate", (spec.routed_experts, spec.hidden), prefix + "gate.weight", problems
@@ -132,6 +133,20 @@ def randomize(layer, seed: int, spec: LayerWeights) -> None:
 def _first_expert(layer, spec: LayerWeights) -> int:
     """Global id of this rank's first routed expert."""
     return layer.rank * spec.local_experts if spec.ep > 1 else 0
+
+
+def _this_rank(first: int, spec: LayerWeights):
+    """Which checkpoint names an expert-parallel rank reads: all but the other ranks' routed
+    experts (ids out of range are read, to be reported)."""
+
+    def wanted(name: str) -> bool:
+        match = _EXPERT.fullmatch(name)
+        if match is None:
+            return True
+        expert = int(match.group(1))
+        return expert >= spec.routed_experts or first <= expert < first + spec.local_experts
+
+    return wanted
 
 
 def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
