@@ -191,3 +191,15 @@ def test_a_raised_error_is_told_by_its_last_line():
     )
     assert self_check.last_line(error) == "NameError('PARTS')"
     assert self_check.last_line(RuntimeError("x" * 300)) == "x" * 200
+
+
+def test_header_names_both_backends_of_a_split():
+    plan = {
+        "choices": {"dims": {"routed": {"scheme": "fp8_block"}}, "gemm_backend": "triton"},
+        "above": {"up_to": 1024, "gemm_backend": "deep_gemm"},
+        "device": {"name": "H200", "measured": True},
+        "target": {"device": "cuda"},
+    }
+    args = type("Args", (), {"seed": 0, "device": "cpu"})()
+    line = self_check.header("v3", plan, args, "2**-5")[0]
+    assert "triton (up to T=1024) and deep_gemm backend" in line

@@ -89,6 +89,9 @@ def header(name: str, plan: dict, args, bound_text: str) -> list[str]:
     """What is checked, against what bound, and whose floor the times stand beside."""
     scheme = plan["choices"]["dims"]["routed"]["scheme"]
     backend = plan["choices"]["gemm_backend"]
+    above = plan.get("above")
+    if above:  # a GEMM split: both sides run when the check's token counts straddle it
+        backend = f"{backend} (up to T={above['up_to']}) and {above['gemm_backend']}"
     return [
         (
             f"{name} self-check: {backend} backend, random weights (seed {args.seed}), on "
