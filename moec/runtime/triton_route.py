@@ -62,6 +62,7 @@ def _select_topk_kernel(
     FUSED_SHARED: tl.constexpr,
     BLOCK_E: tl.constexpr,  # power of two >= E
     BLOCK_K: tl.constexpr,  # power of two >= TOP_K + FUSED_SHARED
+    PER_GROUP: tl.constexpr,  # E // N_GROUP where E == BLOCK_E (groups as rows), else 0
     SLICES_AT_ONCE: tl.constexpr,  # partial logits loaded per step
     PDL: tl.constexpr,
 ):
@@ -95,23 +96,37 @@ def _select_topk_kernel(
         choice = choice + tl.load(bias_ptr + e, mask=valid, other=0.0)
     choice = tl.where(valid, choice, float("-inf"))
     if METHOD != "greedy" and N_GROUP > 1:
-        per_group = E // N_GROUP
-        group = tl.where(valid, e // per_group, N_GROUP)
         g = tl.arange(0, N_GROUP)
-        group_scores = tl.zeros((N_GROUP,), dtype=tl.float32)
-        for index in tl.static_range(N_GROUP):
-            members = tl.where(group == index, choice, float("-inf"))
-            best = tl.max(members, axis=0)
+        if PER_GROUP:  # E == BLOCK_E: the groups as rows, every group's reductions at once
+            grouped = tl.reshape(choice, (N_GROUP, PER_GROUP))
+            group_scores = tl.max(grouped, axis=1)
             if METHOD == "noaux_tc":  # sum of the group's top-2 scores
-                first = tl.argmax(members, axis=0)
-                best = best + tl.max(tl.where(e == first, float("-inf"), members), axis=0)
-            group_scores = tl.where(g == index, best, group_scores)
+                first = tl.argmax(grouped, axis=1)
+                member = tl.arange(0, PER_GROUP)
+                rest = tl.where(member[None, :] == first[:, None], float("-inf"), grouped)
+                group_scores = group_scores + tl.max(rest, axis=1)
+        else:  # one group at a time
+            per_group = E // N_GROUP
+            group = tl.where(valid, e // per_group, N_GROUP)
+            group_scores = tl.zeros((N_GROUP,), dtype=tl.float32)
+            for index in tl.static_range(N_GROUP):
+                members = tl.where(group == index, choice, float("-inf"))
+                best = tl.max(members, axis=0)
+                if METHOD == "noaux_tc":  # sum of the group's top-2 scores
+                    first = tl.argmax(members, axis=0)
+                    best = best + tl.max(tl.where(e == first, float("-inf"), members), axis=0)
+                group_scores = tl.where(g == index, best, group_scores)
         kept = tl.zeros((N_GROUP,), dtype=tl.int1)
         for _ in tl.static_range(TOPK_GROUP):
             top = tl.argmax(tl.where(kept, float("-inf"), group_scores), axis=0)
             kept = kept | (g == top)
-        keep_expert = tl.sum(tl.where(kept[None, :] & (g[None, :] == group[:, None]), 1, 0), axis=1)
-        choice = tl.where(keep_expert > 0, choice, float("-inf"))
+        if PER_GROUP:
+            choice = tl.reshape(tl.where(kept[:, None], grouped, float("-inf")), (BLOCK_E,))
+        else:
+            keep_expert = tl.sum(
+                tl.where(kept[None, :] & (g[None, :] == group[:, None]), 1, 0), axis=1
+            )
+            choice = tl.where(keep_expert > 0, choice, float("-inf"))
     # the row of ids and weights is built in registers and stored once
     slot = tl.arange(0, BLOCK_K)
     top_ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
@@ -292,6 +307,7 @@ def select_topk(
         logits = logits.unsqueeze(0)
     _, tokens, experts = logits.shape
     width = top_k + fused_shared
+    block_e = triton.next_power_of_2(experts)
     ids = torch.empty((tokens, width), dtype=torch.int32, device=logits.device)
     weights = torch.empty((tokens, width), dtype=torch.float32, device=logits.device)
     if tokens:
@@ -319,8 +335,9 @@ def select_topk(
             NORMALIZE=norm_topk_prob,
             ROUTED_SCALING=routed_scaling_factor,
             FUSED_SHARED=fused_shared,
-            BLOCK_E=triton.next_power_of_2(experts),
+            BLOCK_E=block_e,
             BLOCK_K=triton.next_power_of_2(width),
+            PER_GROUP=experts // n_group if experts == block_e and n_group > 1 else 0,
             SLICES_AT_ONCE=SLICES_AT_ONCE,
             num_warps=num_warps,
             **launch_options(pdl),
