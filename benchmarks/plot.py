@@ -1,12 +1,13 @@
 """Time against T on log-log axes, each backend beside the floors, from bench_moe.py's JSON.
 
-One panel per run file: the Triton layer (eager, and replayed as a CUDA graph where it was
-captured), the torch backend, the design floor and the plan floor (benchmarks/RESULTS.md says
-what each floor counts). Needs matplotlib (`pip install -e ".[plot]"`); reading the runs
-does not.
+One panel per run file: the generated layer of the run's package (Triton, DeepGEMM or both,
+as the panel's title says; eager, and replayed as a CUDA graph where it was captured), the
+torch backend, the design floor and the plan floor (benchmarks/RESULTS.md says what each floor
+counts). Needs matplotlib (`pip install -e ".[plot]"`); reading the runs does not.
 
-    python benchmarks/plot.py benchmarks/runs/2026-11-30-run5-bench_fp8_block.json \\
-        benchmarks/runs/2026-11-30-run5-bench_fp8_block_fused.json -o benchmarks/figures/fp8_block.svg
+    python benchmarks/plot.py benchmarks/runs/2026-12-01-run12-bench_fp8_block.json \\
+        benchmarks/runs/2026-12-01-run12-bench_fp8_block_deep_gemm.json \\
+        benchmarks/runs/2026-12-01-run12-bench_fp8_block_auto.json -o benchmarks/figures/fp8_block.svg
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERIES = {
-    "triton_ms": "triton, eager",
-    "triton_graph_ms": "triton, CUDA graph",
+    "triton_ms": "moec layer, eager",
+    "triton_graph_ms": "moec layer, CUDA graph",
     "torch_ms": "torch backend",
     "design_floor_ms": "design floor",
     "plan_floor_ms": "plan floor",
