@@ -1,0 +1,144 @@
+"""The stage functions of one package: each stage of a plan rendered through its renderer, and
+the two plans of a GEMM split made one set of functions and one forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moec.codegen import registry
+from moec.codegen.render import render
+from moec.codegen.signature import signature
+from moec.plan.graph import Plan
+from moec.plan.stages import Stage
+
+
+@dataclass(frozen=True)
+class StageFunction:
+    """One rendered stage function."""
+
+    name: str
+    def_line: str
+    call_line: str
+    doc: str
+    body: str
+
+
+@dataclass
+class Rendered:
+    """The stage functions of a package and what stages.py needs around them."""
+
+    functions: list[StageFunction]
+    calls: list[str]
+    """The forward's lines between its checks and `return out`."""
+    pipeline: str
+    """The functions in the order the forward calls them (a docstring line per branch)."""
+    bindings: dict[str, str]
+    imports: set[str]
+    modules: set[str]
+
+
+def render_stages(jinja, plan: Plan, modules: set[str]) -> Rendered:
+    """Each stage of `plan` through its renderer."""
+    rendered = Rendered([], [], "", {}, set(), modules)
+    for stage in stages_of(plan):
+        found = registry.renderer(stage.kind, stage.backend)
+        code = found.fill(plan, stage)
+        sig = signature(plan, stage)
+        fields = {**code.fields, "returns": ", ".join(name for name, _ in sig.returns)}
+        body = render(jinja, found.template(stage), fields).rstrip("\n")
+        rendered.functions.append(
+            StageFunction(
+                stage.name, sig.def_line(stage.name), sig.call_line(stage.name), code.doc, body
+            )
+        )
+        rendered.calls.append(sig.call_line(stage.name))
+        _bind(rendered.bindings, code.bindings)
+        rendered.imports.update(code.imports)
+        rendered.modules.update(found.runtime(stage))
+        rendered.modules.update(sig.records)
+    rendered.pipeline = " -> ".join(f.name for f in rendered.functions)
+    return rendered
+
+
+def _bind(bindings: dict[str, str], new) -> None:
+    for name, expression in new:
+        if bindings.setdefault(name, expression) != expression:
+            raise ValueError(f"moec bug: two bindings of {name}: {expression}, {bindings[name]}")
+
+
+def with_split(plan: Plan, below: Rendered, above: Rendered) -> Rendered:
+    """One package of the two plans of a GEMM split: the functions the plans render alike once,
+    those they render differently under two names (the one above the split suffixed with its
+    backend); the forward runs the calls the two share, and branches on T where they differ."""
+    split = plan.backends.split
+    mine = {f.name: f for f in below.functions}
+    functions, calls = list(below.functions), []
+    cursor = 0  # where the next function of the plan above goes: after the last one placed
+    for function, call in zip(above.functions, above.calls, strict=True):
+        same = mine.get(function.name)
+        if same is not None and (same.def_line, same.doc, same.body) == (
+            function.def_line,
+            function.doc,
+            function.body,
+        ):
+            calls.append(call)
+            cursor = functions.index(same) + 1
+            continue
+        if same is not None:  # rendered differently: the one above is suffixed
+            name = function.name + f"_{split.above}"
+            function = StageFunction(
+                name,
+                _renamed(function.def_line, function.name, name),
+                _renamed(function.call_line, function.name, name),
+                function.doc,
+                function.body,
+            )
+            cursor = functions.index(same) + 1
+        functions.insert(cursor, function)  # a stage of its own (a converter) keeps its name
+        cursor += 1
+        calls.append(function.call_line)
+    first = 0
+    while first < min(len(below.calls), len(calls)) and below.calls[first] == calls[first]:
+        first += 1
+    last = 0
+    while last < min(len(below.calls), len(calls)) - first and (
+        below.calls[-1 - last] == calls[-1 - last]
+    ):
+        last += 1
+    end_below, end_above = len(below.calls) - last, len(calls) - last
+    lines = [
+        *below.calls[:first],
+        f"if x.shape[0] <= {split.up_to}:  # {plan.backends.gemm} GEMMs "
+        f"(measured faster up to {split.up_to} tokens)",
+        *(f"    {c}" for c in below.calls[first:end_below]),
+        f"else:  # {split.above} GEMMs",
+        *(f"    {c}" for c in calls[first:end_above]),
+        *below.calls[end_below:],
+    ]
+    bindings = dict(below.bindings)
+    _bind(bindings, above.bindings.items())
+    names = [call.split("stages.", 1)[1].split("(", 1)[0] for call in calls]
+    pipeline = (
+        f"{below.pipeline}  (T <= {split.up_to})\n    {' -> '.join(names)}  (T > {split.up_to})"
+    )
+    return Rendered(
+        functions,
+        lines,
+        pipeline,
+        bindings,
+        below.imports | above.imports,
+        below.modules | above.modules,
+    )
+
+
+def _renamed(line: str, old: str, new: str) -> str:
+    """A def or call line of stage function `old` naming it `new`."""
+    for before in ("def ", "stages."):
+        if f"{before}{old}(" in line:
+            return line.replace(f"{before}{old}(", f"{before}{new}(", 1)
+    raise ValueError(f"moec bug: {old!r} is not called in {line!r}")
+
+
+def stages_of(plan: Plan) -> list[Stage]:
+    return [s for s in plan.order() if s.kind not in ("input", "output")]
