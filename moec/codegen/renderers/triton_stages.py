@@ -97,8 +97,9 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
     }
     quantized = " and quantizes" if stage.quantize else ""
     return StageCode(
-        f"The {stage.layout} layout's indices (one Triton launch), then one Triton pass copies"
-        f"{quantized} each token row into it.",
+        f"The {stage.layout} layout's indices (one Triton launch up to 1024 assignments, three "
+        f"above), then one Triton pass reads{quantized} each token row once and writes it to "
+        "its experts' rows.",
         fields,
     )
 

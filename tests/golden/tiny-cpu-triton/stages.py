@@ -54,7 +54,7 @@ def select(
 def dispatch(
     x: torch.Tensor, topk_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, grouping.MaskedRouting]:
-    """The masked layout's indices (one Triton launch), then one Triton pass copies and quantizes each token row into it."""
+    """The masked layout's indices (one Triton launch up to 1024 assignments, three above), then one Triton pass reads and quantizes each token row once and writes it to its experts' rows."""
     routing = triton_route.route_masked(topk_ids, 9, pdl=tiles.PDL)
     a, a_scale = triton_permute.permute(
         x,
