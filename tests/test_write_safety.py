@@ -5,6 +5,7 @@ traceback, and no user file is lost or changed."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -256,10 +257,18 @@ def test_build_to_a_path_the_os_refuses(case, tmp_path, capsys):
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.skipif(ROOT_USER, reason="root writes anywhere")
-def test_build_into_a_folder_without_write_permission(tmp_path, capsys):
+def test_build_into_a_folder_without_write_permission(tmp_path, capsys, monkeypatch):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
+    if ROOT_USER:  # root writes anywhere: the refusal any other user gets, from os.mkdir
+        mkdir = os.mkdir
+
+        def refused(path, *args, **kwargs):
+            if Path(path).parent == locked:
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return mkdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "mkdir", refused)
     try:
         assert_refused(*cli(capsys, "build", TINY, "-o", locked), str(locked), "Permission denied")
     finally:
