@@ -89,13 +89,23 @@ def find_table(layer: Layer) -> TunedTable | str:
     key, gpu = table_key(layer), target_gpu(layer)
     if gpu is None:
         return f"target.gpu is unset and moec ships no table for {layer.arch} (key {key})"
+    found = _first_holding(gpu, key)
+    if isinstance(found, str):
+        return found
+    entries, where = found
+    buckets = _checked_buckets(entries[key], where, key)
+    return TunedTable(gpu, key, where, buckets, entries.get(f"elementwise/{key}"))
+
+
+def _first_holding(gpu: str, key: str) -> tuple[dict[str, Any], str] | str:
+    """The entries of the first table of `gpu` that holds `key`, and where that table is; or
+    where it looked."""
     looked = []
     for path, where in table_files(gpu):
         looked.append(where)
         entries = read_table(path, where) if path.exists() else {}
         if key in entries:
-            buckets = _checked_buckets(entries[key], where, key)
-            return TunedTable(gpu, key, where, buckets, entries.get(f"elementwise/{key}"))
+            return entries, where
     return f"no table of {gpu} has {key} (looked in {', '.join(looked)})"
 
 
@@ -116,13 +126,11 @@ def find_backend_times(layer: Layer) -> BackendTimes | str:
     key, gpu = f"backends/{table_key(layer)}", target_gpu(layer)
     if gpu is None:
         return f"target.gpu is unset and moec ships no table for {layer.arch}"
-    looked = []
-    for path, where in table_files(gpu):
-        looked.append(where)
-        entries = read_table(path, where) if path.exists() else {}
-        if key in entries:
-            return _checked_times(entries[key], gpu, where, key)
-    return f"no table of {gpu} has {key} (looked in {', '.join(looked)})"
+    found = _first_holding(gpu, key)
+    if isinstance(found, str):
+        return found
+    entries, where = found
+    return _checked_times(entries[key], gpu, where, key)
 
 
 def _checked_times(entry: Any, gpu: str, where: str, key: str) -> BackendTimes:
