@@ -35,14 +35,23 @@ def test_deep_gemm_layer_equals_torch_backend(load_layer, scheme, layout, tokens
         "deep_gemm",
         "deep_gemm",
     ]
-    x = torch.randn(tokens, HIDDEN, device="cuda", generator=torch.Generator("cuda").manual_seed(5))
+    layer = package.MoELayer(device="cuda").random_(0)
+    assert against_torch_backend(load_layer, V3, overrides, layer, tokens, 5) <= BOUND[scheme]
+
+
+def against_torch_backend(load_layer, spec, overrides, layer, tokens, seed, hidden=HIDDEN):
+    """Norm-wise error of `layer` on a random input against the torch backend's layer of
+    `spec` with the same overrides and random weights (its output checked finite)."""
+    x = torch.randn(
+        tokens, hidden, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)
+    )
     x = x.bfloat16()
-    out = package.MoELayer(device="cuda").random_(0)(x)
+    out = layer(x)
     torch.cuda.empty_cache()
-    reference = load_layer(V3, "experts.gemm_backend=torch", *overrides)
+    reference = load_layer(spec, "experts.gemm_backend=torch", *overrides)
     expected = reference.MoELayer(device="cuda").random_(0)(x)
     assert torch.isfinite(out).all()
-    assert norm_error(out, expected) <= BOUND[scheme]
+    return norm_error(out, expected)
 
 
 def test_scale_layout_on_the_gpu_equals_the_cpu():
@@ -60,14 +69,9 @@ def test_auto_layer_splits_its_gemms_by_token_count(load_layer, tokens):
     package = load_layer(V3, "experts.gemm_backend=auto", *overrides)
     assert package.PLAN["above"]["up_to"] == 1024
     assert package.PLAN["above"]["gemm_backend"] == "deep_gemm"
-    x = torch.randn(tokens, HIDDEN, device="cuda", generator=torch.Generator("cuda").manual_seed(7))
-    x = x.bfloat16()
-    out = package.MoELayer(device="cuda").random_(0)(x)
-    torch.cuda.empty_cache()
-    reference = load_layer(V3, "experts.gemm_backend=torch", *overrides)
-    expected = reference.MoELayer(device="cuda").random_(0)(x)
-    assert torch.isfinite(out).all()
-    assert norm_error(out, expected) <= BOUND["fp8_block"]
+    layer = package.MoELayer(device="cuda").random_(0)
+    error = against_torch_backend(load_layer, V3, overrides, layer, tokens, 7)
+    assert error <= BOUND["fp8_block"]
 
 
 SMALL_MXFP4 = """
@@ -103,12 +107,7 @@ def test_mxfp4_experts_on_deep_gemm_equal_torch_backend(load_layer, tokens):
     torch backend's mxfp4 layer on the same weights: both quantize activations to e4m3 (1 x 128
     and 1 x 32 groups), each within 2**-3 of unquantized activations (tests/test_quantized.py)."""
     package = load_layer(SMALL_MXFP4, "experts.gemm_backend=deep_gemm")
-    reference = load_layer(SMALL_MXFP4, "experts.gemm_backend=torch")
     layer = package.MoELayer(device="cuda").random_(0)
     assert layer.w13.dtype == torch.float8_e4m3fn
-    x = torch.randn(tokens, 1024, device="cuda", generator=torch.Generator("cuda").manual_seed(9))
-    x = x.bfloat16()
-    out = layer(x)
-    expected = reference.MoELayer(device="cuda").random_(0)(x)
-    assert torch.isfinite(out).all()
-    assert norm_error(out, expected) <= 2 * 2**-3
+    error = against_torch_backend(load_layer, SMALL_MXFP4, [], layer, tokens, 9, hidden=1024)
+    assert error <= 2 * 2**-3
