@@ -214,22 +214,19 @@ def _edges(data: dict[str, Any]):
             yield item["from"], stage["name"], f"{item['tensor']}: {item['type']['label']}"
 
 
-def _above_graph(data: dict[str, Any]):
-    """With a GEMM split: (node, stage) of each stage the plan above it runs differently, and
-    the edges into and out of them ((source, target, label), sources and targets by node)."""
-    above = data["above"]
-    if not above:
-        return [], []
-    suffix = f" (T > {above['up_to']})"
-    differ = {s["name"] for s in above["stages"]}
+def _above_graph(data: dict[str, Any], suffix: str):
+    """Of a GEMM split: (node, stage) of each stage the plan above it runs differently, and
+    the edges into and out of them ((source, target, label)); those stages' nodes are their
+    names + `suffix`, the shared stages' their names."""
+    differ = {s["name"] for s in data["above"]["stages"]}
 
     def node(name: str) -> str:
         return name + suffix if name in differ else name
 
-    nodes = [(node(s["name"]), s) for s in above["stages"]]
+    nodes = [(node(s["name"]), s) for s in data["above"]["stages"]]
     edges = [
         (node(item["from"]), node(stage["name"]), f"{item['tensor']}: {item['type']['label']}")
-        for stage in above["stages"]
+        for stage in data["above"]["stages"]
         for item in stage["inputs"]
     ]
     edges += [  # the stages both plans share read from the ones above where those differ
@@ -261,9 +258,9 @@ def _dot(data: dict[str, Any], title: tuple[str, ...] = (), shares: dict | None 
         lines.append(f"  {json.dumps(stage['name'])} [label={json.dumps(label)}];")
     for source, target, label in _edges(data):
         lines.append(f"  {json.dumps(source)} -> {json.dumps(target)} [label={json.dumps(label)}];")
-    nodes, edges = _above_graph(data)
-    if nodes:
-        above = data["above"]
+    above = data["above"]
+    if above:
+        nodes, edges = _above_graph(data, f" (T > {above['up_to']})")
         heading = f"T > {above['up_to']}: {above['gemm_backend']} GEMMs"
         lines += ["  subgraph cluster_above {", f"    label={json.dumps(heading)}; style=dashed;"]
         for name, stage in nodes:
@@ -288,22 +285,16 @@ def _mermaid(data: dict[str, Any]) -> str:
     for source, target, label in _edges(data):
         safe = label.replace('"', "'").replace("|", "/")
         lines.append(f'  {source} -->|"{safe}"| {target}')
-    nodes, edges = _above_graph(data)
-    if nodes:  # mermaid ids: the stage name and "_above"
-        above = data["above"]
-
-        def ident(node: str) -> str:
-            return node.split(" ", 1)[0] + ("_above" if " " in node else "")
-
+    above = data["above"]
+    if above:
+        nodes, edges = _above_graph(data, "_above")  # mermaid ids: no spaces
         lines.append(f'  subgraph above["T > {above["up_to"]}: {above["gemm_backend"]} GEMMs"]')
         for name, stage in nodes:
-            lines.append(
-                f'    {ident(name)}["{stage["name"]}<br/>{stage["kind"]} / {stage["backend"]}"]'
-            )
+            lines.append(f'    {name}["{stage["name"]}<br/>{stage["kind"]} / {stage["backend"]}"]')
         lines.append("  end")
         for source, target, label in edges:
             safe = label.replace('"', "'").replace("|", "/")
-            lines.append(f'  {ident(source)} -.->|"{safe}"| {ident(target)}')
+            lines.append(f'  {source} -.->|"{safe}"| {target}')
     return "\n".join(lines) + "\n"
 
 
