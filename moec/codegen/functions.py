@@ -4,11 +4,11 @@ the two plans of a GEMM split made one set of functions and one forward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from moec.codegen import registry
 from moec.codegen.render import render
-from moec.codegen.signature import signature
+from moec.codegen.signature import Signature, signature
 from moec.plan.graph import Plan
 from moec.plan.stages import Stage
 
@@ -18,10 +18,17 @@ class StageFunction:
     """One rendered stage function."""
 
     name: str
-    def_line: str
-    call_line: str
+    signature: Signature
     doc: str
     body: str
+
+    @property
+    def def_line(self) -> str:
+        return self.signature.def_line(self.name)
+
+    @property
+    def call_line(self) -> str:
+        return self.signature.call_line(self.name)
 
 
 @dataclass
@@ -47,12 +54,9 @@ def render_stages(jinja, plan: Plan, modules: set[str]) -> Rendered:
         sig = signature(plan, stage)
         fields = {**code.fields, "returns": ", ".join(name for name, _ in sig.returns)}
         body = render(jinja, found.template(stage), fields).rstrip("\n")
-        rendered.functions.append(
-            StageFunction(
-                stage.name, sig.def_line(stage.name), sig.call_line(stage.name), code.doc, body
-            )
-        )
-        rendered.calls.append(sig.call_line(stage.name))
+        function = StageFunction(stage.name, sig, code.doc, body)
+        rendered.functions.append(function)
+        rendered.calls.append(function.call_line)
         _bind(rendered.bindings, code.bindings)
         rendered.imports.update(code.imports)
         rendered.modules.update(found.runtime(stage))
@@ -73,31 +77,20 @@ def with_split(plan: Plan, below: Rendered, above: Rendered) -> Rendered:
     backend); the forward runs the calls the two share, and branches on T where they differ."""
     split = plan.backends.split
     mine = {f.name: f for f in below.functions}
-    functions, calls = list(below.functions), []
+    functions, order = list(below.functions), []  # order: the functions the forward calls above
     cursor = 0  # where the next function of the plan above goes: after the last one placed
-    for function, call in zip(above.functions, above.calls, strict=True):
+    for function in above.functions:
         same = mine.get(function.name)
-        if same is not None and (same.def_line, same.doc, same.body) == (
-            function.def_line,
-            function.doc,
-            function.body,
-        ):
-            calls.append(call)
+        if same is not None:
             cursor = functions.index(same) + 1
-            continue
-        if same is not None:  # rendered differently: the one above is suffixed
-            name = function.name + f"_{split.above}"
-            function = StageFunction(
-                name,
-                _renamed(function.def_line, function.name, name),
-                _renamed(function.call_line, function.name, name),
-                function.doc,
-                function.body,
-            )
-            cursor = functions.index(same) + 1
+            if same == function:
+                order.append(same)
+                continue
+            function = replace(function, name=f"{function.name}_{split.above}")
         functions.insert(cursor, function)  # a stage of its own (a converter) keeps its name
         cursor += 1
-        calls.append(function.call_line)
+        order.append(function)
+    calls = [f.call_line for f in order]
     first = 0
     while first < min(len(below.calls), len(calls)) and below.calls[first] == calls[first]:
         first += 1
@@ -118,10 +111,8 @@ def with_split(plan: Plan, below: Rendered, above: Rendered) -> Rendered:
     ]
     bindings = dict(below.bindings)
     _bind(bindings, above.bindings.items())
-    names = [call.split("stages.", 1)[1].split("(", 1)[0] for call in calls]
-    pipeline = (
-        f"{below.pipeline}  (T <= {split.up_to})\n    {' -> '.join(names)}  (T > {split.up_to})"
-    )
+    names = " -> ".join(f.name for f in order)
+    pipeline = f"{below.pipeline}  (T <= {split.up_to})\n    {names}  (T > {split.up_to})"
     return Rendered(
         functions,
         lines,
@@ -130,14 +121,6 @@ def with_split(plan: Plan, below: Rendered, above: Rendered) -> Rendered:
         below.imports | above.imports,
         below.modules | above.modules,
     )
-
-
-def _renamed(line: str, old: str, new: str) -> str:
-    """A def or call line of stage function `old` naming it `new`."""
-    for before in ("def ", "stages."):
-        if f"{before}{old}(" in line:
-            return line.replace(f"{before}{old}(", f"{before}{new}(", 1)
-    raise ValueError(f"moec bug: {old!r} is not called in {line!r}")
 
 
 def stages_of(plan: Plan) -> list[Stage]:
