@@ -65,7 +65,7 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     split = plan.backends.split
     if split is not None:  # the same layer on the other backend, past the split
         plan.above = make_plan(spec, env, split)
-        checks.check_split(plan)
+        checks.join_split(plan)
     return plan
 
 

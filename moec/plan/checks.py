@@ -95,7 +95,7 @@ def decide_graph_safety(plan: Plan) -> None:
         )
 
 
-def check_split(plan: Plan) -> None:
+def join_split(plan: Plan) -> None:
     """The two plans of a GEMM split run one set of weights: the same layer, the same weight
     tensors, the same layout; the package needs what either needs."""
     above = plan.above
