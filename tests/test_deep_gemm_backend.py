@@ -133,6 +133,10 @@ def test_auto_without_times_runs_deep_gemm_alone(stand_in, load_layer, tmp_path,
     assert package.PLAN["above"] is None
 
 
+MXFP4 = ["quant.scheme=mxfp4", "quant.checkpoint=quantized", "model.n_shared_experts=0"]
+MXFP4_SPEC = SPEC.format(target=CUDA).replace('name = "dg"', 'name = "dg_mxfp4"')
+
+
 def test_mxfp4_experts_run_as_exact_e4m3_blocks(stand_in, load_layer):
     """mxfp4 experts on deep_gemm (sm90): stored as e4m3 in 128 x 128 blocks, converted at load
     without changing a value (the torch backend's mxfp4 weights, dequantized, equal them), then
@@ -141,10 +145,8 @@ def test_mxfp4_experts_run_as_exact_e4m3_blocks(stand_in, load_layer):
     2 * 2**-3 against one another)."""
     from moec.runtime import quant
 
-    mxfp4 = ["quant.scheme=mxfp4", "quant.checkpoint=quantized", "model.n_shared_experts=0"]
-    spec = SPEC.format(target=CUDA).replace('name = "dg"', 'name = "dg_mxfp4"')
-    package = load_layer(spec, "experts.gemm_backend=deep_gemm", *mxfp4)
-    reference = load_layer(SPEC.format(target=CPU), "experts.gemm_backend=torch", *mxfp4)
+    package = load_layer(MXFP4_SPEC, "experts.gemm_backend=deep_gemm", *MXFP4)
+    reference = load_layer(SPEC.format(target=CPU), "experts.gemm_backend=torch", *MXFP4)
     decisions = {d["what"]: d["choice"] for d in package.PLAN["decisions"]}
     assert decisions["mxfp4 weights"] == "e4m3 in 128 x 128 blocks, converted at load"
     layer = package.MoELayer(device="cpu").random_(0)
@@ -176,9 +178,7 @@ def test_mxfp4_checkpoint_outside_e4m3_is_refused(stand_in, load_layer):
     refuses it, naming the tensor."""
     from moec.runtime import quant
 
-    mxfp4 = ["quant.scheme=mxfp4", "quant.checkpoint=quantized", "model.n_shared_experts=0"]
-    spec = SPEC.format(target=CUDA).replace('name = "dg"', 'name = "dg_mxfp4"')
-    package = load_layer(spec, "experts.gemm_backend=deep_gemm", *mxfp4)
+    package = load_layer(MXFP4_SPEC, "experts.gemm_backend=deep_gemm", *MXFP4)
     state = {}
     gen = torch.Generator().manual_seed(1)
     for e in range(4):
