@@ -87,8 +87,8 @@ def choose_tiles(plan: Plan) -> None:
     plan.decide(
         "programmatic dependent launch",
         "yes" if pdl else "no",
-        f"{layer.arch} lets each Triton kernel start while the previous one drains (it waits for "
-        "its inputs first): the launch gaps of the decode path overlap"
+        f"{layer.arch} schedules each Triton kernel's programs while the previous kernel runs; "
+        "they wait there for its results: the launch gaps of the decode path are hidden"
         if pdl
         else f"{layer.arch or layer.device} has no programmatic dependent launch (sm90 and newer)",
     )

@@ -24,7 +24,6 @@ from .scale_layout import mn_major as mn_major_empty
 from .triton_numerics import (
     group_scale,
     launch_options,
-    release_dependents,
     round_output,
     tensor_scale_kernel,
     to_e4m3,
@@ -102,7 +101,6 @@ def _act_quant_kernel(
         else:  # "tensor"
             q = tl.math.div_rn(out, tl.load(scale_ptr))
         tl.store(out_ptrs, to_e4m3(q, SOFT_ROUND), mask=mask)
-    release_dependents(PDL)
 
 
 def act_quant(

@@ -12,7 +12,6 @@ import triton.language as tl
 
 from .triton_numerics import (
     launch_options,
-    release_dependents,
     round_output,
     wait_inputs,
 )
@@ -78,7 +77,6 @@ def _combine_kernel(
         acc += tl.load(shared_ptrs, mask=mask, other=0.0).to(tl.float32)
     out_ptrs = out_ptr + tokens[:, None] * stride_ot + offs_h[None, :] * stride_oh
     tl.store(out_ptrs, round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND), mask=mask)
-    release_dependents(PDL)
 
 
 def combine(y, row_of, weights, out, shared=None, *, config, pdl=False):

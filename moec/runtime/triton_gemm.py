@@ -21,7 +21,6 @@ import triton.language as tl
 from .triton_gemm_tma import grouped_gemm_tma
 from .triton_numerics import (
     launch_options,
-    release_dependents,
     round_output,
     wait_inputs,
 )
@@ -215,7 +214,6 @@ def _grouped_gemm_kernel(
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
     out_mask = valid[:, None] & (offs_n < N)[None, :]
     tl.store(out_ptrs, round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND), mask=out_mask)
-    release_dependents(PDL)
 
 
 def grouped_gemm(

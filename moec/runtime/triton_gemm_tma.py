@@ -11,7 +11,6 @@ import triton.language as tl
 
 from .triton_numerics import (
     launch_options,
-    release_dependents,
     round_output,
     wait_inputs,
 )
@@ -136,7 +135,6 @@ def _grouped_gemm_tma_kernel(
                 round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND),
                 mask=valid[:, None] & (offs_n < N)[None, :],
             )
-    release_dependents(PDL)
 
 
 def grouped_gemm_tma(

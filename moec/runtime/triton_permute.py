@@ -25,7 +25,6 @@ from .scale_layout import mn_major as mn_major_empty
 from .triton_numerics import (
     group_scale,
     launch_options,
-    release_dependents,
     tensor_scale_kernel,
     to_e4m3,
     wait_inputs,
@@ -100,7 +99,6 @@ def _permute_quant_kernel(
             if QUANT == "group":
                 scale_ptrs = scale_ptr + rows[:, None] * stride_sm + offs_g[None, :] * stride_sg
                 tl.store(scale_ptrs, scale, mask=valid[:, None] & in_g[None, :])
-    release_dependents(PDL)
 
 
 def permute_quant(

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .grouping import ContiguousRouting, MaskedRouting, compact_rows, masked_max_m
-from .triton_numerics import launch_options, release_dependents, wait_inputs
+from .triton_numerics import launch_options, wait_inputs
 
 ROUTE_SPAN = 4096
 """Assignments per part of route_layout above 1024 (its grid: experts x parts). One program per
@@ -149,7 +149,6 @@ def _select_topk_kernel(
     width = slot < TOP_K + FUSED_SHARED
     tl.store(ids_ptr + t * stride_it + slot, top_ids, mask=width)
     tl.store(weights_ptr + t * stride_wt + slot, top_weights, mask=width)
-    release_dependents(PDL)
 
 
 @triton.jit
@@ -171,7 +170,6 @@ def _route_count_kernel(
         ids = tl.load(ids_ptr + offs, mask=offs < A, other=E)  # E: a bin no expert reads
         counts += tl.histogram(ids, BLOCK_E)
     tl.store(part_counts_ptr + part * BLOCK_E + tl.arange(0, BLOCK_E), counts)
-    release_dependents(PDL)
 
 
 @triton.jit
@@ -195,7 +193,6 @@ def _route_prefix_kernel(
         tl.store(ptrs, carry[None, :] + tl.cumsum(counts, axis=0) - counts, mask=mask)
         carry += tl.sum(counts, axis=0)
     tl.store(totals_ptr + bins, carry)
-    release_dependents(PDL)
 
 
 @triton.jit
@@ -279,7 +276,6 @@ def _route_layout_kernel(
             if LAYOUT == "contiguous":
                 tl.store(m_indices_ptr + rows, expert, mask=mine)
             seen += tl.sum(mine.to(tl.int32), axis=0)
-    release_dependents(PDL)
 
 
 def select_topk(

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_numerics import launch_options, release_dependents, wait_inputs
+from .triton_numerics import launch_options, wait_inputs
 
 PARTS = tl.constexpr(3)  # bf16 parts of the fp32 weight (quant.split_bf16x3)
 
@@ -71,7 +71,6 @@ def _router_kernel(
     out_ptr += tl.program_id(2) * stride_os
     out_ptrs = out_ptr + offs_t[:, None].to(tl.int64) * stride_ot + offs_e[None, :] * stride_oe
     tl.store(out_ptrs, acc, mask=(offs_t < T)[:, None] & (offs_e < E)[None, :])
-    release_dependents(PDL)
 
 
 def router_logits(x, parts, *, config, pdl=False):
