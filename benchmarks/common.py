@@ -1,7 +1,9 @@
 """Shared pieces of the GPU benchmarks: importing built packages, routing, floors, timing.
 
 Runs where only torch and triton are installed (the GPU image has no moec dependencies): the
-layer packages are built beforehand with `make bench-packages` and carried to the GPU.
+layer packages are built beforehand with `make bench-packages` and carried to the GPU. The timer
+and the CUDA-graph capture are moec/runtime/self_check.py's, which needs only torch, like all of
+moec/runtime (the repo root on PYTHONPATH, as gpu_session.sh sets it).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from moec.runtime import self_check
 
 PACKAGES = Path(
     os.environ.get("MOEC_BENCH_PACKAGES", Path(__file__).resolve().parent / ".packages")
@@ -99,43 +103,17 @@ def layer_flops(package, tokens: int) -> float:
 
 
 def median_ms(fn, warmup: int = 3, repeats: int = 20) -> float:
-    """Median of CUDA-event timings of fn() (host timer without CUDA, for dry runs)."""
-    for _ in range(warmup):
-        fn()
+    """Median of CUDA-event timings of fn(), each run started on an idle GPU (host timer
+    without CUDA, for dry runs): moec/runtime/self_check.py's timer."""
     if not torch.cuda.is_available():
-        import time
-
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return sorted(times)[len(times) // 2]
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
+        return self_check.median_ms(fn, "cpu", repeats, warmup)
+    return self_check.median_ms(fn, "cuda", repeats, warmup, barrier=torch.cuda.synchronize)
 
 
 def graphed(fn):
-    """Capture fn() in a CUDA graph; return a function replaying it."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    """Capture fn() in a CUDA graph (two warm-ups first); return a function replaying it."""
+    replay, _ = self_check.cuda_graph(fn, warmup=2)
+    return replay
 
 
 def dump(path: Path, data) -> None:

@@ -139,7 +139,8 @@ def check_tokens(layer, plan, torch_gated, tokens: int, args, bound: float) -> s
         print(f"{tokens:>6} {raised}")
         return f"T={tokens}: raised {raised}"
     error = norm_error(out, expected)
-    ms = median_ms(lambda: layer(x), args.device, args.repeats or REPEATS[args.device])
+    repeats = args.repeats or REPEATS[args.device]
+    ms = median_ms(lambda: layer(x), args.device, repeats, WARMUP[args.device])
     floors = {row["tokens"]: row["floor_ms"] for row in plan["cost"]}
     floor = floors.get(tokens)
     shown = f"{floor:>10.4f} {ms / floor:>9.3g}" if floor else f"{'-':>10} {'-':>9}"
@@ -163,13 +164,19 @@ def norm_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     return (out - expected).norm().item() / scale if scale else (out - expected).norm().item()
 
 
-def median_ms(run, device: str, repeats: int) -> float:
-    """Median time of `repeats` runs of run() in ms, after WARMUP runs: CUDA events on a GPU,
-    the host clock on a CPU."""
-    for _ in range(WARMUP[device]):
+def median_ms(run, device: str, repeats: int, warmup: int, barrier=None) -> float:
+    """Median time of `repeats` runs of run() in ms, after `warmup` untimed runs: CUDA events on
+    a GPU, the host clock on a CPU. barrier(), when given, is called before each timed run,
+    outside the time, so that every run starts from the same point (a rank barrier keeps the
+    ranks of a group in step; torch.cuda.synchronize starts each run on an idle GPU).
+
+    The benchmarks and the GPU tests time with this function too (one definition)."""
+    for _ in range(warmup):
         run()
     times = []
     for _ in range(repeats):
+        if barrier is not None:
+            barrier()
         if device == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -182,6 +189,26 @@ def median_ms(run, device: str, repeats: int) -> float:
             run()
             times.append((time.perf_counter() - start) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def cuda_graph(run, warmup: int):
+    """Capture run() in a CUDA graph; return the graph's replay and the output of the captured
+    run (its memory belongs to the graph: each replay writes it again). The `warmup` runs before
+    the capture go on a side stream, as torch's CUDA graph notes ask, so that kernels compile
+    and memory is allocated outside the capture.
+
+    Not used by the self-check itself: the benchmarks and the GPU tests capture layers with it
+    (one definition, beside median_ms)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    return graph.replay, out
 
 
 def _arguments(name: str, plan: dict) -> argparse.ArgumentParser:

@@ -7,6 +7,8 @@ import os
 import torch
 from dist_worker import edit_bias, import_package
 
+from moec.runtime import self_check
+
 # NVLink multicast stays off on the shared GPU machines (FACTS.md).
 MULTICAST_OFF = {
     "NCCL_NVLS_ENABLE": "0",
@@ -44,20 +46,10 @@ def run_layers(rank: int, world: int, init_file: str, jobs, x_all, split, out_fi
         torch.distributed.destroy_process_group()
 
 
-def median_ms(fn, repeats: int = 10) -> float:
-    """Median time of fn() over `repeats` runs after two warm-ups, every rank in step."""
-    for _ in range(2):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        torch.distributed.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return sorted(samples)[len(samples) // 2]
+def median_ms(fn) -> float:
+    """Median time of fn() over 10 runs after two warm-ups, every rank in step (a barrier
+    before each run)."""
+    return self_check.median_ms(fn, "cuda", 10, warmup=2, barrier=torch.distributed.barrier)
 
 
 def graph_safe(package) -> bool:
@@ -77,16 +69,8 @@ def graph_run(layer, x, eager_out) -> dict:
 
 def _graph_run(layer, x, eager_out) -> dict:
     static = x.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            layer(static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = layer(static)
-    graph.replay()
+    replay, out = self_check.cuda_graph(lambda: layer(static), warmup=2)
+    replay()
     torch.cuda.synchronize()
     same = bool(torch.equal(out, eager_out))
-    return {"equal": same, "ms": median_ms(graph.replay)}
+    return {"equal": same, "ms": median_ms(replay)}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moec.runtime import self_check
+
 from .specs import HIDDEN, SCHEMES, V3, norm_error
 
 CASES = [
@@ -76,14 +78,7 @@ def test_cuda_graph_replay_equals_eager(layers):
     layer = layers("fp8_block", "contiguous", "triton")
     x = torch.randn(8, HIDDEN, device="cuda").bfloat16()
     eager = layer(x)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        layer(x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = layer(x)
-    graph.replay()
+    replay, out = self_check.cuda_graph(lambda: layer(x), warmup=1)
+    replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
