@@ -223,8 +223,9 @@ def _select(plan: Plan, spec: Spec, backend: str) -> None:
         plan.decide(
             "top-k",
             "Triton",
-            "selection and the layout's indices are two Triton launches at decode (four above "
-            "1024 assignments) instead of ~30 small torch kernels on the decode critical path",
+            "selection is one Triton launch and the layout's indices one more up to 1024 "
+            "assignments (three above), instead of ~30 small torch kernels on the decode "
+            "critical path",
         )
     else:
         plan.decide("top-k", "torch", "elementwise top-k: a few percent of the layer's bytes")
@@ -249,6 +250,10 @@ def _quantize(plan: Plan, name: str, fmt: QuantFormat, backend: str, shape, out:
             origin=("quant.scheme", "experts.gemm_backend", "parallel.dispatch"),
         )
     )
+
+
+ONE_LAUNCH_DISPATCH = 128
+"""Assignments up to which a Triton dispatch is one launch (moec/runtime/triton_dispatch.py)."""
 
 
 def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
@@ -281,6 +286,17 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
         outputs["exchange"] = TensorType(I32, ("T*K",), record=EXCHANGE_RECORD[mode])
     exchanged = mode in ("all2all", "deepep_normal")
     padding = None if backends.gemm == "triton" else ROW_PADDING
+    one_launch = 0
+    if mode == "local" and around == "triton" and layout == "contiguous":
+        one_launch = ONE_LAUNCH_DISPATCH
+        plan.decide(
+            "dispatch at decode",
+            f"one launch up to {one_launch} assignments",
+            "a program per assignment finds its row from the histogram of all assignments and "
+            "copies its token row there (quantizing it where the scheme does): at a few tokens, "
+            "reading a token once per expert costs less than a second launch; above, the "
+            "indices, then one pass that reads each token row once",
+        )
     plan.add_stage(
         Dispatch(
             name="dispatch",
@@ -292,6 +308,7 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
             routing_backend=around,
             quantize=quantize,
             buffer=buffer,
+            one_launch=one_launch,
             outputs=outputs,
             syncs_host=exchanged,
             graph_safe=not exchanged,

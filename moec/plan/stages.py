@@ -115,6 +115,9 @@ class Dispatch(Stage):
     """The fused quantization writes its scales MN-major, TMA-aligned (what DeepGEMM reads)."""
     buffer: DeepEPBuffer | None = None
     """DeepEP modes: the buffer each rank allocates for dispatch and combine."""
+    one_launch: int = 0
+    """Assignments up to which a Triton dispatch writes the indices and the rows in one launch
+    (contiguous, local); 0: never."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +156,9 @@ class Activation(Stage):
     """The fused quantization writes its scales MN-major, TMA-aligned (what DeepGEMM reads)."""
     buffer: DeepEPBuffer | None = None
     """DeepEP modes: the buffer each rank allocates for dispatch and combine."""
+    one_launch: int = 0
+    """Assignments up to which a Triton dispatch writes the indices and the rows in one launch
+    (contiguous, local); 0: never."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -73,32 +73,70 @@ def _permute_quant_kernel(
     if QUANT == "amax":
         tl.atomic_max(scale_ptr, tl.max(tl.max(tl.abs(x.to(tl.float32)), axis=1), axis=0))
     else:
-        if QUANT == "group":
-            x = tl.reshape(x.to(tl.float32), (BLOCK_M, BLOCK_H // GROUP_SIZE, GROUP_SIZE))
-            scale = group_scale(tl.max(tl.abs(x), axis=2), UE8M0)
-            value = to_e4m3(
-                tl.reshape(tl.math.div_rn(x, scale[:, :, None]), (BLOCK_M, BLOCK_H)), SOFT_ROUND
-            )
-            offs_g = tl.program_id(1) * (BLOCK_H // GROUP_SIZE) + tl.arange(
-                0, BLOCK_H // GROUP_SIZE
-            )
-            in_g = offs_g * GROUP_SIZE < H
-        elif QUANT == "tensor":
-            value = to_e4m3(tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr)), SOFT_ROUND)
-        else:  # "none"
-            value = x
+        value, scale = quantize_tile(x, scale_ptr, QUANT, GROUP_SIZE, UE8M0, SOFT_ROUND)
         for k in range(K):
             if SCATTER:
                 rows = tl.load(row_of_ptr + tokens * stride_rt + k * stride_rk, mask=in_t, other=-1)
             else:
                 rows = tl.where(in_t, offs_t, -1)
-            valid = rows >= 0
-            rows = rows.to(tl.int64)
-            out_ptrs = out_ptr + rows[:, None] * stride_om + offs_h[None, :] * stride_oh
-            tl.store(out_ptrs, value, mask=valid[:, None] & in_h[None, :])
-            if QUANT == "group":
-                scale_ptrs = scale_ptr + rows[:, None] * stride_sm + offs_g[None, :] * stride_sg
-                tl.store(scale_ptrs, scale, mask=valid[:, None] & in_g[None, :])
+            store_rows(
+                out_ptr, scale_ptr, rows, tl.program_id(1) * BLOCK_H, H, value, scale,
+                stride_om, stride_oh, stride_sm, stride_sg, QUANT, GROUP_SIZE,
+            )  # fmt: skip
+
+
+@triton.jit
+def quantize_tile(
+    x,  # [ROWS, COLUMNS] bf16 / fp16 / fp32 token values
+    scale_ptr,  # "tensor": [1] fp32, the scale to divide by
+    QUANT: tl.constexpr,  # "group" | "tensor" | "none"
+    GROUP_SIZE: tl.constexpr,  # "group": COLUMNS is a multiple of it
+    UE8M0: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,
+):
+    """(values, scales) of a tile of token rows: e4m3 and [ROWS, COLUMNS / G] group scales
+    ("group"), e4m3 and the tensor scale ("tensor"), or the tile itself and 1.0 ("none")."""
+    if QUANT == "group":
+        rows: tl.constexpr = x.shape[0]
+        columns: tl.constexpr = x.shape[1]
+        x = tl.reshape(x.to(tl.float32), (rows, columns // GROUP_SIZE, GROUP_SIZE))
+        scale = group_scale(tl.max(tl.abs(x), axis=2), UE8M0)
+        value = tl.reshape(tl.math.div_rn(x, scale[:, :, None]), (rows, columns))
+        return to_e4m3(value, SOFT_ROUND), scale
+    elif QUANT == "tensor":
+        scale = tl.load(scale_ptr)
+        return to_e4m3(tl.math.div_rn(x.to(tl.float32), scale), SOFT_ROUND), scale
+    else:
+        return x, 1.0
+
+
+@triton.jit
+def store_rows(
+    out_ptr,
+    scale_ptr,
+    rows,  # [ROWS] int: the row of out each tile row goes to, -1 = none
+    h0,  # the tile's first column
+    H,
+    value,  # [ROWS, COLUMNS] from quantize_tile
+    scale,  # from quantize_tile: "group" [ROWS, COLUMNS / G], stored beside the rows
+    stride_om,
+    stride_oh,
+    stride_sm,
+    stride_sg,
+    QUANT: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+):
+    """One quantized tile of token rows written to its rows of out (and of the group scales)."""
+    valid = rows >= 0
+    rows = rows.to(tl.int64)
+    offs_h = h0 + tl.arange(0, value.shape[1])
+    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_h[None, :] * stride_oh
+    tl.store(out_ptrs, value, mask=valid[:, None] & (offs_h < H)[None, :])
+    if QUANT == "group":
+        groups: tl.constexpr = value.shape[1] // GROUP_SIZE
+        offs_g = h0 // GROUP_SIZE + tl.arange(0, groups)
+        scale_ptrs = scale_ptr + rows[:, None] * stride_sm + offs_g[None, :] * stride_sg
+        tl.store(scale_ptrs, scale, mask=valid[:, None] & (offs_g * GROUP_SIZE < H)[None, :])
 
 
 def permute_quant(
@@ -144,24 +182,11 @@ def permute_quant(
         raise ValueError(
             f"BLOCK_H={config['BLOCK_H']} is not a multiple of group_size={group_size}"
         )
-    meta = {
-        "GROUP_SIZE": group_size,
-        "UE8M0": ue8m0,
-        "SOFT_ROUND": triton.knobs.runtime.interpret,
-        "BLOCK_M": config["BLOCK_M"],
-        "BLOCK_H": config["BLOCK_H"],
-        "num_warps": config["num_warps"],
-    }
+    meta = _meta(config, group_size, ue8m0)
     dummy = scale if scale is not None else out2
     grid = (triton.cdiv(tokens, config["BLOCK_M"]), triton.cdiv(hidden, config["BLOCK_H"]))
-    if quant == "tensor" and dynamic:  # amax over all of x, then the scale
-        scale.zero_()
-        if tokens > 0:
-            _permute_quant_kernel[grid](
-                x, x, out2, scale, tokens, hidden, 0, x.stride(0), x.stride(1), 0, 0, 0, 0, 0, 0,
-                QUANT="amax", SCATTER=False, **meta, **launch_options(pdl),
-            )  # fmt: skip
-        tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0, **launch_options(pdl))
+    if quant == "tensor" and dynamic:
+        dynamic_scale(x, scale, config=config, ue8m0=ue8m0, pdl=pdl)
     if tokens == 0 or hidden == 0:
         return out
     strides_s = scale.view(-1, scale.shape[-1]).stride() if quant == "group" else (0, 0)
@@ -191,6 +216,32 @@ def permute_quant(
     return out
 
 
+def _meta(config, group_size, ue8m0) -> dict:
+    return {
+        "GROUP_SIZE": group_size,
+        "UE8M0": ue8m0,
+        "SOFT_ROUND": triton.knobs.runtime.interpret,
+        "BLOCK_M": config["BLOCK_M"],
+        "BLOCK_H": config["BLOCK_H"],
+        "num_warps": config["num_warps"],
+    }
+
+
+def dynamic_scale(x, scale, *, config, ue8m0=False, pdl=False):
+    """The dynamic per-tensor scale of x [T, H] into scale [1] fp32: max(amax(x), 1e-10) / 448
+    (UE8M0: rounded up to a power of two), in two launches (atomic max of |x|, then the scale)."""
+    scale.zero_()
+    tokens, hidden = x.shape
+    if tokens > 0:
+        grid = (triton.cdiv(tokens, config["BLOCK_M"]), triton.cdiv(hidden, config["BLOCK_H"]))
+        _permute_quant_kernel[grid](
+            x, x, x, scale, tokens, hidden, 0, x.stride(0), x.stride(1), 0, 0, 0, 0, 0, 0,
+            QUANT="amax", SCATTER=False, **_meta(config, 128, ue8m0), **launch_options(pdl),
+        )  # fmt: skip
+    tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0, **launch_options(pdl))
+    return scale
+
+
 def permute(
     x,
     routing,
@@ -218,41 +269,36 @@ def quantize_rows(x, *, config, quant, group_size=128, ue8m0=False, scale=None, 
     return _into(x, None, (x.shape[0],), config, quant, group_size, ue8m0, scale, False, pdl)
 
 
-def _into(x, row_of, leading, config, quant, group_size, ue8m0, scale, mn_major, pdl):
+def empty_rows(x, leading, quant, group_size=128, mn_major=False):
+    """(out, scale) for x's rows in a layout of `leading` dims: out e4m3 unless quant is "none"
+    (x's dtype, scale None); "group": scales [*leading, ceil(H / G)] (mn_major: MN-major,
+    TMA-aligned); "tensor": scale [1], zero."""
     hidden = x.shape[1]
     dtype = x.dtype if quant == "none" else torch.float8_e4m3fn
     out = torch.empty((*leading, hidden), dtype=dtype, device=x.device)
     if quant == "none":
-        permute_quant(x, row_of, out, quant="none", config=config, pdl=pdl)
         return out, None
-    if quant == "group":
-        groups = -(-hidden // group_size)
-        if mn_major:
-            scale = mn_major_empty(leading[0], groups, device=x.device)
-        else:
-            scale = torch.empty((*leading, groups), dtype=torch.float32, device=x.device)
-        permute_quant(
-            x,
-            row_of,
-            out,
-            scale,
-            quant="group",
-            config=config,
-            group_size=group_size,
-            ue8m0=ue8m0,
-            pdl=pdl,
-        )
-        return out, scale
-    dynamic = scale is None
-    if dynamic:
-        scale = torch.zeros(1, dtype=torch.float32, device=x.device)
+    if quant == "tensor":
+        return out, torch.zeros(1, dtype=torch.float32, device=x.device)
+    groups = -(-hidden // group_size)
+    if mn_major:
+        return out, mn_major_empty(leading[0], groups, device=x.device)
+    return out, torch.empty((*leading, groups), dtype=torch.float32, device=x.device)
+
+
+def _into(x, row_of, leading, config, quant, group_size, ue8m0, scale, mn_major, pdl):
+    out, empty_scale = empty_rows(x, leading, quant, group_size, mn_major)
+    dynamic = quant == "tensor" and scale is None
+    if quant != "tensor" or dynamic:
+        scale = empty_scale
     permute_quant(
         x,
         row_of,
         out,
         scale,
-        quant="tensor",
+        quant=quant,
         config=config,
+        group_size=group_size,
         ue8m0=ue8m0,
         dynamic=dynamic,
         pdl=pdl,

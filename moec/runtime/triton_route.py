@@ -414,13 +414,13 @@ def route_layout(
     )
 
 
-def route_contiguous(topk_ids, experts: int, block_m: int, pdl: bool = False) -> ContiguousRouting:
-    """The contiguous layout's indices for topk_ids [T, K] int32 in one pass of two launches
-    (token order within each expert, as grouping.route_contiguous)."""
+def empty_contiguous(topk_ids, experts: int, block_m: int) -> ContiguousRouting:
+    """The contiguous layout's index tensors for topk_ids [T, K], to be filled: the worst case
+    of rows over all routings (compact_rows)."""
     tokens, top_k = topk_ids.shape
     device = topk_ids.device
     rows = compact_rows(tokens * top_k, experts, block_m)
-    routing = ContiguousRouting(
+    return ContiguousRouting(
         row_of=torch.empty((tokens, top_k), dtype=torch.int32, device=device),
         token_of_row=torch.empty(rows, dtype=torch.int32, device=device),
         counts=torch.empty(experts, dtype=torch.int32, device=device),
@@ -428,6 +428,12 @@ def route_contiguous(topk_ids, experts: int, block_m: int, pdl: bool = False) ->
         starts=torch.empty(experts, dtype=torch.int64, device=device),
         num_rows=torch.empty(1, dtype=torch.int32, device=device),
     )
+
+
+def route_contiguous(topk_ids, experts: int, block_m: int, pdl: bool = False) -> ContiguousRouting:
+    """The contiguous layout's indices for topk_ids [T, K] int32 in one pass of two launches
+    (token order within each expert, as grouping.route_contiguous)."""
+    routing = empty_contiguous(topk_ids, experts, block_m)
     route_layout(
         topk_ids,
         routing.row_of,

@@ -35,6 +35,7 @@ except ImportError:  # the GPU image lacks the spec layer's packages; activation
 from moec.runtime import (  # noqa: E402  (after TRITON_INTERPRET is set)
     triton_act,
     triton_combine,
+    triton_dispatch,
     triton_gemm,
     triton_permute,
     triton_route,
@@ -47,6 +48,7 @@ LAUNCHERS = {
     "permute_quant": triton_permute.permute_quant,
     "select_topk": triton_route.select_topk,
     "route_layout": triton_route.route_layout,
+    "dispatch": triton_dispatch.dispatch,
     "combine": triton_combine.combine,
     "router_logits": triton_router.router_logits,
 }

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from moec.codegen.registry import register
 from moec.codegen.renderers.common import StageCode, call_kwargs, kernel_quant, shape_doc
-from moec.codegen.renderers.torch_stages import (
-    dispatch_targets,
-    route_call,
-    select_doc,
-    select_options,
-)
+from moec.codegen.renderers.torch_stages import dispatch_targets, select_doc, select_options
 from moec.plan.stages import Activation, Combine, Dispatch, Gemm, Quantize, Select, SharedExpert
 
 TRITON = ("triton",)
+INDEX_LAUNCH = 1024
+"""Assignments up to which route_layout is one launch (moec/runtime/triton_route.py)."""
 
 
 def _mn_major(stage) -> str:
@@ -82,26 +79,41 @@ def quantize(plan, stage: Quantize) -> StageCode:
     "dispatch",
     "triton",
     "stages/triton/dispatch.py.j2",
-    runtime=("triton_route", "triton_permute", "tiles"),
+    runtime=("triton_dispatch", "tiles"),
     requires=TRITON,
 )
 def dispatch(plan, stage: Dispatch) -> StageCode:
     static = "w13_input_scale" if "w13_input_scale" in stage.weights else None
+    layout_options = ""
+    if stage.layout == "contiguous":
+        block_m = stage.row_padding or "tiles.bucket(topk_ids.shape[0]).block_m"
+        layout_options = f", block_m={block_m}"
+    if stage.one_launch:
+        layout_options += f", one_launch={stage.one_launch}"
     fields = {
-        "route": route_call(stage, "triton_route", "topk_ids"),
         "targets": dispatch_targets(stage),
         "experts": stage.experts,
+        "layout": stage.layout,
+        "layout_options": layout_options,
         "options": _quant_options(stage.quantize, static) + _mn_major(stage)
         if stage.quantize
         else "",
     }
-    quantized = " and quantizes" if stage.quantize else ""
-    return StageCode(
-        f"The {stage.layout} layout's indices (one Triton launch up to 1024 assignments, three "
-        f"above), then one Triton pass reads{quantized} each token row once and writes it to "
-        "its experts' rows.",
-        fields,
-    )
+    quantized = " (quantized)" if stage.quantize else ""
+    indices = f"one Triton launch up to {INDEX_LAUNCH} assignments, three above"
+    if stage.one_launch:
+        launches = (
+            f"The {stage.layout} layout's indices and the token rows{quantized} in it in one "
+            f"Triton launch up to {stage.one_launch} assignments (decode); above, the indices "
+            f"({indices}), then one pass that reads each token row once and writes it to its "
+            "experts' rows."
+        )
+    else:
+        launches = (
+            f"The {stage.layout} layout's indices ({indices}), then one pass that reads each "
+            f"token row once and writes it{quantized} to its experts' rows."
+        )
+    return StageCode(launches, fields)
 
 
 @register(

@@ -16,8 +16,8 @@ from . import (
     tiles,
     triton_act,
     triton_combine,
+    triton_dispatch,
     triton_gemm,
-    triton_permute,
     triton_route,
     triton_router,
 )
@@ -54,12 +54,12 @@ def select(
 def dispatch(
     x: torch.Tensor, topk_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, grouping.MaskedRouting]:
-    """The masked layout's indices (one Triton launch up to 1024 assignments, three above), then one Triton pass reads and quantizes each token row once and writes it to its experts' rows."""
-    routing = triton_route.route_masked(topk_ids, 9, pdl=tiles.PDL)
-    a, a_scale = triton_permute.permute(
+    """The masked layout's indices (one Triton launch up to 1024 assignments, three above), then one pass that reads each token row once and writes it (quantized) to its experts' rows."""
+    a, a_scale, routing = triton_dispatch.dispatch(
         x,
-        routing,
+        topk_ids,
         9,
+        layout="masked",
         config=tiles.PERMUTE,
         pdl=tiles.PDL,
         quant="group",

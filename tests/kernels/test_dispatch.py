@@ -1,0 +1,91 @@
+"""dispatch: the layout's indices against the plain definition (reference.route), and its rows,
+in one launch at few assignments, bit for bit against the numerics.md quantization."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .harness import load
+from .reference import quant_group, quant_tensor, route
+
+CONFIG = {"BLOCK_M": 16, "BLOCK_H": 256, "num_warps": 4}
+ONE_LAUNCH = 128
+
+
+def make_x(tokens: int, hidden: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(3)
+    magnitude = torch.logspace(-3, 3, max(tokens, 1))[:tokens, None]
+    return (torch.randn(tokens, hidden, generator=gen) * magnitude).bfloat16()
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    "tokens, top_k, experts, block_m, hidden",
+    [
+        (1, 9, 33, 16, 384),  # decode: one token, nine experts
+        (3, 4, 8, 16, 256),  # experts shared by several tokens: ranks within an expert
+        (14, 9, 20, 8, 256),  # 126 assignments: one launch
+        (15, 9, 20, 8, 256),  # 135, over ONE_LAUNCH: route_layout + permute_quant
+        (2, 2, 4, 64, 200),  # padding longer than the assignments, a short last group
+    ],
+)
+@pytest.mark.parametrize("quant", ["group", "tensor", "none", "group_mn_major"])
+def test_dispatch_contiguous(tokens, top_k, experts, block_m, hidden, quant):
+    kernels = load()
+    want = route(tokens, top_k, experts, block_m, seed=tokens)
+    x = make_x(tokens, hidden)
+    a, a_scale, routing = kernels.dispatch(
+        x,
+        want.topk_ids.to(torch.int32),
+        experts,
+        layout="contiguous",
+        config=CONFIG,
+        block_m=block_m,
+        quant=quant.removesuffix("_mn_major"),
+        group_size=128,
+        mn_major_scales=quant.endswith("_mn_major"),  # DeepGEMM's scale layout
+        one_launch=ONE_LAUNCH,
+    )
+    row_of, token_of_row, counts, m_indices, starts, num_rows = (t.cpu() for t in routing)
+    assert torch.equal(row_of, want.row_of)
+    assert torch.equal(m_indices, want.m_indices)
+    assert torch.equal(token_of_row, want.token_of_row)
+    assert torch.equal(counts, want.masked_m)
+    padded = (counts + block_m - 1) // block_m * block_m
+    assert torch.equal(starts, torch.cumsum(padded, 0) - padded)
+    assert num_rows.item() == padded.sum().item()
+    valid = token_of_row >= 0
+    tokens_of_valid = token_of_row[valid].long()
+    if quant == "none":
+        assert a_scale is None and torch.equal(a[valid], x[tokens_of_valid])
+        return
+    if quant.startswith("group"):
+        q, scale = quant_group(x.float(), 128, False)
+        assert torch.equal(a_scale[valid], scale[tokens_of_valid])
+    else:
+        q, scale = quant_tensor(x.float())
+        assert torch.equal(a_scale.reshape(()), scale.reshape(()))
+    assert same_bytes(a[valid], q[tokens_of_valid])
+
+
+def test_dispatch_masked_and_empty():
+    """The masked layout and zero tokens take the two-launch path: the same routing."""
+    kernels = load()
+    want = route(5, 2, 6, 16, seed=5)
+    x = make_x(5, 128)
+    a, _, routing = kernels.dispatch(
+        x, want.topk_ids.to(torch.int32), 6, layout="masked", config=CONFIG, quant="none",
+        one_launch=ONE_LAUNCH,
+    )  # fmt: skip
+    assert torch.equal(routing.counts.cpu(), want.masked_m)
+    assert a.shape[:2] == (6, routing.max_m)
+    empty = torch.zeros(0, 3, dtype=torch.int32)
+    a, _, routing = kernels.dispatch(
+        x[:0], empty, 6, layout="contiguous", config=CONFIG, block_m=16, quant="group",
+        one_launch=ONE_LAUNCH,
+    )  # fmt: skip
+    assert a.shape[0] == routing.token_of_row.numel() and routing.num_rows.item() == 0
