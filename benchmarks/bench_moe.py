@@ -42,6 +42,7 @@ PACKAGES = {
     "bf16": ("bench_v3_bf16_triton", "bench_v3_bf16_torch"),
     "fp8_block_auto": ("bench_v3_fp8_auto", "bench_v3_fp8_torch"),
     "bf16_auto": ("bench_v3_bf16_auto", "bench_v3_bf16_torch"),
+    "v2lite_fp8_block": ("bench_v2lite_fp8_triton", "bench_v2lite_fp8_torch"),
     "mxfp8": ("bench_small_mxfp8_triton", "bench_small_mxfp8_torch"),
     "mxfp4": ("bench_small_mxfp4_triton", "bench_small_mxfp4_torch"),
 }
