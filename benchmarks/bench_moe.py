@@ -37,12 +37,14 @@ from common import (
 PACKAGES = {
     "fp8_block": ("bench_v3_fp8_triton", "bench_v3_fp8_torch"),
     "fp8_block_separate": ("bench_v3_fp8sep_triton", "bench_v3_fp8sep_torch"),
+    "fp8_block_overlapped": ("bench_v3_fp8ovl_triton", "bench_v3_fp8sep_torch"),
     "fp8_block_deep_gemm": ("bench_v3_fp8_deep_gemm", "bench_v3_fp8_torch"),
     "bf16_deep_gemm": ("bench_v3_bf16_deep_gemm", "bench_v3_bf16_torch"),
     "bf16": ("bench_v3_bf16_triton", "bench_v3_bf16_torch"),
     "fp8_block_auto": ("bench_v3_fp8_auto", "bench_v3_fp8_torch"),
     "bf16_auto": ("bench_v3_bf16_auto", "bench_v3_bf16_torch"),
     "v2lite_fp8_block": ("bench_v2lite_fp8_triton", "bench_v2lite_fp8_torch"),
+    "v2lite_fp8_block_overlapped": ("bench_v2lite_fp8ovl_triton", "bench_v2lite_fp8_torch"),
     "mxfp8": ("bench_small_mxfp8_triton", "bench_small_mxfp8_torch"),
     "mxfp4": ("bench_small_mxfp4_triton", "bench_small_mxfp4_torch"),
 }
@@ -62,8 +64,13 @@ def expert_bytes(package) -> float:
     return values + scales.get(scheme, 0)
 
 
-def apply_variant(package, no_pdl: bool, fp8_acc: int | None) -> None:
-    """A/B switches of the Triton layer: launches without PDL, another fp8 promotion interval."""
+def apply_variant(package, no_pdl: bool, fp8_acc: int | None, split_dispatch: bool) -> None:
+    """A/B switches of the Triton layer: launches without PDL, another fp8 promotion interval,
+    the dispatch in two launches at every T (no one-launch decode path)."""
+    if split_dispatch:
+        dispatch = sys.modules[f"{package.__name__}.triton_dispatch"]
+        original = dispatch.dispatch
+        dispatch.dispatch = lambda *args, **kwargs: original(*args, **{**kwargs, "one_launch": 0})
     tiles = sys.modules.get(f"{package.__name__}.tiles")
     if tiles is None:
         return
@@ -87,6 +94,9 @@ def main() -> None:
     )
     parser.add_argument("--fp8-acc", type=int, default=None, help="FP8_ACC of every GEMM config")
     parser.add_argument(
+        "--split-dispatch", action="store_true", help="dispatch in two launches at every T"
+    )
+    parser.add_argument(
         "--times-table",
         default=None,
         help="a tuned table (JSON, e.g. ~/.cache/moec/tuned/nvidia-h200.json) to record the "
@@ -105,7 +115,7 @@ def main() -> None:
         if table:
             apply_buckets(fast, table, tuned.get(f"elementwise/{key}"))
             print(f"applied tuned buckets for {key}")
-    apply_variant(fast, args.no_pdl, args.fp8_acc)
+    apply_variant(fast, args.no_pdl, args.fp8_acc, args.split_dispatch)
     layer = fast.MoELayer(device=DEVICE).random_(0)
     reference = slow.MoELayer(device=DEVICE).random_(0)
     graph_safe = fast.PLAN["decisions"] and any(
@@ -180,6 +190,7 @@ def main() -> None:
             "tuned": args.tuned,
             "pdl": not args.no_pdl,
             "fp8_acc": args.fp8_acc,
+            "split_dispatch": args.split_dispatch,
             "rows": rows,
             "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
             "torch": torch.__version__,

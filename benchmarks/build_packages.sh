@@ -11,10 +11,14 @@ for backend in triton torch; do
     --set quant.scheme=fp8_block --set experts.gemm_backend=$backend
   $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_fp8sep_$backend \
     --set quant.scheme=fp8_block --set experts.gemm_backend=$backend --set experts.shared_experts=separate
+  $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_fp8ovl_$backend \
+    --set quant.scheme=fp8_block --set experts.gemm_backend=$backend --set experts.shared_experts=overlapped
   $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_bf16_$backend \
     --set quant.scheme=bf16 --set experts.gemm_backend=$backend
   $MOEC build benchmarks/specs/v2-lite.toml -o "$OUT" --set name=bench_v2lite_fp8_$backend \
     --set quant.scheme=fp8_block --set experts.gemm_backend=$backend
+  $MOEC build benchmarks/specs/v2-lite.toml -o "$OUT" --set name=bench_v2lite_fp8ovl_$backend \
+    --set quant.scheme=fp8_block --set experts.gemm_backend=$backend --set experts.shared_experts=overlapped
   $MOEC build benchmarks/specs/small.toml -o "$OUT" --set name=bench_small_mxfp8_$backend \
     --set quant.scheme=mxfp8 --set quant.checkpoint=bf16 --set experts.gemm_backend=$backend
   $MOEC build benchmarks/specs/small.toml -o "$OUT" --set name=bench_small_mxfp4_$backend \

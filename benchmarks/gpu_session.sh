@@ -50,15 +50,15 @@ for step in ${STEPS:-test bench}; do
         tail -9 "$RESULTS/bench_$scheme.log"
       done
       ;;
-    bench-ab)  # the default Triton layer, then without PDL, then fp8 promoted every 128 K
+    bench-ab)  # the default Triton layer, then without PDL, then with the dispatch in two launches
       packages
-      for variant in default no-pdl fp8-acc-128; do
+      for variant in default no-pdl split-dispatch; do
         case $variant in
           default) flags="" ;;
           no-pdl) flags="--no-pdl" ;;
-          fp8-acc-128) flags="--fp8-acc 128" ;;
+          split-dispatch) flags="--split-dispatch" ;;
         esac
-        python3 benchmarks/bench_moe.py --scheme fp8_block --tokens "${AB_TOKENS:-1,64,4096}" \
+        python3 benchmarks/bench_moe.py --scheme "${AB_SCHEME:-fp8_block}" --tokens "${AB_TOKENS:-1,64,4096}" \
           --torch-max-tokens 64 $flags --out "$RESULTS/ab_$variant.json" > "$RESULTS/ab_$variant.log" 2>&1
         echo "== $variant"; tail -4 "$RESULTS/ab_$variant.log"
       done

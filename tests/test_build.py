@@ -169,7 +169,33 @@ SPECS_FOR_HYGIENE = [
     ("tiny-cpu.toml", ["parallel.tp_size=2", "model.moe_intermediate_size=256"]),
     ("deepseek-v3-fp8.toml", []),
     ("deepseek-v3-bf16.toml", ["experts.gemm_backend=torch"]),
+    ("deepseek-v3-fp8.toml", ["experts.shared_experts=overlapped"]),
 ]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["parallel.tp_size=2"], ["parallel.dispatch=all2all", "parallel.ep_size=2"]],
+)
+def test_overlapped_shared_experts_fork_first_and_join_before_their_reader(overrides):
+    """The shared experts are issued first, inside the side stream's block, and the current
+    stream joins it on the line before the stage that reads their output."""
+    spec = load_spec(
+        EXAMPLES / "deepseek-v3-fp8.toml", ["experts.shared_experts=overlapped", *overrides]
+    )
+    files = render_package(spec)
+    assert "streams.py" in files
+    layer = files["layer.py"].decode()
+    assert "self.side_stream = streams.SideStream()" in layer
+    lines = [line.strip() for line in layer[layer.index("def forward") :].splitlines()]
+    fork = lines.index("with self.side_stream.beside(x):")
+    calls = [i for i, line in enumerate(lines) if " = stages." in line]
+    assert lines[calls[0]] == "shared = stages.shared_expert(" and calls[0] == fork + 1
+    join = lines.index("self.side_stream.join(shared)")
+    after = " ".join(lines[join + 1 :])
+    reader = after[: after.index(")") + 1]  # the first statement after the join
+    assert " = stages." in reader and "shared" in reader.split("(", 1)[1]
+    assert join > calls[1]  # the routed chain was issued in between
 
 
 @pytest.mark.parametrize("example, overrides", SPECS_FOR_HYGIENE)

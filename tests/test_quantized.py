@@ -121,6 +121,19 @@ def test_activations_match_float64_reference(load_layer, kind, params):
     assert _norm_error(out, emulated) <= 2**-7
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_overlapped_shared_experts_equal_separate(load_layer, backend):
+    """Overlapped shared experts are the separate ones issued first, on a second stream (on the
+    CPU: in order): the same kernels on the same inputs, the same bits."""
+    options = ("model.n_shared_experts=2", "quant.checkpoint=bf16", "quant.scheme=fp8_block")
+    options += (f"experts.gemm_backend={backend}",)
+    separate = load_layer(SPEC, *options, "experts.shared_experts=separate").MoELayer().random_(7)
+    overlapped = load_layer(SPEC, *options, "experts.shared_experts=overlapped").MoELayer()
+    overlapped.random_(7)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(8)).bfloat16()
+    assert torch.equal(overlapped(x), separate(x))
+
+
 def test_fused_shared_experts_equal_separate(load_layer):
     """Fused shared experts (extra experts of weight 1) compute the same layer as separate."""
     separate = load_layer(SPEC, "model.n_shared_experts=2").MoELayer().random_(7)

@@ -167,6 +167,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("noaux_tc_scoring", {"router.topk_method": "noaux_tc"}, "router.scoring_func"),
     (
+        "overlapped_shared_experts",
+        {"experts.shared_experts": "overlapped", "model.n_shared_experts": 0},
+        "experts.shared_experts",
+    ),
+    (
         "fused_shared_experts",
         {"experts.shared_experts": "fused", "model.n_shared_experts": 0},
         "experts.shared_experts",

@@ -12,6 +12,8 @@ from moec.codegen.signature import Signature, signature
 from moec.plan.graph import Plan
 from moec.plan.stages import Stage
 
+SIDE_STREAM_NOTE = "on a second CUDA stream, overlapping the stages issued after it"
+
 
 @dataclass(frozen=True)
 class StageFunction:
@@ -48,6 +50,7 @@ class Rendered:
 def render_stages(jinja, plan: Plan, modules: set[str]) -> Rendered:
     """Each stage of `plan` through its renderer."""
     rendered = Rendered([], [], "", {}, set(), modules)
+    beside = side_stream_stages(plan)
     for stage in stages_of(plan):
         found = registry.renderer(stage.kind, stage.backend)
         code = found.fill(plan, stage)
@@ -56,7 +59,15 @@ def render_stages(jinja, plan: Plan, modules: set[str]) -> Rendered:
         body = render(jinja, found.template(stage), fields).rstrip("\n")
         function = StageFunction(stage.name, sig, code.doc, body)
         rendered.functions.append(function)
-        rendered.calls.append(function.call_line)
+        for producer, edge in plan.inputs(stage.name):
+            if producer in beside:  # wait for the side stream before reading its output
+                rendered.calls.append(f"self.side_stream.join({edge.tensor})")
+        if stage.name in beside:
+            rendered.calls.append(f"# {stage.name}: {SIDE_STREAM_NOTE}")
+            rendered.calls.append("with self.side_stream.beside(x):")
+            rendered.calls.append(f"    {function.call_line}")
+        else:
+            rendered.calls.append(function.call_line)
         _bind(rendered.bindings, code.bindings)
         rendered.imports.update(code.imports)
         rendered.modules.update(found.runtime(stage))
@@ -121,6 +132,11 @@ def with_split(plan: Plan, below: Rendered, above: Rendered) -> Rendered:
         below.imports | above.imports,
         below.modules | above.modules,
     )
+
+
+def side_stream_stages(plan: Plan) -> set[str]:
+    """The stages the forward issues on its second CUDA stream (runtime module streams)."""
+    return {s.name for s in stages_of(plan) if getattr(s, "side_stream", False)}
 
 
 def stages_of(plan: Plan) -> list[Stage]:

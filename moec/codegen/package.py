@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from moec.codegen.functions import render_stages, with_split
+from moec.codegen.functions import render_stages, side_stream_stages, with_split
 from moec.codegen.render import environment, literal, render
 from moec.plan.activations import lower
 from moec.plan.graph import Plan
@@ -67,7 +67,10 @@ def python_sources(plan: Plan) -> dict[str, str]:
     if "tiles" in modules:
         sources["tiles.py"] = render(jinja, "package/tiles.py.j2", {**common, **_tile_fields(plan)})
     sources["check.py"] = render(jinja, "package/check.py.j2", common)
-    for module in runtime_closure((modules - set(GENERATED_MODULES)) | set(CHECK_MODULES)):
+    layer_modules = {"streams"} if side_stream_stages(plan) else set()
+    for module in runtime_closure(
+        (modules - set(GENERATED_MODULES)) | set(CHECK_MODULES) | layer_modules
+    ):
         sources[f"{module}.py"] = _runtime_copy(jinja, module, common)
     return sources
 
@@ -137,6 +140,7 @@ def _layer_fields(plan: Plan, calls: list[str]) -> dict[str, Any]:
         "world": world,
         "world_doc": f"{kind}-parallel ranks" if world > 1 else "one rank",
         "empty_returns_early": layer.ep == 1,
+        "side_stream": bool(side_stream_stages(plan)),
         "calls": calls,
         "forward_doc": f"Route each token to its top-{layer.top_k} experts and return the "
         f"weighted sum{shared}.",

@@ -443,10 +443,20 @@ def _shared_expert(plan: Plan, gemm: str) -> None:
             intermediate=layer.shared_intermediate,
             activation=layer.activation,
             values=layer.activation_values,
+            side_stream=layer.shared_overlap,
             outputs={"shared": TensorType(layer.dtype, ("T", "H"))},
             weights=weights,
-            note=f"dense gated MLP of width {layer.shared_intermediate}, {fmt.label()}",
+            note=f"dense gated MLP of width {layer.shared_intermediate}, {fmt.label()}"
+            + (", on a second CUDA stream" if layer.shared_overlap else ""),
             origin=("experts.shared_experts", "quant.shared_scheme", "experts.gemm_backend"),
         )
     )
     plan.connect("input", "shared_expert", "x")
+    if layer.shared_overlap:
+        plan.decide(
+            "shared experts",
+            "separate, on a second CUDA stream",
+            "set in the spec (experts.shared_experts = overlapped): they start with the forward "
+            "and run while the router, the selection and the dispatch do; the stage that adds "
+            "their output waits for them",
+        )

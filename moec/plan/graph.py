@@ -133,6 +133,8 @@ class Plan:
         def key(name: str) -> str:
             stage = self.stage(name)
             position = rank.get(name, rank.get(stage.kind, len(rank)))
+            if getattr(stage, "side_stream", False):  # issued first, to overlap the rest
+                position = 0
             return f"{position:02d}:{name}"
 
         return [self.stage(n) for n in nx.lexicographical_topological_sort(self.graph, key=key)]

@@ -114,6 +114,8 @@ class Layer:
     routed: QuantFormat
     shared: QuantFormat
     fused_shared: bool
+    shared_overlap: bool
+    """The (separate) shared experts run on a second CUDA stream (experts.shared_experts)."""
     tp: int
     ep: int
     nodes: int
@@ -161,6 +163,7 @@ def layer_of(spec: Spec) -> Layer:
         routed=quant_format(spec.quant.scheme, spec),
         shared=quant_format(spec.quant.shared_scheme or spec.quant.scheme, spec),
         fused_shared=fused,
+        shared_overlap=spec.experts.shared_experts == "overlapped",
         tp=parallel.tp_size,
         ep=parallel.ep_size,
         nodes=parallel.nodes,

@@ -181,6 +181,8 @@ class SharedExpert(Stage):
     intermediate: int
     activation: str
     values: tuple[tuple[str, float], ...]
+    side_stream: bool = False
+    """Runs on a second CUDA stream from the start of the forward; its consumer waits for it."""
 
 
 @dataclass(frozen=True, kw_only=True)

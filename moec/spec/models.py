@@ -204,11 +204,12 @@ class Experts(Table):
     masked_memory_budget_gib."""
     masked_memory_budget_gib: PositiveFloat | None = None
     """Memory the masked layout may take; default 20% of the target's device memory."""
-    shared_experts: Literal["auto", "separate", "fused"] = "auto"
+    shared_experts: Literal["auto", "separate", "fused", "overlapped"] = "auto"
     """separate: a dense MLP beside the routed experts; fused: appended as extra experts that
-    every token selects with weight 1; auto: fused where the GEMM backend is triton or deep_gemm
-    and the rules allow it (the shared experts in the routed scheme, no EP or TP), else
-    separate."""
+    every token selects with weight 1; overlapped: separate, on a second CUDA stream from the
+    start of the forward, so that they run while the router, the selection and the dispatch do
+    (on a CPU: in order); auto: fused where the GEMM backend is triton or deep_gemm and the
+    rules allow it (the shared experts in the routed scheme, no EP or TP), else separate."""
 
 
 class Parallel(Table):

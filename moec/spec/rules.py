@@ -349,6 +349,18 @@ def _noaux(spec: Spec) -> Iterator[Problem]:
 # --- experts and backends -----------------------------------------------------------------
 
 
+@rule("overlapped_shared_experts")
+def _overlapped_shared(spec: Spec) -> Iterator[Problem]:
+    """Overlapped shared experts need shared experts to run."""
+    if spec.experts.shared_experts == "overlapped" and spec.model.n_shared_experts == 0:
+        yield problem(
+            "experts.shared_experts",
+            "there are no shared experts to overlap (n_shared_experts = 0)",
+            '"separate", or set model.n_shared_experts',
+            value="overlapped",
+        )
+
+
 @rule("fused_shared_experts")
 def _fused_shared(spec: Spec) -> Iterator[Problem]:
     """Fused shared experts run inside the routed grouped GEMM: there must be shared experts,

@@ -74,6 +74,21 @@ def test_fused_shared_expert_equals_separate(layers):
     assert norm_error(fused, separate) <= BOUND["fp8_block"]
 
 
+def test_overlapped_shared_expert_equals_separate(layers):
+    """The shared experts on a second stream run the same kernels on the same inputs as the
+    separate ones: the same bits, eager and replayed from a CUDA graph (the fork and the join
+    captured), at a decode and a prefill size."""
+    for tokens in (1, 512):
+        x = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
+        separate = layers("fp8_block", "contiguous", "triton")(x)
+        layer = layers("fp8_block", "contiguous", "triton", "overlapped")
+        assert torch.equal(layer(x), separate)
+        replay, out = self_check.cuda_graph(lambda: layer(x), warmup=1)  # noqa: B023
+        replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, separate)
+
+
 def test_cuda_graph_replay_equals_eager(layers):
     layer = layers("fp8_block", "contiguous", "triton")
     x = torch.randn(8, HIDDEN, device="cuda").bfloat16()
