@@ -4,7 +4,7 @@
 # into $RESULTS/session.tgz at the end (the device tool returns at most 8 files). The bench step
 # also records each layer's best time per T in $RESULTS/times.json (a tuned table's backends/<key>
 # entries, which gemm_backend auto chooses by).
-#   STEPS="test bench"  (any of: deps test bench bench-ab decode micro tune check)
+#   STEPS="test bench"  (any of: deps test bench bench-ab decode micro tune tune-ab check)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 RESULTS=/tmp/session
@@ -81,6 +81,23 @@ for step in ${STEPS:-test bench}; do
         --tokens "${TUNE_TOKENS:-1,16,64,256,1024,4096,16384}" > "$RESULTS/tune.log" 2>&1
       tail -4 "$RESULTS/tune.log"
       MOEC_TUNING_DIR=$RESULTS/tuned python3 -m moec explain "${spec[@]}" | grep "triton tiles ="
+      ;;
+    tune-ab)  # tune some buckets afresh, then the layer with the shipped table and with them
+      packages
+      key=fp8_block/H7168/I2048/E256/K8
+      MOEC_TUNING_DIR=$RESULTS/tuned timeout "${TUNE_SECONDS:-300}" python3 -m moec tune \
+        benchmarks/specs/v3.toml --set quant.scheme=fp8_block --tokens "$TUNE_TOKENS" \
+        > "$RESULTS/tune.log" 2>&1
+      tail -3 "$RESULTS/tune.log"
+      python3 benchmarks/merge_tuned.py moec/plan/tuned/h200.json "$RESULTS"/tuned/*.json \
+        --tokens "$TUNE_TOKENS" --key $key -o "$RESULTS/merged.json" || continue
+      for table in shipped merged; do
+        file=moec/plan/tuned/h200.json
+        [ $table = merged ] && file=$RESULTS/merged.json
+        python3 benchmarks/bench_moe.py --scheme fp8_block --tokens "${AB_TOKENS:-$TUNE_TOKENS}" \
+          --torch-max-tokens 0 --tuned "$file" --out "$RESULTS/tune_$table.json" > "$RESULTS/tune_$table.log" 2>&1
+        echo "== $table"; tail -3 "$RESULTS/tune_$table.log"
+      done
       ;;
     check)  # python -m <package>.check of the V3 layer: Triton fp8_block, torch bf16
       for variant in fp8_block:triton bf16:torch; do

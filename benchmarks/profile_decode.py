@@ -2,9 +2,11 @@
 
 For each package and T (default 1): capture the layer in a CUDA graph, replay it under
 torch.profiler (CUPTI traces the kernels of a graph), and list each kernel's median duration in
-launch order, their sum, and the replay's wall time measured with CUDA events. Wall minus the
-kernel sum is what the launches cost beyond the kernels themselves (gaps between dependent
-kernels, the drain of one before the next starts). Prints a table; writes JSON.
+launch order, their sum, and the replay's wall time measured with CUDA events. The kernels are
+profiled launched without PDL (with it, a kernel starts early and waits inside, and its duration
+would include the wait); wall minus the kernel sum is then what the launches cost beyond the
+kernels themselves. The wall with PDL, as the package runs, is measured first. Prints a table;
+writes JSON.
 
     python benchmarks/profile_decode.py --packages bench_v3_fp8_triton,bench_v3_bf16_triton --out $OUT/decode.json
 """
@@ -13,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from functools import partial
 from pathlib import Path
 
 import torch
-from common import dump, graphed, import_package, median_ms
+from common import apply_variant, dump, graphed, import_package, median_ms
 from torch.profiler import ProfilerActivity, profile
 
 REPLAYS = 20
@@ -46,19 +49,29 @@ def kernel_rows(replay) -> list[dict]:
 
 
 def profile_package(name: str, tokens: int) -> dict:
+    """One graph replay's wall time as built, then, launched without PDL, its wall time and each
+    kernel's duration (with PDL a kernel starts before its predecessor ends and waits inside, so
+    its duration would include that wait)."""
     package = import_package(name)
     layer = package.MoELayer(device="cuda").random_(0)
     hidden = package.PLAN["choices"]["dims"]["hidden"]
     x = torch.randn(tokens, hidden, device="cuda").bfloat16()
+    wall_ms = median_ms(graphed(partial(layer, x)), warmup=5, repeats=50)
+    tiles = sys.modules.get(f"{package.__name__}.tiles")
+    pdl = getattr(tiles, "PDL", False)
+    apply_variant(package, no_pdl=True, fp8_acc=None, split_dispatch=False)
     replay = graphed(partial(layer, x))
-    wall_ms = median_ms(replay, warmup=5, repeats=50)
+    wall_no_pdl_ms = median_ms(replay, warmup=5, repeats=50)
     rows = kernel_rows(replay)
+    if tiles is not None:
+        tiles.PDL = pdl
     kernel_us = sum(r["us"] for r in rows)
     floor = next((r["floor_ms"] for r in package.PLAN["cost"] if r["tokens"] == tokens), None)
     return {
         "package": name,
         "tokens": tokens,
         "graph_ms": round(wall_ms, 4),
+        "graph_ms_no_pdl": round(wall_no_pdl_ms, 4),
         "kernel_sum_ms": round(kernel_us / 1e3, 4),
         "plan_floor_ms": floor,
         "kernels": rows,
@@ -81,8 +94,9 @@ def main() -> None:
                 continue
             results.append(result)
             print(
-                f"\n{name} T={tokens}: graph {result['graph_ms']} ms, kernels "
-                f"{result['kernel_sum_ms']} ms, plan floor {result['plan_floor_ms']} ms"
+                f"\n{name} T={tokens}: graph {result['graph_ms']} ms (without PDL "
+                f"{result['graph_ms_no_pdl']}), kernels {result['kernel_sum_ms']} ms without "
+                f"PDL, plan floor {result['plan_floor_ms']} ms"
             )
             for row in result["kernels"]:
                 print(f"  {row['us']:>8} us  {row['kernel']}")

@@ -41,9 +41,13 @@ def _decode() -> list[Row]:
 
 def _mid() -> list[Row]:
     rows: list[Row] = [(bm, bn, 4, 3, {}) for bm in (16, 32, 64) for bn in (64, 128)]
+    # deeper pipelines keep more weight bytes in flight per program: the mid sizes still stream
+    # every expert's weights (T=256 touches all of them) with few rows to compute per tile
+    rows += [(bm, 64, 4, s, {}) for bm in (32, 64) for s in (4, 5)]
     rows += [
         (bm, bn, 4, s, {"SWAP_AB": True}) for bm in (16, 32) for bn in (64, 128) for s in (3, 4)
     ]
+    rows += [(bm, 64, 4, s, {"SWAP_AB": True}) for bm in (16, 32) for s in (5, 6)]
     rows += [(bm, 128, 4, 4, {"TMA": True}) for bm in (16, 32, 64)]
     rows += [(bm, 64, 4, 4, {"TMA": True, "PROGRAMS": 8192}) for bm in (16, 32)]
     return rows
