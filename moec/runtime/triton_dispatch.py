@@ -1,12 +1,13 @@
 """dispatch: token rows into the grouped layout of their top-k experts, with the layout's indices.
 
-Up to `one_launch` assignments (decode) of the contiguous layout, one launch does both: a program
-per assignment finds its row from the histogram of all assignments (the expert's padded start,
-plus how many earlier assignments chose the same expert: token order within each expert, the
-rows route_layout gives), writes the indices, and copies its token's row there, quantized. Each
-token is read and quantized once per assignment, which at a few tokens costs less than a second
-launch; the expert's first assignment writes the expert's padding rows, and one more program
-writes counts, starts, num_rows and the unused tail.
+Up to `one_launch` assignments (decode) of the contiguous layout, one launch does both: the
+programs of an assignment (one per BLOCK_H columns) find its row from the histogram of all
+assignments (the expert's padded start, plus how many earlier assignments chose the same
+expert: token order within each expert, the rows route_layout gives) and copy their columns of
+its token's row there, quantized; the first of them writes the indices. Each token is read and
+quantized once per assignment, which at a few tokens costs less than a second launch; the
+expert's first assignment writes the expert's padding rows, and one more program writes
+counts, starts, num_rows and the unused tail.
 Above, or for the masked layout, route_layout then permute_quant (two launches at most 1024
 assignments, four above).
 """
@@ -60,17 +61,20 @@ def _dispatch_one_launch_kernel(
     BLOCK_M: tl.constexpr,  # row padding of each expert
     BLOCK_A: tl.constexpr,  # power of two >= A
     BLOCK_E: tl.constexpr,  # power of two > E
-    BLOCK_H: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # columns per program (program_id(1))
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
     a = tl.program_id(0)
+    h0 = tl.program_id(1) * BLOCK_H
     offs = tl.arange(0, BLOCK_A)
     ids = tl.load(ids_ptr + offs, mask=offs < A, other=E)  # E: a bin no expert reads
     bins = tl.arange(0, BLOCK_E)
     counts = tl.where(bins < E, tl.histogram(ids, BLOCK_E), 0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    if a == A:  # the extra program: the layout's records and its unused tail
+    if a == A:  # the extra programs (the first one works): the layout's records, the unused tail
+        if h0 > 0:
+            return
         total = tl.sum(padded, axis=0)
         tl.store(counts_ptr + bins, counts, mask=bins < E)
         starts = tl.cumsum(padded, axis=0) - padded
@@ -86,26 +90,25 @@ def _dispatch_one_launch_kernel(
         start = tl.sum(tl.where(bins < expert, padded, 0), axis=0)
         row = start + rank
         token = a // K
-        tl.store(row_of_ptr + a, row)
-        tl.store(token_of_row_ptr + row, token)
-        tl.store(m_indices_ptr + row, expert)
-        if rank == 0:  # the expert's padding rows
-            end = start + tl.sum(tl.where(bins == expert, padded, 0), axis=0)
-            first = start + tl.sum(tl.where(bins == expert, counts, 0), axis=0)
-            for r0 in range(first, end, BLOCK_A):
-                rows = r0 + offs
-                tl.store(token_of_row_ptr + rows, -1, mask=rows < end)
-                tl.store(m_indices_ptr + rows, -1, mask=rows < end)
-        rows = row + tl.zeros((1,), dtype=tl.int32)
-        for h0 in range(0, H, BLOCK_H):
-            offs_h = h0 + tl.arange(0, BLOCK_H)
-            x_ptrs = x_ptr + token.to(tl.int64) * stride_xt + offs_h[None, :] * stride_xh
-            x = tl.load(x_ptrs, mask=(offs_h < H)[None, :], other=0.0)
-            value, scale = quantize_tile(x, scale_ptr, QUANT, GROUP_SIZE, UE8M0, SOFT_ROUND)
-            store_rows(
-                out_ptr, scale_ptr, rows, h0, H, value, scale,
-                stride_om, stride_oh, stride_sm, stride_sg, QUANT, GROUP_SIZE,
-            )  # fmt: skip
+        if h0 == 0:  # the indices, once per assignment
+            tl.store(row_of_ptr + a, row)
+            tl.store(token_of_row_ptr + row, token)
+            tl.store(m_indices_ptr + row, expert)
+            if rank == 0:  # the expert's padding rows
+                end = start + tl.sum(tl.where(bins == expert, padded, 0), axis=0)
+                first = start + tl.sum(tl.where(bins == expert, counts, 0), axis=0)
+                for r0 in range(first, end, BLOCK_A):
+                    rows = r0 + offs
+                    tl.store(token_of_row_ptr + rows, -1, mask=rows < end)
+                    tl.store(m_indices_ptr + rows, -1, mask=rows < end)
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        x_ptrs = x_ptr + token.to(tl.int64) * stride_xt + offs_h[None, :] * stride_xh
+        x = tl.load(x_ptrs, mask=(offs_h < H)[None, :], other=0.0)
+        value, scale = quantize_tile(x, scale_ptr, QUANT, GROUP_SIZE, UE8M0, SOFT_ROUND)
+        store_rows(
+            out_ptr, scale_ptr, row + tl.zeros((1,), dtype=tl.int32), h0, H, value, scale,
+            stride_om, stride_oh, stride_sm, stride_sg, QUANT, GROUP_SIZE,
+        )  # fmt: skip
 
 
 def dispatch(
@@ -161,14 +164,14 @@ def _one_launch(
     if quant != "tensor" or scale is None:
         scale = empty_scale
     hidden = x.shape[1]
-    block_h = min(triton.next_power_of_2(hidden), 8192)
-    if quant == "group":
-        block_h = max(block_h, group_size)
+    block_h = config["BLOCK_H"]
+    if quant == "group" and block_h % group_size:
+        raise ValueError(f"BLOCK_H={block_h} is not a multiple of group_size={group_size}")
     if quant == "tensor" and scale is empty_scale:
         dynamic_scale(x, scale, config=config, ue8m0=ue8m0, pdl=pdl)
     strides_s = scale.view(-1, scale.shape[-1]).stride() if quant == "group" else (0, 0)
     assignments = topk_ids.numel()
-    _dispatch_one_launch_kernel[(assignments + 1,)](
+    _dispatch_one_launch_kernel[(assignments + 1, triton.cdiv(hidden, block_h))](
         # pointers
         x,
         topk_ids,
@@ -201,7 +204,7 @@ def _one_launch(
         BLOCK_A=max(triton.next_power_of_2(assignments), 16),
         BLOCK_E=triton.next_power_of_2(experts + 1),
         BLOCK_H=block_h,
-        num_warps=4,
+        num_warps=config["num_warps"],
         **launch_options(pdl),
     )
     return out, scale, routing
