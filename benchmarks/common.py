@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -102,11 +103,22 @@ def layer_flops(package, tokens: int) -> float:
     )
 
 
+WARM_SECONDS = 0.25
+"""Each timing first runs fn() for this long: an idle H200 sits at a low SM clock, and a few
+0.1 ms replays end before it has raised it (a decode step measured first in a process took
+0.145 ms, the same graph measured after other work 0.129; benchmarks/RESULTS.md, run 18)."""
+
+
 def median_ms(fn, warmup: int = 3, repeats: int = 20) -> float:
-    """Median of CUDA-event timings of fn(), each run started on an idle GPU (host timer
-    without CUDA, for dry runs): moec/runtime/self_check.py's timer."""
+    """Median of CUDA-event timings of fn(), each run started on an idle GPU, after at least
+    `warmup` runs and WARM_SECONDS of them (host timer without CUDA, for dry runs):
+    moec/runtime/self_check.py's timer."""
     if not torch.cuda.is_available():
         return self_check.median_ms(fn, "cpu", repeats, warmup)
+    start = time.perf_counter()
+    while time.perf_counter() - start < WARM_SECONDS:
+        fn()
+        torch.cuda.synchronize()
     return self_check.median_ms(fn, "cuda", repeats, warmup, barrier=torch.cuda.synchronize)
 
 
