@@ -12,6 +12,8 @@ LAYOUT "contiguous"  m_indices[M]: each BLOCK_M block is one expert's rows (+ it
                      or all padding; rows with -1, or at or past num_rows[0], are not written.
        "masked"      A [E, max_m, K], masked_m[E]; rows at or past masked_m[e] are neither read
                      nor written.
+       "dense"       every row is expert 0's (a dense MLP, e.g. the shared experts): no index
+                     tensor to build.
 """
 
 import torch
@@ -44,7 +46,7 @@ def _grouped_gemm_kernel(
     w_ptr,  # [E, N, K], mxfp4: [E, N, K / 2] uint8
     w_scale_ptr,  # see SCHEME; unused for bf16
     out_ptr,  # [M, N] bf16 / fp16 / fp32
-    index_ptr,  # contiguous: m_indices [M] int32; masked: masked_m [E] int32
+    index_ptr,  # contiguous: m_indices [M] int32; masked: masked_m [E] int32; dense: unused
     num_rows_ptr,  # contiguous with HAS_NUM_ROWS: [1] int32, rows in use
     # dims
     M,  # rows of A (masked: max_m, rows per expert)
@@ -98,6 +100,11 @@ def _grouped_gemm_kernel(
             return
         rows = expert.to(tl.int64) * M + slot
         valid = slot < used
+    elif LAYOUT == "dense":
+        expert = pid_m * 0  # expert 0, a tensor like the other layouts' expert
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        valid = rows < M
+        rows = rows.to(tl.int64)
     else:
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         used = M
@@ -234,15 +241,17 @@ def grouped_gemm(
 
     Contiguous layout (pass m_indices [M] int32, optionally num_rows [1] int32 on the device):
     a [M, K], out [M, N]. Masked layout (pass masked_m [E] int32): a [E, max_m, K], out
-    [E, max_m, N] (each viewable as 2-D). Any strides. config: BLOCK_M (dividing the layout's
+    [E, max_m, N] (each viewable as 2-D). Dense (pass neither): a [M, K], out [M, N], every row
+    expert 0's. Any strides. config: BLOCK_M (dividing the layout's
     row alignment), BLOCK_N, BLOCK_K (dividing 128 for fp8_block, a multiple of 32 for mx),
     GROUP_SIZE_M, num_warps, num_stages; optional SWAP_AB, TMA (+ WARP_SPECIALIZE, PROGRAMS), and
     FP8_ACC: K elements the fp8 tensor cores sum before the fp32 promotion (default 32, one
     Hopper wgmma: Hopper's fp8 accumulation is narrower than fp32, see docs/numerics.md).
     pdl: programmatic dependent launch. Launches nothing when there are no rows. Returns out.
     """
-    if (m_indices is None) == (masked_m is None):
-        raise ValueError("pass exactly one of m_indices (contiguous) or masked_m (masked)")
+    if m_indices is not None and masked_m is not None:
+        raise ValueError("pass m_indices (contiguous), masked_m (masked), or neither (dense)")
+    layout = "masked" if masked_m is not None else "dense" if m_indices is None else "contiguous"
     if scheme not in ("bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"):
         raise ValueError(f"unknown scheme {scheme!r}")
     if scheme != "bf16" and (a_scale is None or w_scale is None):
@@ -279,8 +288,8 @@ def grouped_gemm(
             out2,
             scheme,
             config,
-            m_indices,
-            masked_m,
+            layout,
+            m_indices if masked_m is None else masked_m,
             num_rows,
             rows,
             stride_as,
@@ -296,7 +305,7 @@ def grouped_gemm(
         w,
         w_scale,
         out2,
-        m_indices if masked_m is None else masked_m,
+        {"contiguous": m_indices, "masked": masked_m, "dense": a2}[layout],
         num_rows if num_rows is not None else a2,
         # dims
         rows,
@@ -315,7 +324,7 @@ def grouped_gemm(
         *stride_ws,
         # meta-parameters
         SCHEME=scheme,
-        LAYOUT="masked" if masked_m is not None else "contiguous",
+        LAYOUT=layout,
         HAS_NUM_ROWS=num_rows is not None,
         UPCAST=interpret,
         SOFT_ROUND=interpret,

@@ -82,6 +82,13 @@ def _grouped_gemm_tma_kernel(
             rows = expert.to(tl.int64) * M + slot
             valid = slot < count
             work = first_slot < count
+        elif LAYOUT == "dense":
+            expert = pid_m * 0  # expert 0, a tensor like the other layouts' expert
+            row0 = pid_m * BLOCK_M
+            rows = row0 + tl.arange(0, BLOCK_M)
+            valid = rows < M
+            rows = rows.to(tl.int64)
+            work = True
         else:
             row0 = pid_m * BLOCK_M
             rows = row0 + tl.arange(0, BLOCK_M)
@@ -145,8 +152,8 @@ def grouped_gemm_tma(
     out2,
     scheme,
     config,
-    m_indices,
-    masked_m,
+    layout,
+    index,
     num_rows,
     rows,
     stride_as,
@@ -155,7 +162,8 @@ def grouped_gemm_tma(
     pdl,
 ):
     """Launch the TMA, persistent variant (bf16, fp8_tensor, fp8_block; N % BLOCK_N == 0), with
-    the operands and scale strides grouped_gemm() prepared."""
+    the operands and scale strides grouped_gemm() prepared; index: m_indices (contiguous),
+    masked_m (masked) or None (dense)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     num_experts, n, k = w.shape
@@ -177,7 +185,7 @@ def grouped_gemm_tma(
         a_scale,
         w_scale,
         out2,
-        m_indices if masked_m is None else masked_m,
+        index if index is not None else a2,
         num_rows if num_rows is not None else a2,
         # dims
         rows,
@@ -191,7 +199,7 @@ def grouped_gemm_tma(
         *stride_ws,
         # meta-parameters
         SCHEME=scheme,
-        LAYOUT="masked" if masked_m is not None else "contiguous",
+        LAYOUT=layout,
         HAS_NUM_ROWS=num_rows is not None,
         UPCAST=interpret,
         SOFT_ROUND=interpret,

@@ -183,12 +183,12 @@ def _route_prefix_kernel(
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
-    bins = tl.program_id(0) * BINS + tl.arange(0, BINS)
+    bins = tl.program_id(0) * BINS + tl.arange(0, BINS)  # the grid covers BLOCK_E exactly
     carry = tl.zeros((BINS,), dtype=tl.int32)
     for p0 in range(0, PARTS, BLOCK_P):
         parts = p0 + tl.arange(0, BLOCK_P)
         ptrs = part_counts_ptr + parts[:, None] * BLOCK_E + bins[None, :]
-        mask = (parts < PARTS)[:, None] & (bins < BLOCK_E)[None, :]
+        mask = tl.broadcast_to((parts < PARTS)[:, None], (BLOCK_P, BINS))
         counts = tl.load(ptrs, mask=mask, other=0)
         tl.store(ptrs, carry[None, :] + tl.cumsum(counts, axis=0) - counts, mask=mask)
         carry += tl.sum(counts, axis=0)

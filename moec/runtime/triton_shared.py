@@ -1,6 +1,6 @@
 """The shared experts with the routed experts' Triton kernels: one dense gated MLP, run as a
 one-expert grouped GEMM over the T token rows (quantize, gate/up GEMM, activation (+ quantize),
-down GEMM)."""
+down GEMM), the GEMMs in their dense layout (every row expert 0's: no index tensor to fill)."""
 
 import torch
 
@@ -33,7 +33,6 @@ def shared_mlp(
     input_scales: the static (w13, w2) per-tensor activation scales, or None (dynamic);
     pdl: programmatic dependent launch of the four kernels."""
     tokens = x.shape[0]
-    one_expert = torch.zeros(tokens, dtype=torch.int32, device=x.device)  # every row: expert 0
     static = input_scales or (None, None)
     quantized = {"quant": quant, "group_size": group_size, "ue8m0": ue8m0, "pdl": pdl}
     if quant == "none":
@@ -49,7 +48,6 @@ def shared_mlp(
         h,
         scheme=scheme,
         config=gate_up_config,
-        m_indices=one_expert,
         pdl=pdl,
     )
     g, g_scale = act_quant_rows(
@@ -69,6 +67,5 @@ def shared_mlp(
         out,
         scheme=scheme,
         config=down_config,
-        m_indices=one_expert,
         pdl=pdl,
     )

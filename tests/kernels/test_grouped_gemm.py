@@ -225,6 +225,26 @@ def test_tma_persistent_masked(scheme):
 
 
 @pytest.mark.parametrize("scheme", ["bf16", "fp8_per_tensor", "fp8_block"])
+@pytest.mark.parametrize(
+    "config",
+    [CONFIG, dict(CONFIG, SWAP_AB=True, BLOCK_M=16), TMA_CONFIG],
+    ids=["plain", "swap_ab", "tma"],
+)
+def test_dense(scheme, config):
+    """No index tensor: every row is expert 0's (the shared experts' MLP), 37 rows so the last
+    tile is partly past the end."""
+    kernels = load()
+    rows, n, k = 37, 256, 256
+    a, a_scale, w, w_scale, a_deq, w_deq = operands(scheme, rows, n, k, 1, torch.bfloat16)
+    out = poison(torch.empty(rows, n, dtype=torch.bfloat16))
+    kernels.grouped_gemm(a, a_scale, w, w_scale, out, scheme=scheme, config=config)
+    expert_of_row = torch.zeros(rows, dtype=torch.long)
+    check(
+        out, a_deq, w_deq, expert_of_row, torch.ones(rows, dtype=torch.bool), k, config["BLOCK_K"]
+    )
+
+
+@pytest.mark.parametrize("scheme", ["bf16", "fp8_per_tensor", "fp8_block"])
 def test_swap_ab(scheme):
     """W A^T tiles (the expert's weight rows as the MMA's M): the same output."""
     run_contiguous(scheme, config=dict(CONFIG, SWAP_AB=True, BLOCK_M=16), block_m=16)
