@@ -2,8 +2,8 @@
 
 Runs where only torch and triton are installed (the GPU image has no moec dependencies): the
 layer packages are built beforehand with `make bench-packages` and carried to the GPU. The timer
-and the CUDA-graph capture are moec/runtime/self_check.py's, which needs only torch, like all of
-moec/runtime (the repo root on PYTHONPATH, as gpu_session.sh sets it).
+and the CUDA-graph capture are moec/runtime's (self_check.py, cuda_graph.py), which need only
+torch, like all of moec/runtime (the repo root on PYTHONPATH, as gpu_session.sh sets it).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from moec.runtime import self_check
+from moec.runtime import cuda_graph, self_check
 
 PACKAGES = Path(
     os.environ.get("MOEC_BENCH_PACKAGES", Path(__file__).resolve().parent / ".packages")
@@ -124,7 +124,7 @@ def median_ms(fn, warmup: int = 3, repeats: int = 20) -> float:
 
 def graphed(fn):
     """Capture fn() in a CUDA graph (two warm-ups first); return a function replaying it."""
-    replay, _ = self_check.cuda_graph(fn, warmup=2)
+    replay, _ = cuda_graph.capture(fn, warmup=2)
     return replay
 
 

@@ -191,26 +191,6 @@ def median_ms(run, device: str, repeats: int, warmup: int, barrier=None) -> floa
     return sorted(times)[len(times) // 2]
 
 
-def cuda_graph(run, warmup: int):
-    """Capture run() in a CUDA graph; return the graph's replay and the output of the captured
-    run (its memory belongs to the graph: each replay writes it again). The `warmup` runs before
-    the capture go on a side stream, as torch's CUDA graph notes ask, so that kernels compile
-    and memory is allocated outside the capture.
-
-    Not used by the self-check itself: the benchmarks and the GPU tests capture layers with it
-    (one definition, beside median_ms)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
-    return graph.replay, out
-
-
 def _arguments(name: str, plan: dict) -> argparse.ArgumentParser:
     dims = plan["choices"]["dims"]
     default = [t for t in DEFAULT_TOKENS if t <= dims["max_tokens"]] or [dims["max_tokens"]]

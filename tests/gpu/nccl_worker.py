@@ -7,7 +7,7 @@ import os
 import torch
 from dist_worker import edit_bias, import_package
 
-from moec.runtime import self_check
+from moec.runtime import cuda_graph, self_check
 
 # NVLink multicast stays off on the shared GPU machines (FACTS.md).
 MULTICAST_OFF = {
@@ -69,7 +69,7 @@ def graph_run(layer, x, eager_out) -> dict:
 
 def _graph_run(layer, x, eager_out) -> dict:
     static = x.clone()
-    replay, out = self_check.cuda_graph(lambda: layer(static), warmup=2)
+    replay, out = cuda_graph.capture(lambda: layer(static), warmup=2)
     replay()
     torch.cuda.synchronize()
     same = bool(torch.equal(out, eager_out))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moec.runtime import self_check
+from moec.runtime import cuda_graph
 
 from .specs import HIDDEN, SCHEMES, V3, norm_error
 
@@ -83,7 +83,7 @@ def test_overlapped_shared_expert_equals_separate(layers):
         separate = layers("fp8_block", "contiguous", "triton")(x)
         layer = layers("fp8_block", "contiguous", "triton", "overlapped")
         assert torch.equal(layer(x), separate)
-        replay, out = self_check.cuda_graph(lambda: layer(x), warmup=1)  # noqa: B023
+        replay, out = cuda_graph.capture(lambda: layer(x), warmup=1)  # noqa: B023
         replay()
         torch.cuda.synchronize()
         assert torch.equal(out, separate)
@@ -93,7 +93,7 @@ def test_cuda_graph_replay_equals_eager(layers):
     layer = layers("fp8_block", "contiguous", "triton")
     x = torch.randn(8, HIDDEN, device="cuda").bfloat16()
     eager = layer(x)
-    replay, out = self_check.cuda_graph(lambda: layer(x), warmup=1)
+    replay, out = cuda_graph.capture(lambda: layer(x), warmup=1)
     replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
