@@ -177,3 +177,28 @@ def test_expert_parallel_ranks_read_only_their_experts(load_layer, tmp_path):
     assert opened1 == ["common.safetensors", "experts-4-7.safetensors"]
     expected = load_layer(SPEC).MoELayer().load_weights(str(checkpoint))(x)
     assert _error(out0, expected) <= 1e-5 and _error(out1, expected) <= 1e-5
+
+
+def test_packed_rows_round_trip():
+    """A sent row packs its parts as bytes, each from a 16-byte boundary: unpacked, every part
+    (bf16 values, e4m3 values, fp32 scales, int32 ids, fp32 weights; widths that are not
+    multiples of 16 bytes) comes back bit for bit, for the rows asked for, in their order."""
+    from moec.runtime.all2all import pack_rows, unpack_rows
+
+    gen = torch.Generator().manual_seed(5)
+    parts = [
+        torch.randn(6, 7, generator=gen).bfloat16(),
+        torch.randn(6, 9, generator=gen).to(torch.float8_e4m3fn),
+        torch.rand(6, 3, generator=gen),
+        torch.randint(0, 100, (6, 5), generator=gen, dtype=torch.int32),
+        torch.rand(6, 5, generator=gen),
+    ]
+    index = torch.tensor([4, 0, 0, 5])
+    packed = pack_rows(parts, index)
+    assert packed.dtype == torch.uint8 and packed.shape[1] % 16 == 0
+    for got, part in zip(unpack_rows(packed, parts), parts, strict=True):
+        assert got.dtype == part.dtype
+        assert torch.equal(got.view(torch.uint8), part[index].view(torch.uint8))
+    assert [p.shape for p in unpack_rows(pack_rows(parts, index[:0]), parts)] == [
+        (0, p.shape[1]) for p in parts
+    ]

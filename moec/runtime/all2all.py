@@ -2,7 +2,9 @@
 
 Each rank holds `local_experts` whole experts (rank r: experts r * local_experts ..).
 dispatch sends each token once to every rank that owns one of its top-k experts, with its
-top-k ids and weights; the receiver keeps the (row, k) assignments of its own experts.
+top-k ids and weights; the receiver keeps the (row, k) assignments of its own experts. A sent
+row packs the token's values, its 1 x group scales, ids and weights into one row of bytes, so
+the rows travel in one exchange after the counts.
 combine weights and sums each received row's expert outputs on the expert rank (fp32), sends
 that partial sum back in the model dtype, and the token's rank adds the partials (fp32, one
 rounding). Row counts travel first (a host sync), so neither step fits a CUDA graph.
@@ -42,6 +44,33 @@ def exchange_rows(rows: torch.Tensor, received: list[int], send: list[int], grou
     return out
 
 
+ALIGN = 16
+"""Bytes each part of a packed row starts on: any dtype's view of it is aligned."""
+
+
+def pack_rows(parts: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
+    """Rows `index` of each [T, n_i] part side by side as bytes: [len(index), row bytes] uint8,
+    each part's bytes starting on an ALIGN boundary."""
+    widths = [part.shape[1] * part.element_size() for part in parts]
+    starts = [sum(-(-w // ALIGN) * ALIGN for w in widths[:i]) for i in range(len(parts))]
+    row_bytes = starts[-1] + -(-widths[-1] // ALIGN) * ALIGN
+    packed = torch.empty(len(index), row_bytes, dtype=torch.uint8, device=index.device)
+    for part, start, width in zip(parts, starts, widths, strict=True):
+        packed[:, start : start + width] = part.contiguous().view(torch.uint8)[index]
+    return packed
+
+
+def unpack_rows(packed: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The parts of packed rows (pack_rows' layout for parts shaped and typed as `like`), as
+    views of `packed`."""
+    widths = [part.shape[1] * part.element_size() for part in like]
+    out, start = [], 0
+    for part, width in zip(like, widths, strict=True):
+        out.append(packed[:, start : start + width].view(part.dtype))
+        start += -(-width // ALIGN) * ALIGN
+    return out
+
+
 def send_tokens(x, x_scale, topk_ids, topk_weights, local_experts: int, group):
     """Send each token row (and its 1 x group scales) once to every rank owning one of its
     experts. Returns (rows [R, H], row scales [R, H/group] or x_scale (per tensor), local
@@ -57,12 +86,12 @@ def send_tokens(x, x_scale, topk_ids, topk_weights, local_experts: int, group):
     dist.all_to_all_single(received_counts, send_counts, group=group)
     send, received = send_counts.tolist(), received_counts.tolist()  # host sync: split sizes
 
-    rows = exchange_rows(x[token_of_sent], received, send, group)
-    row_scales = x_scale
-    if x_scale is not None and x_scale.dim() == 2:
-        row_scales = exchange_rows(x_scale[token_of_sent], received, send, group)
-    ids = exchange_rows(topk_ids[token_of_sent], received, send, group).long()  # [R, K]
-    weights = exchange_rows(topk_weights[token_of_sent], received, send, group)  # [R, K]
+    scaled_rows = x_scale is not None and x_scale.dim() == 2  # else one scale (or none) for all
+    parts = [x, *([x_scale] if scaled_rows else []), topk_ids, topk_weights]
+    arrived = exchange_rows(pack_rows(parts, token_of_sent), received, send, group)
+    rows, *row_scales, ids, weights = unpack_rows(arrived, parts)  # [R, H], ..., [R, K], [R, K]
+    row_scales = row_scales[0] if scaled_rows else x_scale
+    ids = ids.long()
     row_of_assignment, k = (ids // local_experts == rank).nonzero(as_tuple=True)
     local_ids = (ids[row_of_assignment, k] % local_experts).to(torch.int32)
     exchange = Exchange(
