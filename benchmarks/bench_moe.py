@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -23,7 +24,6 @@ from common import (
     DEVICE,
     TOKENS,
     apply_buckets,
-    apply_variant,
     chosen_experts,
     design_floor_ms,
     dump,
@@ -62,6 +62,24 @@ def expert_bytes(package) -> float:
         "mxfp4": 3 * hidden * inter / 32 * 4,
     }
     return values + scales.get(scheme, 0)
+
+
+def apply_variant(package, no_pdl: bool, fp8_acc: int | None, split_dispatch: bool) -> None:
+    """A/B switches of the Triton layer: launches without PDL, another fp8 promotion interval,
+    the dispatch in two launches at every T (no one-launch decode path)."""
+    if split_dispatch:
+        dispatch = sys.modules[f"{package.__name__}.triton_dispatch"]
+        original = dispatch.dispatch
+        dispatch.dispatch = lambda *args, **kwargs: original(*args, **{**kwargs, "one_launch": 0})
+    tiles = sys.modules.get(f"{package.__name__}.tiles")
+    if tiles is None:
+        return
+    if no_pdl:
+        tiles.PDL = False
+    if fp8_acc:
+        for bucket in tiles.BUCKETS:
+            bucket.gate_up["FP8_ACC"] = fp8_acc
+            bucket.down["FP8_ACC"] = fp8_acc
 
 
 def main() -> None:

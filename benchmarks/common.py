@@ -165,21 +165,3 @@ def stage_times_ms(package, layer, x, repeats: int = 5) -> dict[str, float]:
         for name in names:
             setattr(stages, name, original[name])
     return {name: round(sorted(v[1:])[len(v[1:]) // 2], 4) for name, v in samples.items() if v[1:]}
-
-
-def apply_variant(package, no_pdl: bool, fp8_acc: int | None, split_dispatch: bool) -> None:
-    """A/B switches of the Triton layer: launches without PDL, another fp8 promotion interval,
-    the dispatch in two launches at every T (no one-launch decode path)."""
-    if split_dispatch:
-        dispatch = sys.modules[f"{package.__name__}.triton_dispatch"]
-        original = dispatch.dispatch
-        dispatch.dispatch = lambda *args, **kwargs: original(*args, **{**kwargs, "one_launch": 0})
-    tiles = sys.modules.get(f"{package.__name__}.tiles")
-    if tiles is None:
-        return
-    if no_pdl:
-        tiles.PDL = False
-    if fp8_acc:
-        for bucket in tiles.BUCKETS:
-            bucket.gate_up["FP8_ACC"] = fp8_acc
-            bucket.down["FP8_ACC"] = fp8_acc
