@@ -4,6 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH_CPU ?= torch==2.13.0
+GPU_TESTS ?= tests/kernels tests/gpu
 
 .PHONY: demo test setup lint schema clean gpu-test
 
@@ -34,7 +35,7 @@ test: $(STAMP)
 # carried wheels, see README "On the GPU"): the kernel suite compiled, and the GPU layer tests.
 gpu-test:
 	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-	MOEC_KERNEL_DEVICE=cuda TRITON_INTERPRET=0 $(PY) -m pytest -q -p no:cacheprovider tests/kernels tests/gpu
+	MOEC_KERNEL_DEVICE=cuda TRITON_INTERPRET=0 $(PY) -m pytest -q -p no:cacheprovider $(GPU_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check moec tests benchmarks

@@ -36,3 +36,24 @@ if $MOEC validate benchmarks/specs/v3.toml --set experts.gemm_backend=deep_gemm 
   $MOEC build benchmarks/specs/v3.toml -o "$OUT" --set name=bench_v3_bf16_auto \
     --set quant.scheme=bf16 --set experts.gemm_backend=auto --set experts.layout=contiguous
 fi
+# Two-GPU layers (benchmarks/bench_parallel.py): expert parallel over all2all (NCCL) and tensor
+# parallel, fp8_block Triton; DeepEP normal and low-latency where deep_ep is importable.
+v3_fp8=(benchmarks/specs/v3.toml -o "$OUT" --set quant.scheme=fp8_block)
+$MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_ep2_all2all_triton --set parallel.ep_size=2 \
+  --set parallel.dispatch=all2all --set experts.gemm_backend=triton
+$MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_tp2_triton --set parallel.tp_size=2 \
+  --set experts.gemm_backend=triton --set experts.layout=contiguous
+if $MOEC validate benchmarks/specs/v3.toml --set parallel.ep_size=2 \
+  --set parallel.dispatch=deepep_normal >/dev/null 2>&1; then
+  for backend in triton deep_gemm; do
+    $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_ep2_all2all_$backend --set parallel.ep_size=2 \
+      --set parallel.dispatch=all2all --set experts.gemm_backend=$backend --set experts.layout=contiguous
+    $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_ep2_normal_$backend --set parallel.ep_size=2 \
+      --set parallel.dispatch=deepep_normal --set experts.gemm_backend=$backend \
+      --set experts.layout=contiguous --set parallel.max_tokens_per_rank=4096 \
+      --set target.max_num_tokens=4096
+    $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_ep2_ll_$backend --set parallel.ep_size=2 \
+      --set parallel.dispatch=deepep_low_latency --set experts.gemm_backend=$backend \
+      --set parallel.max_tokens_per_rank=128 --set target.max_num_tokens=128
+  done
+fi

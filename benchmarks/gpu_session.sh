@@ -4,7 +4,7 @@
 # into $RESULTS/session.tgz at the end (the device tool returns at most 8 files). The bench step
 # also records each layer's best time per T in $RESULTS/times.json (a tuned table's backends/<key>
 # entries, which gemm_backend auto chooses by).
-#   STEPS="test bench"  (any of: deps test bench bench-ab decode micro tune tune-ab check)
+#   STEPS="test bench"  (any of: deps test bench bench-ab decode micro tune tune-ab parallel check)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 RESULTS=/tmp/session
@@ -23,6 +23,7 @@ deps() {  # DeepGEMM / DeepEP, built in the ignored .deps folder by its own scri
   bash .deps/src/build_deep_ep.sh > "$RESULTS/build_deep_ep.log" 2>&1 &
   wait
   tail -n 2 "$RESULTS"/build_deep_*.log
+  . .deps/src/env.sh
 }
 # deep_gemm / deep_ep where a previous call (on this warm machine) or the deps step built them
 [ -f .deps/src/env.sh ] && . .deps/src/env.sh
@@ -37,7 +38,7 @@ for step in ${STEPS:-test bench}; do
   start=$(date +%s)
   case $step in
     deps) deps ;;
-    test) make gpu-test PY=python3 2>&1 | tee "$RESULTS/gpu-test.log" | tail -25 ;;
+    test) make gpu-test PY=python3 ${GPU_TESTS:+GPU_TESTS="$GPU_TESTS"} 2>&1 | tee "$RESULTS/gpu-test.log" | tail -25 ;;
     bench)
       packages
       for scheme in ${SCHEMES:-fp8_block fp8_block_separate bf16 fp8_block_deep_gemm bf16_deep_gemm}; do
@@ -98,6 +99,20 @@ for step in ${STEPS:-test bench}; do
           --torch-max-tokens 0 --tuned "$file" --out "$RESULTS/tune_$table.json" > "$RESULTS/tune_$table.log" 2>&1
         echo "== $table"; tail -3 "$RESULTS/tune_$table.log"
       done
+      ;;
+    parallel)  # the two-GPU layers (EP over all2all and DeepEP, TP) and their stages, per rank
+      packages
+      jobs="bench_v3_fp8_ep2_all2all_triton:${PAR_TOKENS:-256,4096} bench_v3_fp8_tp2_triton:${PAR_TOKENS:-256,4096}"
+      for name in bench_v3_fp8_ep2_normal_triton bench_v3_fp8_ep2_normal_deep_gemm \
+        bench_v3_fp8_ep2_all2all_deep_gemm; do
+        [ -d benchmarks/.packages/$name ] && jobs="$jobs $name:${PAR_TOKENS:-256,4096}"
+      done
+      for name in bench_v3_fp8_ep2_ll_triton bench_v3_fp8_ep2_ll_deep_gemm; do
+        [ -d benchmarks/.packages/$name ] && jobs="$jobs $name:${LL_TOKENS:-16,128}"
+      done
+      timeout "${PAR_SECONDS:-400}" python3 benchmarks/bench_parallel.py --packages "$jobs" \
+        --single bench_v3_fp8_triton --out "$RESULTS/parallel.json" > "$RESULTS/parallel.log" 2>&1
+      grep -v "^ *\(router\|select\|quantize\|activation\|shared_expert\) " "$RESULTS/parallel.log" | tail -60
       ;;
     check)  # python -m <package>.check of the V3 layer: Triton fp8_block, torch bf16
       for variant in fp8_block:triton bf16:torch; do

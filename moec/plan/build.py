@@ -390,6 +390,7 @@ def _combine_and_finalize(plan: Plan, spec: Spec, around: str) -> None:
             backend=around if mode == "local" else backends.dispatch,
             mode=mode,
             layout=backends.layout,
+            reduce_backend=around if exchanged else "",
             outputs={"routed": TensorType(layer.dtype, ("T", "H"))},
             syncs_host=mode == "all2all",
             graph_safe=not exchanged,

@@ -169,6 +169,9 @@ class Combine(Stage):
     mode: str
     layout: str
     add_shared: bool = False
+    reduce_backend: str = ""
+    """all2all and deepep_normal: who weights and sums each received row's expert outputs on
+    the expert rank (and, all2all, each token's returned partials): torch or triton."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,14 +1,15 @@
 """Expert parallelism over torch.distributed all_to_all_single (NCCL on GPUs, gloo on CPU).
 
 Each rank holds `local_experts` whole experts (rank r: experts r * local_experts ..).
-dispatch sends each token once to every rank that owns one of its top-k experts, with its
-top-k ids and weights; the receiver keeps the (row, k) assignments of its own experts. A sent
-row packs the token's values, its 1 x group scales, ids and weights into one row of bytes, so
-the rows travel in one exchange after the counts.
-combine weights and sums each received row's expert outputs on the expert rank (fp32), sends
-that partial sum back in the model dtype, and the token's rank adds the partials (fp32, one
-rounding). Row counts travel first (a host sync), so neither step fits a CUDA graph.
-Shapes: T tokens here, K top-k, R rows received, P assignments received for local experts.
+send_tokens sends each token once to every rank that owns one of its top-k experts, with its
+top-k ids and weights; a sent row packs the token's values, its 1 x group scales, ids and
+weights into one row of bytes, so the rows travel in one exchange after the counts. The
+receiver sees each received row as a token whose ids of other ranks' experts are -1: the
+layout, the GEMMs and the weighted sum of each received row's expert outputs (fp32, rounded
+once to the model dtype) run as on one GPU. send_back returns those partial sums; the token's
+rank then adds its partials (the exchange's returned_row_of, weight 1) and the shared experts'
+output (fp32, rounded once). Row counts travel first (a host sync), so neither step fits a CUDA
+graph. Shapes: T tokens here, K top-k, R rows received, W ranks.
 """
 
 import math
@@ -19,14 +20,13 @@ import torch.distributed as dist
 
 
 class Exchange(NamedTuple):
-    """What dispatch sent and received, for combine to send the partial sums back."""
+    """What dispatch sent and received, for combine to bring the partial sums back."""
 
-    token_of_sent: torch.Tensor  # [S] token of each sent row, grouped by destination rank
     send: list[int]  # rows sent to each rank
     received: list[int]  # rows received from each rank
-    row_of_assignment: torch.Tensor  # [P] received row of each local assignment
-    weight_of_assignment: torch.Tensor  # [P] fp32 top-k weight of each local assignment
-    tokens: int
+    weights: torch.Tensor  # [R, K] fp32 top-k weights of the received rows
+    returned_row_of: torch.Tensor  # [T, W] int32: row of t's partial from rank w, -1 for none
+    returned_weights: torch.Tensor  # [T, W] fp32: 1 where t went to rank w, else 0
 
 
 def exchange_rows(rows: torch.Tensor, received: list[int], send: list[int], group) -> torch.Tensor:
@@ -73,14 +73,14 @@ def unpack_rows(packed: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Te
 
 def send_tokens(x, x_scale, topk_ids, topk_weights, local_experts: int, group):
     """Send each token row (and its 1 x group scales) once to every rank owning one of its
-    experts. Returns (rows [R, H], row scales [R, H/group] or x_scale (per tensor), local
-    expert of each local assignment [P] int32, Exchange)."""
+    experts. Returns (rows [R, H], row scales [R, H/group] or x_scale (per tensor), the local
+    expert of each received (row, k) [R, K] int32 (-1: another rank's), Exchange)."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     tokens = topk_ids.shape[0]
     owner = topk_ids.long() // local_experts  # [T, K] rank owning each chosen expert
-    wanted = torch.zeros(tokens, world, dtype=torch.bool, device=x.device)
-    wanted.scatter_(1, owner, True)  # [T, world]: does rank r need token t
-    destination, token_of_sent = wanted.t().nonzero(as_tuple=True)  # grouped by rank, then token
+    wanted = torch.zeros(world, tokens, dtype=torch.bool, device=x.device)
+    wanted.scatter_(0, owner.t(), True)  # [W, T]: does rank w need token t
+    destination, token_of_sent = wanted.nonzero(as_tuple=True)  # grouped by rank, then token
     send_counts = torch.bincount(destination, minlength=world)
     received_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(received_counts, send_counts, group=group)
@@ -91,25 +91,23 @@ def send_tokens(x, x_scale, topk_ids, topk_weights, local_experts: int, group):
     arrived = exchange_rows(pack_rows(parts, token_of_sent), received, send, group)
     rows, *row_scales, ids, weights = unpack_rows(arrived, parts)  # [R, H], ..., [R, K], [R, K]
     row_scales = row_scales[0] if scaled_rows else x_scale
-    ids = ids.long()
-    row_of_assignment, k = (ids // local_experts == rank).nonzero(as_tuple=True)
-    local_ids = (ids[row_of_assignment, k] % local_experts).to(torch.int32)
+    local = ids.long() - rank * local_experts
+    local_ids = torch.where((local >= 0) & (local < local_experts), local, -1).to(torch.int32)
+    # the sent rows come back in the order they left: token t's row from rank w is number
+    # (sent rows before it) of the returned rows
+    flat = wanted.view(-1)
+    returned_row = torch.where(flat, torch.cumsum(flat, 0) - 1, -1).view(world, tokens)
     exchange = Exchange(
-        token_of_sent, send, received, row_of_assignment, weights[row_of_assignment, k], tokens
+        send,
+        received,
+        weights.float(),
+        returned_row.t().contiguous().to(torch.int32),
+        wanted.t().float(),
     )
     return rows, row_scales, local_ids, exchange
 
 
-def combine(y, routing, exchange: Exchange, shared, group, out_dtype):
-    """out[t] = sum over t's experts of w * row (+ shared[t]): weighted partial sums per
-    received row on this rank (fp32), sent back in out_dtype, summed on the token's rank."""
-    rows = y.reshape(-1, y.shape[-1])[routing.row_of[:, 0].long()].float()  # [P, H]
-    received_rows = sum(exchange.received)
-    partial = torch.zeros(received_rows, rows.shape[1], dtype=torch.float32, device=y.device)
-    partial.index_add_(0, exchange.row_of_assignment, rows * exchange.weight_of_assignment[:, None])
-    returned = exchange_rows(partial.to(out_dtype), exchange.send, exchange.received, group)
-    out = torch.zeros(exchange.tokens, rows.shape[1], dtype=torch.float32, device=y.device)
-    out.index_add_(0, exchange.token_of_sent, returned.float())
-    if shared is not None:
-        out += shared.float()
-    return out.to(out_dtype)
+def send_back(partial, exchange: Exchange, group) -> torch.Tensor:
+    """The partial sums of the received rows [R, H] back to the ranks they came from: [S, H]
+    in the order the rows were sent (Exchange.returned_row_of indexes it)."""
+    return exchange_rows(partial, exchange.send, exchange.received, group)

@@ -5,10 +5,10 @@ Each rank holds `local_experts` whole experts (rank r: experts r * local_experts
 normal (prefill): `send_tokens` sends each token row (bf16, or e4m3 with its 1 x 128 scales)
 once to every rank owning one of its experts, with its top-k ids and weights; DeepEP hands back
 the received rows in source-rank order with top-k ids local to this rank (-1: another rank's
-expert). The caller lays the received (row, k) assignments out by local expert. `combine`
-weights and sums each received row's expert outputs here (fp32), and DeepEP sends the partial
-sums back and adds them on the token's rank with the shared experts' output (fp32, one
-rounding). DeepEP waits on the host for the received row count, so this mode is not
+expert). The caller lays the received rows out by local expert as tokens of this rank, and
+weights and sums each received row's expert outputs (fp32, rounded once); `combine` has DeepEP
+send those partial sums back and add them on the token's rank with the shared experts' output
+(fp32, one rounding). DeepEP waits on the host for the received row count, so this mode is not
 CUDA-graph safe.
 
 low latency (decode): `send_tokens_low_latency` sends one bf16 row per (token, expert), which
@@ -38,9 +38,7 @@ class NormalExchange(NamedTuple):
 
     buffer: "deep_ep.Buffer"
     handle: tuple  # DeepEP's layout of the exchange
-    row_of_assignment: torch.Tensor  # [P] received row of each local assignment
-    weight_of_assignment: torch.Tensor  # [P] fp32 top-k weight of each local assignment
-    received: int  # rows received
+    weights: torch.Tensor  # [R, K] fp32 top-k weights of the received rows
 
 
 class LowLatencyExchange(NamedTuple):
@@ -96,8 +94,8 @@ def normal_buffer(group, *, nvl_bytes: int, rdma_bytes: int, sms: int, qps: int,
 
 
 def send_tokens(x, x_scale, topk_ids, topk_weights, local_experts: int, buffer):
-    """Normal dispatch. Returns (rows [R, H], row scales [R, H/128] or None, local expert of each
-    local assignment [P] int32, NormalExchange)."""
+    """Normal dispatch. Returns (rows [R, H], row scales [R, H/128] or None, the local expert
+    of each received (row, k) [R, K] int32 (-1: another rank's), NormalExchange)."""
     ranks = buffer.group_size
     topk_idx = topk_ids.to(deep_ep.topk_idx_t)
     per_rank, per_rdma_rank, per_expert, in_rank, _ = buffer.get_dispatch_layout(
@@ -115,23 +113,15 @@ def send_tokens(x, x_scale, topk_ids, topk_weights, local_experts: int, buffer):
         config=deep_ep.Buffer.get_dispatch_config(ranks),
     )
     rows, row_scales = received if x_scale is not None else (received, None)
-    row_of_assignment, k = (ids >= 0).nonzero(as_tuple=True)  # ids: local expert, -1 elsewhere
-    local_ids = ids[row_of_assignment, k].to(torch.int32)
-    exchange = NormalExchange(
-        buffer, handle, row_of_assignment, weights[row_of_assignment, k], rows.shape[0]
-    )
-    return rows, row_scales, local_ids, exchange
+    return rows, row_scales, ids.to(torch.int32), NormalExchange(buffer, handle, weights.float())
 
 
-def combine(y, routing, exchange: NormalExchange, shared, out_dtype):
-    """out[t] = sum over t's experts of w * row (+ shared[t]): weighted partial sums per received
-    row here (fp32), sent back in out_dtype; DeepEP adds them and `shared` in fp32."""
-    rows = y.reshape(-1, y.shape[-1])[routing.row_of[:, 0].long()].float()  # [P, H]
-    partial = torch.zeros(exchange.received, rows.shape[1], dtype=torch.float32, device=y.device)
-    partial.index_add_(0, exchange.row_of_assignment, rows * exchange.weight_of_assignment[:, None])
+def combine(partial, exchange: NormalExchange, shared):
+    """DeepEP sends the received rows' partial sums [R, H] (model dtype) back; each token's
+    rank adds them and `shared` (fp32, rounded once to the model dtype)."""
     ranks = exchange.buffer.group_size
     out, _, _ = exchange.buffer.combine(
-        partial.to(out_dtype),
+        partial,
         exchange.handle,
         bias=None if shared is None else shared.contiguous(),
         config=deep_ep.Buffer.get_combine_config(ranks),

@@ -6,7 +6,8 @@ padding). The buffers hold the worst case over all routings (`compact_rows`).
 masked: `[E, max_m, cols]`, expert e owns rows e * max_m ..; `counts` says how many are valid.
 
 Both keep token order within an expert (a stable sort), so every backend builds the same rows.
-Shapes: T tokens, K assignments per token, E experts, M rows of the layout.
+An id outside [0, E) (an expert-parallel rank's view of another rank's expert, -1) has no row:
+its row_of is -1. Shapes: T tokens, K assignments per token, E experts, M rows of the layout.
 """
 
 from typing import NamedTuple
@@ -47,13 +48,14 @@ def masked_max_m(tokens: int) -> int:
 
 
 def _sorted_assignments(topk_ids: torch.Tensor, experts: int):
-    """Assignments grouped by expert (stable): (flat ids, order, sorted experts, counts, rank
-    of each sorted assignment within its expert)."""
+    """Assignments grouped by expert (stable), ids outside [0, E) last as expert E: (flat ids,
+    order, sorted experts, counts [E + 1], rank of each sorted assignment within its expert)."""
     flat = topk_ids.reshape(-1).long()  # [T*K]
+    flat = torch.where((flat >= 0) & (flat < experts), flat, experts)
     order = torch.argsort(flat, stable=True)  # assignment index, grouped by expert
     sorted_experts = flat[order]
-    # [E] rows per expert; scatter_add, not bincount, which syncs with the host on CUDA
-    counts = torch.zeros(experts, dtype=torch.int64, device=flat.device).scatter_add_(
+    # [E + 1] rows per expert; scatter_add, not bincount, which syncs with the host on CUDA
+    counts = torch.zeros(experts + 1, dtype=torch.int64, device=flat.device).scatter_add_(
         0, flat, torch.ones_like(flat)
     )
     first = torch.cumsum(counts, 0) - counts  # first sorted position of each expert
@@ -61,30 +63,36 @@ def _sorted_assignments(topk_ids: torch.Tensor, experts: int):
     return flat, order, sorted_experts, counts, rank
 
 
-def _rows(topk_ids, order, sorted_rows, rows: int):
-    """row_of [T, K] and token_of_row [rows] from each sorted assignment's row."""
+def _rows(topk_ids, order, sorted_experts, sorted_rows, rows: int, experts: int):
+    """row_of [T, K] and token_of_row [rows] from each sorted assignment's row (none for the
+    assignments of expert E, which are no expert's)."""
     tokens, top_k = topk_ids.shape
+    sorted_rows = torch.where(sorted_experts < experts, sorted_rows, -1)
     row_of = torch.empty(tokens * top_k, dtype=torch.int64, device=topk_ids.device)
     row_of[order] = sorted_rows
-    token_of_row = torch.full((rows,), -1, dtype=torch.int32, device=topk_ids.device)
-    token_of_row[sorted_rows] = (order // top_k).to(torch.int32)
-    return row_of.view(tokens, top_k).to(torch.int32), token_of_row
+    token_of_row = torch.full((rows + 1,), -1, dtype=torch.int32, device=topk_ids.device)
+    token_of_row[sorted_rows] = (order // top_k).to(torch.int32)  # row -1: the spare last row
+    return row_of.view(tokens, top_k).to(torch.int32), token_of_row[:rows]
 
 
 def route_contiguous(topk_ids: torch.Tensor, experts: int, block_m: int) -> ContiguousRouting:
     """The contiguous layout of topk_ids [T, K] over `experts` experts, padded to `block_m`."""
     flat, order, sorted_experts, counts, rank = _sorted_assignments(topk_ids, experts)
     padded = (counts + block_m - 1) // block_m * block_m
-    starts = torch.cumsum(padded, 0) - padded  # [E]
+    padded[experts] = 0  # the no-expert bin takes no rows
+    starts = torch.cumsum(padded, 0) - padded  # [E + 1]
     rows = compact_rows(flat.numel(), experts, block_m)
     sorted_rows = starts[sorted_experts] + rank
-    m_indices = torch.full((rows,), -1, dtype=torch.int32, device=flat.device)
-    m_indices[sorted_rows] = sorted_experts.to(torch.int32)
-    row_of, token_of_row = _rows(topk_ids, order, sorted_rows, rows)
+    m_indices = torch.full((rows + 1,), -1, dtype=torch.int32, device=flat.device)
+    valid = sorted_experts < experts
+    m_indices[torch.where(valid, sorted_rows, rows)] = sorted_experts.to(torch.int32)
+    m_indices[rows] = -1  # the spare row of the no-expert assignments, dropped
+    row_of, token_of_row = _rows(topk_ids, order, sorted_experts, sorted_rows, rows, experts)
     num_rows = padded.sum().reshape(1).to(torch.int32)
     return ContiguousRouting(
-        row_of, token_of_row, counts.to(torch.int32), m_indices, starts, num_rows
-    )
+        row_of, token_of_row, counts[:experts].to(torch.int32), m_indices[:rows],
+        starts[:experts], num_rows,
+    )  # fmt: skip
 
 
 def route_masked(topk_ids: torch.Tensor, experts: int) -> MaskedRouting:
@@ -92,8 +100,10 @@ def route_masked(topk_ids: torch.Tensor, experts: int) -> MaskedRouting:
     _, order, sorted_experts, counts, rank = _sorted_assignments(topk_ids, experts)
     max_m = masked_max_m(topk_ids.shape[0])
     sorted_rows = sorted_experts * max_m + rank
-    row_of, token_of_row = _rows(topk_ids, order, sorted_rows, experts * max_m)
-    return MaskedRouting(row_of, token_of_row, counts.to(torch.int32), max_m)
+    row_of, token_of_row = _rows(
+        topk_ids, order, sorted_experts, sorted_rows, experts * max_m, experts
+    )
+    return MaskedRouting(row_of, token_of_row, counts[:experts].to(torch.int32), max_m)
 
 
 def rows_shape(routing, experts: int) -> tuple[int, ...]:
@@ -121,20 +131,19 @@ def permute(x: torch.Tensor, x_scale, routing, experts: int):
 
 def combine(y: torch.Tensor, topk_weights, routing, shared, out_dtype) -> torch.Tensor:
     """out[t] = sum_k w[t, k] * y[row_of[t, k]] (+ shared[t]), in fp32, rounded once."""
+    return weighted_rows(y, routing.row_of, topk_weights, shared, out_dtype)
+
+
+def weighted_rows(y: torch.Tensor, row_of, weights, shared, out_dtype) -> torch.Tensor:
+    """out[t] = sum_k weights[t, k] * y[row_of[t, k]] (+ shared[t]) for row_of [T, K] (-1: no
+    term) into rows of y [M, H] (a masked [E, max_m, H] as [E * max_m, H]): fp32 in k order,
+    rounded once."""
     rows = y.reshape(-1, y.shape[-1])  # [M, H]
-    out = torch.zeros(topk_weights.shape[0], rows.shape[1], dtype=torch.float32, device=y.device)
-    for k in range(topk_weights.shape[1]):
-        out += topk_weights[:, k : k + 1] * rows[routing.row_of[:, k].long()].float()
+    out = torch.zeros(weights.shape[0], rows.shape[1], dtype=torch.float32, device=y.device)
+    for k in range(weights.shape[1]):
+        row = row_of[:, k].long()
+        term = rows[row.clamp(min=0)].float() * weights[:, k : k + 1]
+        out += torch.where((row >= 0)[:, None], term, 0.0)
     if shared is not None:
         out += shared.float()
     return out.to(out_dtype)
-
-
-def rows_of(routing, row_of_assignment: torch.Tensor):
-    """`routing` of received assignments (expert-parallel dispatch), with each layout row
-    pointing at the received row its assignment came in (`row_of_assignment` [P]): the layout
-    was computed over the P assignments; the permute copies received rows."""
-    lookup = torch.cat((row_of_assignment, row_of_assignment.new_full((1,), -1)))  # last: padding
-    assignment = routing.token_of_row.long()
-    row = lookup[torch.where(assignment >= 0, assignment, row_of_assignment.numel())]
-    return routing._replace(token_of_row=row.to(torch.int32))

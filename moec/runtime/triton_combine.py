@@ -133,5 +133,13 @@ def combine(y, row_of, weights, out, shared=None, *, config, pdl=False):
 
 def combine_tokens(y, topk_weights, routing, shared, *, config, out_dtype, pdl=False):
     """out [T, H] = sum_k w[t, k] * y[row_of[t, k]] (+ shared[t]), one Triton pass."""
-    out = torch.empty((topk_weights.shape[0], y.shape[-1]), dtype=out_dtype, device=y.device)
-    return combine(y, routing.row_of, topk_weights, out, shared, config=config, pdl=pdl)
+    return weighted_rows(
+        y, routing.row_of, topk_weights, shared, config=config, out_dtype=out_dtype, pdl=pdl
+    )
+
+
+def weighted_rows(y, row_of, weights, shared=None, *, config, out_dtype, pdl=False):
+    """out [R, H] = sum_k weights[r, k] * y[row_of[r, k]] (+ shared[r]) for row_of [R, K]
+    (-1: no term), one Triton pass into a new tensor of out_dtype."""
+    out = torch.empty((row_of.shape[0], y.shape[-1]), dtype=out_dtype, device=y.device)
+    return combine(y, row_of, weights, out, shared, config=config, pdl=pdl)

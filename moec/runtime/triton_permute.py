@@ -264,6 +264,25 @@ def permute(
     return _into(x, routing.row_of, leading, config, *scales, pdl)
 
 
+def permute_rows(rows, row_scales, routing, experts, *, config, pdl=False):
+    """Rows already in the GEMM's format (e4m3 or the model dtype, [R, H], any row stride) and
+    their 1 x group scales ([R, H/group], or a per-tensor [1] / None passed through) copied into
+    the grouped layout of `routing` (whose row_of is [R, K]): the expert-parallel receive side,
+    where the rows arrive quantized. A plain copy of bytes, one launch for the values and one
+    for the scales."""
+    leading = rows_shape(routing, experts)
+    a = rows.new_empty((*leading, rows.shape[1]))
+    wire = torch.uint8 if rows.element_size() == 1 else rows.dtype  # e4m3 copied as bytes
+    permute_quant(
+        rows.view(wire), routing.row_of, a.view(wire), quant="none", config=config, pdl=pdl
+    )
+    if row_scales is None or row_scales.dim() != 2:
+        return a, row_scales
+    a_scale = row_scales.new_empty((*leading, row_scales.shape[1]))
+    permute_quant(row_scales, routing.row_of, a_scale, quant="none", config=config, pdl=pdl)
+    return a, a_scale
+
+
 def quantize_rows(x, *, config, quant, group_size=128, ue8m0=False, scale=None, pdl=False):
     """x [T, H] quantized row by row (no permutation): (e4m3 [T, H], scales)."""
     return _into(x, None, (x.shape[0],), config, quant, group_size, ue8m0, scale, False, pdl)

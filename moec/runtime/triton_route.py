@@ -13,7 +13,9 @@ route_layout  one program per (expert, part of the assignments): rows of the gro
               first count each part (histograms, exact) and prefix the counts over the parts.
               contiguous: each expert's rows padded to BLOCK_M (m_indices -1 on padding), the
               last program writes num_rows and fills the unused tail; masked: expert e owns
-              rows e * max_m .. + max_m.
+              rows e * max_m .. + max_m. An id outside [0, E) (an expert-parallel rank's view
+              of another rank's expert) counts in bin E, which no expert reads, and the last
+              programs (one per part) write its row_of -1.
 """
 
 import torch
@@ -168,7 +170,7 @@ def _route_count_kernel(
     for a0 in range(part * SPAN, tl.minimum(A, part * SPAN + SPAN), BLOCK_A):
         offs = a0 + tl.arange(0, BLOCK_A)
         ids = tl.load(ids_ptr + offs, mask=offs < A, other=E)  # E: a bin no expert reads
-        counts += tl.histogram(ids, BLOCK_E)
+        counts += tl.histogram(tl.where((ids >= 0) & (ids < E), ids, E), BLOCK_E)
     tl.store(part_counts_ptr + part * BLOCK_E + tl.arange(0, BLOCK_E), counts)
 
 
@@ -229,7 +231,7 @@ def _route_layout_kernel(
     if LOCAL_COUNTS:  # A <= BLOCK_A: every program counts all assignments itself, one launch
         offs = tl.arange(0, BLOCK_A)
         ids = tl.load(ids_ptr + offs, mask=offs < A, other=E)  # E: a bin no expert reads
-        counts = tl.histogram(ids, BLOCK_E)
+        counts = tl.histogram(tl.where((ids >= 0) & (ids < E), ids, E), BLOCK_E)
         counts = tl.where(bins < E, counts, 0)
     else:
         counts = tl.load(all_counts_ptr + bins, mask=bins < E, other=0)
@@ -240,7 +242,11 @@ def _route_layout_kernel(
     else:
         start = expert * MAX_M
         total = E * MAX_M
-    if expert == E:  # the extra program: unused rows past the last expert, and num_rows
+    if expert == E:  # the extra programs: assignments of no expert, unused rows, num_rows
+        for a0 in range(part * SPAN, tl.minimum(A, part * SPAN + SPAN), BLOCK_A):
+            offs = a0 + tl.arange(0, BLOCK_A)
+            ids = tl.load(ids_ptr + offs, mask=offs < A, other=0)
+            tl.store(row_of_ptr + offs, -1, mask=(offs < A) & ((ids < 0) | (ids >= E)))
         if LAYOUT == "contiguous":  # noqa: SIM102 (a constexpr test, then a runtime one)
             if part == 0:
                 tl.store(num_rows_ptr, total)

@@ -46,6 +46,7 @@ _TMP = Path(tempfile.mkdtemp(prefix="moec_activation_"))
 LAUNCHERS = {
     "grouped_gemm": triton_gemm.grouped_gemm,
     "permute_quant": triton_permute.permute_quant,
+    "permute_rows": triton_permute.permute_rows,
     "select_topk": triton_route.select_topk,
     "route_layout": triton_route.route_layout,
     "dispatch": triton_dispatch.dispatch,
@@ -104,6 +105,8 @@ def on_device(launcher):
             if isinstance(value, torch.Tensor):
                 copies.append((value, value.to(DEVICE)))
                 return copies[-1][1]
+            if isinstance(value, tuple) and hasattr(value, "_fields"):  # a routing's tensors
+                return type(value)(*map(there, value))
             return value
 
         result = launcher(*map(there, args), **{k: there(v) for k, v in kwargs.items()})

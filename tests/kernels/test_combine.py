@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moec.runtime import grouping
+
 from .harness import load
 from .reference import UNIT_ROUNDOFF, is_nan, poison, route
 
@@ -60,3 +62,21 @@ def test_no_tokens():
     out = torch.empty(0, HIDDEN, dtype=torch.bfloat16)
     row_of, weights = torch.empty(0, 2, dtype=torch.int32), torch.empty(0, 2)
     kernels.combine(y, row_of, weights, out, config=CONFIG)
+
+
+@pytest.mark.parametrize("has_shared", [False, True])
+def test_torch_weighted_rows(has_shared):
+    """The torch runtime's weighted sum (the expert-parallel combine's torch backend) within the
+    same bound, rows -1 adding nothing."""
+    tokens, topk = 20, 3
+    routing = route(tokens=tokens, topk=topk, experts=12, block_m=16)
+    gen = torch.Generator().manual_seed(5)
+    y = torch.randn(len(routing.m_indices), HIDDEN, generator=gen).bfloat16()
+    row_of = routing.row_of.clone()
+    row_of[3, 1] = row_of[7, 0] = -1
+    weights = torch.rand(tokens, topk, generator=gen)
+    shared = torch.randn(tokens, HIDDEN, generator=gen).bfloat16() if has_shared else None
+    out = grouping.weighted_rows(y, row_of, weights, shared, torch.bfloat16)
+    ref, magnitude = reference(y, row_of, weights, shared)
+    bound = UNIT_ROUNDOFF[torch.bfloat16] * ref.abs() + (2 * topk + 2) * 2.0**-24 * magnitude
+    assert ((out.double() - ref).abs() <= bound).all()

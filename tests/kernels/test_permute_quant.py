@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moec.runtime import all2all, grouping
+
 from .harness import load
 from .reference import E4M3, poison, quant_e4m3, quant_group, quant_tensor, route
 
@@ -192,3 +194,36 @@ def test_dropped_assignments_and_tile_edges():
         for row in (r for r in rows if r >= 0):
             assert same_bytes(out[row], q_ref[t]) and torch.equal(scale[row], scale_ref[t])
     assert untouched(out[[4, 8]]) and untouched(scale[[4, 8]])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+@pytest.mark.parametrize("scaled", [True, False])
+def test_permute_rows_of_received_bytes(layout, scaled):
+    """Expert parallelism: received rows (e4m3 values and group scales, views into packed rows
+    of bytes, as all2all delivers them; or bf16 rows) copied into the layout of their local
+    assignments bit for bit; ids of other ranks' experts (-1) get no row."""
+    kernels = load()
+    tokens, experts, hidden = 9, 4, 256
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.stack([torch.randperm(2 * experts, generator=gen)[:2] for _ in range(tokens)])
+    ids = torch.where(ids < experts, ids, -1).to(torch.int32)
+    ids[5] = -1  # a row none of whose experts is local
+    values, scales = quant_group(make_x(tokens, hidden, torch.float32), 128, False)
+    parts = [values, scales, ids] if scaled else [make_x(tokens, hidden, torch.bfloat16), ids]
+    packed = all2all.pack_rows(parts, torch.arange(tokens))
+    rows, *row_scales, _ = all2all.unpack_rows(packed, parts)
+    row_scales = row_scales[0] if scaled else None
+    if layout == "contiguous":
+        routing = grouping.route_contiguous(ids, experts, 16)
+    else:
+        routing = grouping.route_masked(ids, experts)
+    a, a_scale = kernels.permute_rows(rows, row_scales, routing, experts, config=CONFIG)
+    a, token_of_row = a.view(-1, hidden), routing.token_of_row
+    named = token_of_row >= 0
+    assert int(named.sum()) == int((ids >= 0).sum())
+    assert same_bytes(a[named], rows[token_of_row[named].long()])
+    if scaled:
+        a_scale = a_scale.view(-1, scales.shape[1])
+        assert torch.equal(a_scale[named], scales[token_of_row[named].long()])
+    else:
+        assert a_scale is None

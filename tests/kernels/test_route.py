@@ -10,6 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moec.runtime import grouping
+from moec.runtime.grouping import compact_rows
+
 from .harness import load
 
 
@@ -112,7 +115,9 @@ def test_select_topk_partial_logits(slices, fused_shared):
     assert (ids[:, 6:] == 64 + torch.arange(fused_shared)).all() and (weights[:, 6:] == 1).all()
 
 
-def torch_route(topk_ids, experts, layout, block_m):
+def torch_route(topk_ids, experts, layout, block_m, spare=0):
+    """The layout by a stable sort (masked: `spare` rows past the last expert's slots, for an
+    expert that may take more than max_m)."""
     tokens, top_k = topk_ids.shape
     flat = topk_ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True)
@@ -131,7 +136,7 @@ def torch_route(topk_ids, experts, layout, block_m):
         extra = (m_indices, starts, padded.sum().reshape(1).to(torch.int32))
     else:
         max_m = (tokens // 256 + 1) * 256
-        rows = experts * max_m
+        rows = experts * max_m + spare
         sorted_rows = sorted_experts * max_m + rank
         extra = (max_m,)
     row_of = torch.empty_like(flat)
@@ -205,3 +210,54 @@ def test_route_layout(layout, tokens, experts, top_k, span):
     assert torch.equal(got_row_of, row_of)
     assert torch.equal(got_token, token_of_row)
     assert torch.equal(got_counts, counts)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+@pytest.mark.parametrize("tokens, span", [(30, 4096), (700, 1024)])  # one launch; three parts
+def test_route_layout_ids_of_no_expert(layout, tokens, span):
+    """Expert parallelism: a received row's ids of other ranks' experts (-1, or past E) get no
+    row (row_of -1) and count for no expert; the other assignments are laid out as if those
+    were absent. The Triton kernels and the torch runtime agree with the reference."""
+    kernels = load()
+    experts, top_k, block_m = 12, 3, 16
+    gen = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(2 * experts, generator=gen)[:top_k] for _ in range(tokens)])
+    ids = torch.where(ids < experts, ids, torch.where(ids % 2 == 0, -1, ids)).to(torch.int32)
+    valid = (ids >= 0) & (ids < experts)
+    # the reference: the absent assignments as one more expert E, laid out last, then cut off
+    row_x, token_x, counts_x, extra_x = torch_route(
+        torch.where(valid, ids, experts), experts + 1, layout, block_m, spare=tokens * top_k
+    )
+    row_of = torch.where(valid, row_x, -1)
+    counts = counts_x[:experts]
+    if layout == "contiguous":
+        rows = compact_rows(tokens * top_k, experts, block_m)
+        used = int(extra_x[2]) - -(-int(counts_x[experts]) // block_m) * block_m
+        token_of_row = torch.where(torch.arange(rows) < used, token_x[:rows], -1)
+        m_indices = torch.where(torch.arange(rows) < used, extra_x[0][:rows], -1)
+        want = (m_indices, extra_x[1][:experts], torch.tensor([used], dtype=torch.int32))
+    else:
+        max_m = extra_x[0]
+        token_of_row = token_x[: experts * max_m]
+    got = [torch.full_like(row_of, -7), torch.full_like(token_of_row, -7)]
+    got.append(torch.full((experts,), -7, dtype=torch.int32))
+    options = {"layout": layout, "experts": experts, "span": span}
+    if layout == "contiguous":
+        extra = [
+            torch.full_like(want[0], -7),
+            torch.full((experts,), -7, dtype=torch.int64),
+            torch.full((1,), -7, dtype=torch.int32),
+        ]
+        options.update(m_indices=extra[0], starts=extra[1], num_rows=extra[2], block_m=block_m)
+        torch_routing = grouping.route_contiguous(ids, experts, block_m)
+    else:
+        options.update(max_m=max_m)
+        torch_routing = grouping.route_masked(ids, experts)
+    kernels.route_layout(ids, *got, **options)
+    for routing in (got, torch_routing):
+        assert torch.equal(routing[0], row_of)
+        assert torch.equal(routing[1], token_of_row)
+        assert torch.equal(routing[2], counts)
+    if layout == "contiguous":
+        for routing in (extra, torch_routing[3:]):
+            assert all(torch.equal(g, w) for g, w in zip(routing, want, strict=True))

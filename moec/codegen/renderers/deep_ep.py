@@ -5,7 +5,7 @@ normal mode into the contiguous layout (prefill), low-latency mode into the mask
 from __future__ import annotations
 
 from moec.codegen.registry import register
-from moec.codegen.renderers.common import StageCode, call_kwargs
+from moec.codegen.renderers.common import StageCode, call_kwargs, received_permute, weighted_rows
 from moec.codegen.renderers.torch_stages import dispatch_targets, route_call
 from moec.plan.stages import Combine, Dispatch
 
@@ -24,8 +24,16 @@ def _dispatch_runtime(stage: Dispatch) -> tuple[str, ...]:
     if stage.mode == "deepep_low_latency":
         return ("deepep", "grouping")
     if stage.routing_backend == "triton":
-        return ("deepep", "grouping", "triton_route", "tiles")
+        return ("deepep", "grouping", "triton_route", "triton_permute", "tiles")
     return ("deepep", "grouping")
+
+
+def _combine_runtime(stage: Combine) -> tuple[str, ...]:
+    if stage.reduce_backend == "triton":
+        return ("deepep", "triton_combine", "tiles")
+    if stage.reduce_backend == "torch":
+        return ("deepep", "grouping")
+    return ("deepep",)
 
 
 def _deepep_only(plan, stage) -> str | None:
@@ -78,15 +86,15 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
     quantized = " (e4m3 and scales)" if scaled else ""
     return StageCode(
         f"DeepEP normal dispatch: each token row{quantized} once to every rank owning one of its "
-        "experts, with its top-k ids and weights; this rank's assignments laid out by local "
-        f"expert in the {stage.layout} layout.",
+        "experts, with its top-k ids and weights; the received rows laid out by local expert "
+        f"in the {stage.layout} layout (ids of other ranks' experts are -1: no row).",
         {
             "buffer": sizes,
             "x_scale": "x_scale" if scaled else "None",
             "local_experts": layer.local_experts,
-            "route": route_call(stage, module, "local_ids.view(-1, 1)"),
+            "route": route_call(stage, module, "local_ids"),
             "targets": dispatch_targets(stage),
-            "experts": stage.experts,
+            "permute": received_permute(stage, "rows", "row_scales"),
         },
     )
 
@@ -95,7 +103,7 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
     "combine",
     "deep_ep",
     _template("combine"),
-    runtime=("deepep",),
+    runtime=_combine_runtime,
     requires=DEEP_EP,
     refuses=_deepep_only,
 )
@@ -108,8 +116,10 @@ def combine(plan, stage: Combine) -> StageCode:
             f"and summed there (fp32, rounded once){plus}.",
             shared,
         )
+    partial = weighted_rows(stage, "y", "routing.row_of", "exchange.weights", "None")
     return StageCode(
-        "Weight and sum each received row's expert outputs here (fp32); DeepEP sends the partial "
-        f"sums back and adds them{plus} on the token's rank (fp32, rounded once).",
-        shared,
+        "Weight and sum each received row's expert outputs here (fp32, rounded once); DeepEP "
+        f"sends the partial sums back and adds them{plus} on the token's rank (fp32, rounded "
+        "once).",
+        {**shared, "partial": partial},
     )

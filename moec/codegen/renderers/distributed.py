@@ -4,14 +4,20 @@ the tensor-parallel all-reduce (finalize). The process group is the layer's own 
 from __future__ import annotations
 
 from moec.codegen.registry import register
-from moec.codegen.renderers.common import StageCode
+from moec.codegen.renderers.common import StageCode, received_permute, weighted_rows
 from moec.codegen.renderers.torch_stages import dispatch_targets, route_call
 from moec.plan.stages import Combine, Dispatch, Finalize
 
 
 def _dispatch_runtime(stage: Dispatch) -> tuple[str, ...]:
     if stage.routing_backend == "triton":
-        return ("all2all", "grouping", "triton_route", "tiles")
+        return ("all2all", "grouping", "triton_route", "triton_permute", "tiles")
+    return ("all2all", "grouping")
+
+
+def _combine_runtime(stage: Combine) -> tuple[str, ...]:
+    if stage.reduce_backend == "triton":
+        return ("all2all", "triton_combine", "tiles")
     return ("all2all", "grouping")
 
 
@@ -34,15 +40,15 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
     fields = {
         "x_scale": "x_scale" if scaled else "None",
         "local_experts": plan.layer.local_experts,
-        "route": route_call(stage, module, "local_ids.view(-1, 1)"),
+        "route": route_call(stage, module, "local_ids"),
         "targets": dispatch_targets(stage),
-        "experts": stage.experts,
+        "permute": received_permute(stage, "rows", "row_scales"),
     }
     quantized = " (e4m3 and scales)" if scaled else ""
     return StageCode(
         f"Send each token row{quantized} once to every rank owning one of its experts, with its "
-        "top-k ids and weights; lay out this rank's assignments by local expert in the "
-        f"{stage.layout} layout.",
+        "top-k ids and weights; lay the received rows out by local expert in the "
+        f"{stage.layout} layout (ids of other ranks' experts are -1: no row).",
         fields,
     )
 
@@ -51,15 +57,21 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
     "combine",
     "torch.distributed",
     "stages/distributed/combine.py.j2",
-    runtime=("all2all",),
+    runtime=_combine_runtime,
     refuses=_all2all_only,
 )
 def combine(plan, stage: Combine) -> StageCode:
-    shared = " + shared[t]" if stage.add_shared else ""
+    shared = "shared" if stage.add_shared else "None"
+    plus = " + shared[t]" if stage.add_shared else ""
     return StageCode(
-        "Weight and sum each received row's expert outputs here (fp32), send the partial sums "
-        f"back in the model dtype; out[t] = the sum of t's partials{shared}, rounded once.",
-        {"shared": "shared" if stage.add_shared else "None"},
+        "Weight and sum each received row's expert outputs here (fp32, rounded once), send the "
+        f"partial sums back; out[t] = the sum of t's partials{plus} (fp32, rounded once).",
+        {
+            "partial": weighted_rows(stage, "y", "routing.row_of", "exchange.weights", "None"),
+            "out": weighted_rows(
+                stage, "returned", "exchange.returned_row_of", "exchange.returned_weights", shared
+            ),
+        },
     )
 
 
