@@ -41,13 +41,16 @@ fi
 v3_fp8=(benchmarks/specs/v3.toml -o "$OUT" --set quant.scheme=fp8_block)
 $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_ep2_all2all_triton --set parallel.ep_size=2 \
   --set parallel.dispatch=all2all --set experts.gemm_backend=triton
+$MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8ovl_ep2_all2all_triton --set parallel.ep_size=2 \
+  --set parallel.dispatch=all2all --set experts.gemm_backend=triton \
+  --set experts.shared_experts=overlapped
 $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_tp2_triton --set parallel.tp_size=2 \
   --set experts.gemm_backend=triton --set experts.layout=contiguous
 if $MOEC validate benchmarks/specs/v3.toml --set parallel.ep_size=2 \
   --set parallel.dispatch=deepep_normal >/dev/null 2>&1; then
+  $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_ep2_all2all_deep_gemm --set parallel.ep_size=2 \
+    --set parallel.dispatch=all2all --set experts.gemm_backend=deep_gemm --set experts.layout=contiguous
   for backend in triton deep_gemm; do
-    $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_ep2_all2all_$backend --set parallel.ep_size=2 \
-      --set parallel.dispatch=all2all --set experts.gemm_backend=$backend --set experts.layout=contiguous
     $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_ep2_normal_$backend --set parallel.ep_size=2 \
       --set parallel.dispatch=deepep_normal --set experts.gemm_backend=$backend \
       --set experts.layout=contiguous --set parallel.max_tokens_per_rank=4096 \

@@ -102,7 +102,9 @@ for step in ${STEPS:-test bench}; do
       ;;
     parallel)  # the two-GPU layers (EP over all2all and DeepEP, TP) and their stages, per rank
       packages
-      jobs="bench_v3_fp8_ep2_all2all_triton:${PAR_TOKENS:-256,4096} bench_v3_fp8_tp2_triton:${PAR_TOKENS:-256,4096}"
+      jobs="bench_v3_fp8_ep2_all2all_triton:${PAR_TOKENS:-256,4096}"
+      jobs="$jobs bench_v3_fp8ovl_ep2_all2all_triton:${PAR_TOKENS:-256,4096}"
+      jobs="$jobs bench_v3_fp8_tp2_triton:${PAR_TOKENS:-256,4096}"
       for name in bench_v3_fp8_ep2_normal_triton bench_v3_fp8_ep2_normal_deep_gemm \
         bench_v3_fp8_ep2_all2all_deep_gemm; do
         [ -d benchmarks/.packages/$name ] && jobs="$jobs $name:${PAR_TOKENS:-256,4096}"

@@ -237,3 +237,11 @@ def test_order_tie_break_follows_stage_order_for_gemm_stages():
     names = [s.name for s in plan.order()]
     # shared_expert only has to precede combine; STAGE_ORDER puts it after the expert GEMMs
     assert names.index("gemm_down") < names.index("shared_expert")
+
+
+def test_plan_thresholds_are_the_kernels():
+    """The launch counts the plan states (and the decisions print) are the runtime's."""
+    from moec.plan.build import ONE_LAUNCH_ROUTE
+    from moec.runtime import triton_route
+
+    assert ONE_LAUNCH_ROUTE == triton_route.ONE_PASS

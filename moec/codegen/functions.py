@@ -136,7 +136,7 @@ def with_split(plan: Plan, below: Rendered, above: Rendered) -> Rendered:
 
 def side_stream_stages(plan: Plan) -> set[str]:
     """The stages the forward issues on its second CUDA stream (runtime module streams)."""
-    return {s.name for s in stages_of(plan) if getattr(s, "side_stream", False)}
+    return {s.name for s in stages_of(plan) if s.side_stream}
 
 
 def stages_of(plan: Plan) -> list[Stage]:

@@ -223,9 +223,9 @@ def _select(plan: Plan, spec: Spec, backend: str) -> None:
         plan.decide(
             "top-k",
             "Triton",
-            "selection is one Triton launch and the layout's indices one more up to 1024 "
-            "assignments (three above), instead of ~30 small torch kernels on the decode "
-            "critical path",
+            f"selection is one Triton launch and the layout's indices one more up to "
+            f"{ONE_LAUNCH_ROUTE} assignments (three above), instead of ~30 small torch kernels "
+            "on the decode critical path",
         )
     else:
         plan.decide("top-k", "torch", "elementwise top-k: a few percent of the layer's bytes")
@@ -254,6 +254,10 @@ def _quantize(plan: Plan, name: str, fmt: QuantFormat, backend: str, shape, out:
 
 ONE_LAUNCH_DISPATCH = 128
 """Assignments up to which a Triton dispatch is one launch (moec/runtime/triton_dispatch.py)."""
+ONE_LAUNCH_ROUTE = 1024
+"""Assignments up to which the Triton layout indices are one launch: route_layout counts them
+in each program (moec/runtime/triton_route.py ONE_PASS; tests/test_plan_graph.py checks they
+agree)."""
 
 
 def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:

@@ -133,7 +133,7 @@ class Plan:
         def key(name: str) -> str:
             stage = self.stage(name)
             position = rank.get(name, rank.get(stage.kind, len(rank)))
-            if getattr(stage, "side_stream", False):  # issued first, to overlap the rest
+            if stage.side_stream:  # issued first, to overlap the rest
                 position = 0
             return f"{position:02d}:{name}"
 

@@ -39,6 +39,8 @@ class Stage:
     """Stage kinds folded into this one by the fuse pass."""
     syncs_host: bool = False
     graph_safe: bool = True
+    side_stream: bool = False
+    """Runs on a second CUDA stream from the start of the forward; its consumer waits for it."""
     note: str = ""
     origin: tuple[str, ...] = ()
     """Spec keys whose values led to this stage and its backend (for messages)."""
@@ -184,8 +186,6 @@ class SharedExpert(Stage):
     intermediate: int
     activation: str
     values: tuple[tuple[str, float], ...]
-    side_stream: bool = False
-    """Runs on a second CUDA stream from the start of the forward; its consumer waits for it."""
 
 
 @dataclass(frozen=True, kw_only=True)

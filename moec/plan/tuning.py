@@ -14,7 +14,15 @@ from typing import Any
 
 from moec.plan.graph import Plan
 from moec.plan.layer import Layer
-from moec.plan.tables import TUNED_DIR, TunedTable, find_table, table_key
+from moec.plan.tables import (
+    SHIPPED_TABLES,
+    TUNED_DIR,
+    TunedTable,
+    find_table,
+    read_table,
+    shown,
+    table_key,
+)
 
 __all__ = ["TUNED_DIR", "TileBucket", "Tiles", "choose_tiles", "table_key"]
 
@@ -186,20 +194,18 @@ def elementwise_configs(layer: Layer, found: TunedTable | str | None) -> dict[st
             "act": {"BLOCK_M": 16, "BLOCK_I": 256, "num_warps": 4},
             "combine": {"BLOCK_T": 16, "BLOCK_H": 256, "num_warps": 4},
         }
-    # Untuned layers take what the H200 tuner chose for DeepSeek-V3 (moec/plan/tuned/h200.json),
-    # quantized or bf16: V2-Lite's activation at T=1 took 7.1 us with the 4-row tiles these
-    # replaced, against 2.9 us for V3's larger one with these (benchmarks/RESULTS.md, run 17)
-    if layer.routed.quantized:
-        return {
-            "permute": {"BLOCK_M": 4, "BLOCK_H": 1024, "num_warps": 8},
-            "act": {"BLOCK_M": 1, "BLOCK_I": 2048, "num_warps": 4},
-            "combine": {"BLOCK_T": 4, "BLOCK_H": 1024, "num_warps": 4},
-        }
-    return {
-        "permute": {"BLOCK_M": 4, "BLOCK_H": 1024, "num_warps": 8},
-        "act": {"BLOCK_M": 8, "BLOCK_I": 1024, "num_warps": 8},
-        "combine": {"BLOCK_T": 1, "BLOCK_H": 2048, "num_warps": 8},
-    }
+    # Untuned layers take what the H200 tuner chose for DeepSeek-V3, quantized or bf16: V2-Lite's
+    # activation at T=1 took 7.1 us with the 4-row tiles these replaced, against 2.9 us for V3's
+    # larger one with these (benchmarks/RESULTS.md, run 17)
+    key = REFERENCE_ELEMENTWISE[layer.routed.quantized]
+    shipped = TUNED_DIR / SHIPPED_TABLES[REFERENCE_GPU]
+    return read_table(shipped, shown(shipped))[f"elementwise/{key}"]
+
+
+REFERENCE_GPU = "nvidia-h200"
+REFERENCE_ELEMENTWISE = {True: "fp8_block/H7168/I2048/E256/K8", False: "bf16/H7168/I2048/E256/K8"}
+"""The shipped table's layers whose elementwise tiles untuned CUDA layers take (quantized or
+not): DeepSeek-V3's on the H200."""
 
 
 def router_slices(layer: Layer, tokens: int) -> int:

@@ -28,6 +28,8 @@ from .triton_numerics import launch_options, wait_inputs
 ROUTE_SPAN = 4096
 """Assignments per part of route_layout above 1024 (its grid: experts x parts). One program per
 expert over every assignment took 288 us at T=16384 on the H200 (benchmarks/RESULTS.md, run 11)."""
+ONE_PASS = 1024
+"""Assignments up to which route_layout counts them in each program: one launch."""
 PREFIX_BINS = 64
 """Experts per program of the prefix over parts."""
 
@@ -370,7 +372,7 @@ def route_layout(
     assignments = topk_ids.numel()
     dummy = counts
     block_e = triton.next_power_of_2(experts + 1)
-    block_a = 128 if assignments <= 128 else 1024
+    block_a = 128 if assignments <= 128 else ONE_PASS
     local_counts = assignments <= block_a
     parts = 1
     histogram = offsets = dummy

@@ -6,11 +6,10 @@ from __future__ import annotations
 from moec.codegen.registry import register
 from moec.codegen.renderers.common import StageCode, call_kwargs, kernel_quant, shape_doc
 from moec.codegen.renderers.torch_stages import dispatch_targets, select_doc, select_options
+from moec.plan.build import ONE_LAUNCH_ROUTE
 from moec.plan.stages import Activation, Combine, Dispatch, Gemm, Quantize, Select, SharedExpert
 
 TRITON = ("triton",)
-INDEX_LAUNCH = 1024
-"""Assignments up to which route_layout is one launch (moec/runtime/triton_route.py)."""
 
 
 def _mn_major(stage) -> str:
@@ -100,7 +99,7 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
         else "",
     }
     quantized = " (quantized)" if stage.quantize else ""
-    indices = f"one Triton launch up to {INDEX_LAUNCH} assignments, three above"
+    indices = f"one Triton launch up to {ONE_LAUNCH_ROUTE} assignments, three above"
     if stage.one_launch:
         launches = (
             f"The {stage.layout} layout's indices and the token rows{quantized} in it in one "
