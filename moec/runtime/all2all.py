@@ -80,11 +80,12 @@ def send_tokens(x, x_scale, topk_ids, topk_weights, local_experts: int, group):
     owner = topk_ids.long() // local_experts  # [T, K] rank owning each chosen expert
     wanted = torch.zeros(world, tokens, dtype=torch.bool, device=x.device)
     wanted.scatter_(0, owner.t(), True)  # [W, T]: does rank w need token t
-    destination, token_of_sent = wanted.nonzero(as_tuple=True)  # grouped by rank, then token
-    send_counts = torch.bincount(destination, minlength=world)
+    send_counts = wanted.sum(dim=1)
     received_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(received_counts, send_counts, group=group)
-    send, received = send_counts.tolist(), received_counts.tolist()  # host sync: split sizes
+    counts = torch.cat((send_counts, received_counts)).tolist()  # the host sync: split sizes
+    send, received = counts[:world], counts[world:]
+    _, token_of_sent = wanted.nonzero(as_tuple=True)  # grouped by rank, then token
 
     scaled_rows = x_scale is not None and x_scale.dim() == 2  # else one scale (or none) for all
     parts = [x, *([x_scale] if scaled_rows else []), topk_ids, topk_weights]

@@ -67,6 +67,14 @@ def test_two_gpus_equal_one(load_layer, tmp_path, tokens_per_rank):
 
 
 DEEPEP_CASES = {  # name: (overrides, bound against one GPU)
+    "ep2-all2all-deep_gemm": (
+        [
+            "parallel.dispatch=all2all",
+            "experts.gemm_backend=deep_gemm",
+            "experts.layout=contiguous",
+        ],
+        2**-7,
+    ),
     "ep2-deepep-normal-triton": (
         ["parallel.dispatch=deepep_normal", "experts.layout=contiguous"],
         2**-7,
@@ -88,8 +96,8 @@ DEEPEP_CASES = {  # name: (overrides, bound against one GPU)
 @pytest.mark.gpus(2)
 def test_deepep_two_gpus_equal_one(load_layer, tmp_path):
     """DeepEP normal and low-latency dispatch on two GPUs (64 tokens per rank), Triton and
-    DeepGEMM experts, against the one-GPU layer; low-latency layers also replayed from a CUDA
-    graph, which must give the eager output bit for bit."""
+    DeepGEMM experts, and all2all into DeepGEMM, against the one-GPU layer; low-latency layers
+    also replayed from a CUDA graph, which must give the eager output bit for bit."""
     pytest.importorskip("deep_ep")
     pytest.importorskip("deep_gemm")
     jobs, names = [], []
