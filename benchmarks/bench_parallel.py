@@ -4,12 +4,14 @@ One process per GPU in an NCCL group. For each package and tokens per rank: the 
 weights (the same on every rank as on one GPU), its median time with the ranks in step (a
 barrier before each run), the median time of each stage (every stage function wrapped to
 synchronize: a dispatch or combine then includes waiting for the other rank), a CUDA-graph
-replay where the plan says the layer is graph-safe, and, beside it, the one-GPU layer on the
-same tokens (`--single`). Expert-parallel ranks each take T tokens; tensor-parallel ranks all
-take the same T tokens. Floors are the plan's (`moec explain`), where it has a row for T.
+replay where the plan says the layer is graph-safe, and, beside them, one-GPU layers on the
+same tokens (`--single`: e.g. the whole layer, and one holding an EP=2 rank's half of the
+experts, whose GEMMs do that rank's work). Expert-parallel ranks each take T tokens;
+tensor-parallel ranks all take the same T tokens. Floors are the plan's (`moec explain`),
+where it has a row for T.
 
     python benchmarks/bench_parallel.py --packages bench_v3_fp8_ep2_all2all_triton:256,4096 \
-        --single bench_v3_fp8_triton --out $OUT/parallel.json
+        --single bench_v3_fp8_triton,bench_v3half_fp8_triton --out $OUT/parallel.json
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def measure(package, layer, tokens: int, rank: int, barrier) -> dict:
     return row
 
 
-def run_rank(rank: int, init_file: str, jobs, single: str | None, out_file: str) -> None:
+def run_rank(rank: int, init_file: str, jobs, singles: list[str], out_file: str) -> None:
     os.environ.update(MULTICAST_OFF)
     torch.cuda.set_device(rank)
     torch.distributed.init_process_group(
@@ -86,13 +88,15 @@ def run_rank(rank: int, init_file: str, jobs, single: str | None, out_file: str)
             layer = None
             torch.cuda.empty_cache()
             barrier()
-        if single:  # the one-GPU layer on each rank's tokens, every rank on its own GPU
+        token_list = sorted({t for _, ts in jobs for t in ts})
+        for single in singles:  # one-GPU layers on each rank's tokens, every rank on its GPU
             package = import_package(single)
             layer = package.MoELayer(device="cuda").random_(11)
-            token_list = sorted({t for _, ts in jobs for t in ts})
             no_barrier = torch.cuda.synchronize
             rows = [measure(package, layer, t, rank, no_barrier) for t in token_list]
             results.append({"package": single, "one_gpu": True, "rows": rows})
+            layer = None
+            torch.cuda.empty_cache()
         torch.save(results, f"{out_file}.{rank}")
     finally:
         torch.distributed.destroy_process_group()
@@ -167,7 +171,7 @@ def main() -> None:
     parser.add_argument(
         "--packages", required=True, help="space-separated name[:T,T,...] (tokens per rank)"
     )
-    parser.add_argument("--single", default=None, help="the one-GPU package to time beside")
+    parser.add_argument("--single", default="", help="one-GPU packages to time beside (a,b)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if torch.cuda.device_count() < WORLD:
@@ -178,7 +182,12 @@ def main() -> None:
         out_file = str(Path(folder) / "out")
         mp.start_processes(
             run_rank,
-            args=(str(Path(folder) / "init"), jobs, args.single, out_file),
+            args=(
+                str(Path(folder) / "init"),
+                jobs,
+                [n for n in args.single.split(",") if n],
+                out_file,
+            ),
             nprocs=WORLD,
             start_method="spawn",
         )

@@ -44,6 +44,9 @@ $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_ep2_all2all_triton --set para
 $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8ovl_ep2_all2all_triton --set parallel.ep_size=2 \
   --set parallel.dispatch=all2all --set experts.gemm_backend=triton \
   --set experts.shared_experts=overlapped
+# one GPU holding one EP=2 rank's half of the experts (the same GEMM work per token as that rank)
+$MOEC build "${v3_fp8[@]}" --set name=bench_v3half_fp8_triton --set model.n_routed_experts=128 \
+  --set experts.shared_experts=separate --set experts.gemm_backend=triton
 $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_tp2_triton --set parallel.tp_size=2 \
   --set experts.gemm_backend=triton --set experts.layout=contiguous
 if $MOEC validate benchmarks/specs/v3.toml --set parallel.ep_size=2 \

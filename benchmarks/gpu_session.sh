@@ -113,7 +113,7 @@ for step in ${STEPS:-test bench}; do
         [ -d benchmarks/.packages/$name ] && jobs="$jobs $name:${LL_TOKENS:-16,128}"
       done
       timeout "${PAR_SECONDS:-400}" python3 benchmarks/bench_parallel.py --packages "$jobs" \
-        --single bench_v3_fp8_triton --out "$RESULTS/parallel.json" > "$RESULTS/parallel.log" 2>&1
+        --single bench_v3_fp8_triton,bench_v3half_fp8_triton --out "$RESULTS/parallel.json" > "$RESULTS/parallel.log" 2>&1
       grep -v "^ *\(router\|select\|quantize\|activation\|shared_expert\) " "$RESULTS/parallel.log" | tail -60
       ;;
     check)  # python -m <package>.check of the V3 layer: Triton fp8_block, torch bf16
