@@ -4,6 +4,7 @@ written by `moec tune`, then those shipped in moec/plan/tuned/, else the default
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pytest
@@ -269,3 +270,32 @@ def test_router_slices_are_what_the_kernel_makes(load_layer, tokens):
     partials = stages.router(x, layer.gate_parts)
     assert partials.shape[1:] == (tokens, layer.gate_parts.shape[1])
     assert partials.shape[0] == router_slices(make_plan(load_spec(example).spec).layer, tokens)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["parallel.ep_size=2"], 2 * (1 - math.prod((128 - i) / (256 - i) for i in range(8)))),
+        (["parallel.ep_size=8"], 8 * (1 - math.prod((224 - i) / (256 - i) for i in range(8)))),
+        (
+            [
+                "parallel.dispatch=deepep_low_latency",
+                "parallel.max_tokens_per_rank=128",
+                "target.max_num_tokens=128",
+            ],
+            None,
+        ),
+        (["parallel.ep_size=1", "parallel.dispatch=local"], None),
+    ],
+)
+def test_received_rows_pick_the_bucket_of_tokens_per_rank(overrides, expected):
+    """A rank's GEMMs run over the rows it received: their tile bucket is that of the tokens
+    per rank (rows / expected rows per token), which the table of the rank's experts was tuned
+    on; fixed-slot and local layers pick by their own rows."""
+    plan = plan_of("deepseek-v3-ep2-all2all.toml", "experts.gemm_backend=triton", *overrides)
+    got = plan.tiles.received_per_token
+    if expected is None:
+        assert got is None
+        return
+    assert got == pytest.approx(expected, abs=1e-4)
+    assert any(d.what == "tile bucket of received rows" for d in plan.decisions)

@@ -262,4 +262,5 @@ def _tile_fields(plan: Plan) -> dict[str, Any]:
         "router_decode": tiles.router_decode,
         "decode_tokens": ROUTER_DECODE_TOKENS,
         "pdl": tiles.pdl,
+        "received_per_token": tiles.received_per_token,
     }

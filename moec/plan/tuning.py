@@ -61,6 +61,10 @@ class Tiles:
     """The Triton router for at most DECODE_TOKENS tokens."""
     pdl: bool
     """Launch the kernels with programmatic dependent launch (Hopper and newer)."""
+    received_per_token: float | None = None
+    """Expert parallelism with an exchange: rows a rank receives per token a rank sends, under
+    uniform routing. A received row count divided by it is the tokens per rank, whose bucket
+    (tuned on one GPU holding the rank's experts) fits the rank's rows per expert."""
 
 
 def choose_tiles(plan: Plan) -> None:
@@ -73,6 +77,7 @@ def choose_tiles(plan: Plan) -> None:
         buckets = _buckets_up_to(buckets, split.up_to)
     elementwise = elementwise_configs(layer, found)
     pdl = layer.device == "cuda" and layer.arch in PDL_ARCHS
+    received = received_per_token(layer) if layer.dispatch in EXCHANGED else None
     plan.tiles = Tiles(
         tuple(TileBucket(b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in buckets),
         elementwise["permute"],
@@ -81,7 +86,19 @@ def choose_tiles(plan: Plan) -> None:
         source,
         *router_configs(layer),
         pdl,
+        received,
     )
+    if received is not None:
+        plan.decide(
+            "tile bucket of received rows",
+            f"received rows / {received:.4g}",
+            f"the bucket of a rank's tokens: with uniform routing a token goes to a rank "
+            f"holding {layer.local_experts} of the {layer.routed_experts} experts with "
+            f"probability {received / layer.ep:.4g} (at least one of its {layer.top_k}), and "
+            f"each of the {layer.ep} ranks sends its tokens; that many tokens per rank give the "
+            "rank's experts the rows a one-GPU layer of those experts gets, which is what the "
+            "table was tuned on",
+        )
     limits = ", ".join(f"T<={b['max_tokens']}" if b["max_tokens"] else "larger" for b in buckets)
     if plan.backends.gemm == "triton":
         upper = f", up to T={split.up_to}" if split else ""
@@ -107,6 +124,19 @@ def choose_tiles(plan: Plan) -> None:
             "the shared MLP runs as a one-expert grouped GEMM over T rows with the same "
             "kernels; it has no table of its own",
         )
+
+
+EXCHANGED = ("all2all", "deepep_normal")
+"""Dispatch modes whose GEMMs run over the rows a rank received (low latency: fixed slots)."""
+
+
+def received_per_token(layer: Layer) -> float:
+    """ep x P(a token has one of its top-k distinct experts among a rank's), uniform routing."""
+    experts, local, top_k = layer.routed_experts, layer.local_experts, layer.top_k
+    none_here = 1.0
+    for i in range(top_k):
+        none_here *= max(experts - local - i, 0) / (experts - i)
+    return round(layer.ep * (1.0 - none_here), 4)
 
 
 def _buckets_up_to(buckets: list[dict], tokens: int) -> list[dict]:

@@ -96,3 +96,10 @@ def weighted_rows(stage, y: str, row_of: str, weights: str, shared: str) -> str:
             "config=tiles.COMBINE, out_dtype=DTYPE, pdl=tiles.PDL)"
         )
     return f"grouping.weighted_rows({y}, {row_of}, {weights}, {shared}, DTYPE)"
+
+
+def bucket_function(plan) -> str:
+    """The tiles function that picks a token bucket from a routing's row count: `bucket` (rows
+    are tokens), or `received_bucket` where the rows were received from other ranks."""
+    received = plan.tiles is not None and plan.tiles.received_per_token is not None
+    return "received_bucket" if received else "bucket"

@@ -5,7 +5,13 @@ normal mode into the contiguous layout (prefill), low-latency mode into the mask
 from __future__ import annotations
 
 from moec.codegen.registry import register
-from moec.codegen.renderers.common import StageCode, call_kwargs, received_permute, weighted_rows
+from moec.codegen.renderers.common import (
+    StageCode,
+    bucket_function,
+    call_kwargs,
+    received_permute,
+    weighted_rows,
+)
 from moec.codegen.renderers.torch_stages import dispatch_targets, route_call
 from moec.plan.stages import Combine, Dispatch
 
@@ -92,7 +98,7 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
             "buffer": sizes,
             "x_scale": "x_scale" if scaled else "None",
             "local_experts": layer.local_experts,
-            "route": route_call(stage, module, "local_ids"),
+            "route": route_call(stage, module, "local_ids", bucket_function(plan)),
             "targets": dispatch_targets(stage),
             "permute": received_permute(stage, "rows", "row_scales"),
         },

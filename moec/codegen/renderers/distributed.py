@@ -4,7 +4,12 @@ the tensor-parallel all-reduce (finalize). The process group is the layer's own 
 from __future__ import annotations
 
 from moec.codegen.registry import register
-from moec.codegen.renderers.common import StageCode, received_permute, weighted_rows
+from moec.codegen.renderers.common import (
+    StageCode,
+    bucket_function,
+    received_permute,
+    weighted_rows,
+)
 from moec.codegen.renderers.torch_stages import dispatch_targets, route_call
 from moec.plan.stages import Combine, Dispatch, Finalize
 
@@ -40,7 +45,7 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
     fields = {
         "x_scale": "x_scale" if scaled else "None",
         "local_experts": plan.layer.local_experts,
-        "route": route_call(stage, module, "local_ids"),
+        "route": route_call(stage, module, "local_ids", bucket_function(plan)),
         "targets": dispatch_targets(stage),
         "permute": received_permute(stage, "rows", "row_scales"),
     }

@@ -92,12 +92,13 @@ def quantize(plan, stage: Quantize) -> StageCode:
     )
 
 
-def route_call(stage: Dispatch, module: str, ids: str) -> str:
-    """The routing call of a dispatch: the layout's indices for `ids` [rows, K]."""
+def route_call(stage: Dispatch, module: str, ids: str, bucket: str = "bucket") -> str:
+    """The routing call of a dispatch: the layout's indices for `ids` [rows, K]; `bucket`: the
+    tiles function that picks the row padding's bucket from the row count."""
     extra = ", pdl=tiles.PDL" if module == "triton_route" else ""
     if stage.layout == "masked":
         return f"{module}.route_masked({ids}, {stage.experts}{extra})"
-    padding = stage.row_padding or f"tiles.bucket({ids}.shape[0]).block_m"
+    padding = stage.row_padding or f"tiles.{bucket}({ids}.shape[0]).block_m"
     return f"{module}.route_contiguous({ids}, {stage.experts}, {padding}{extra})"
 
 

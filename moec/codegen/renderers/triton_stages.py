@@ -4,7 +4,13 @@ triton_*.py) with the plan's values as literals and the tiles of the token bucke
 from __future__ import annotations
 
 from moec.codegen.registry import register
-from moec.codegen.renderers.common import StageCode, call_kwargs, kernel_quant, shape_doc
+from moec.codegen.renderers.common import (
+    StageCode,
+    bucket_function,
+    call_kwargs,
+    kernel_quant,
+    shape_doc,
+)
 from moec.codegen.renderers.torch_stages import dispatch_targets, select_doc, select_options
 from moec.plan.build import ONE_LAUNCH_ROUTE
 from moec.plan.stages import Activation, Combine, Dispatch, Gemm, Quantize, Select, SharedExpert
@@ -131,6 +137,7 @@ def gemm(plan, stage: Gemm) -> StageCode:
         "weight_scale": f"{stage.weight}_scale" if scaled else "None",
         "scheme": stage.format.scheme,
         "role": stage.role,
+        "bucket": bucket_function(plan),
     }
     rows = shape_doc(stage)
     doc = (
