@@ -4,7 +4,7 @@
 # into $RESULTS/session.tgz at the end (the device tool returns at most 8 files). The bench step
 # also records each layer's best time per T in $RESULTS/times.json (a tuned table's backends/<key>
 # entries, which gemm_backend auto chooses by).
-#   STEPS="test bench"  (any of: deps test bench bench-ab decode micro tune tune-ab parallel check)
+#   STEPS="test bench"  (any of: deps test bench bench-ab decode micro tune tune-ab tune-keys parallel check)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 RESULTS=/tmp/session
@@ -98,6 +98,17 @@ for step in ${STEPS:-test bench}; do
         python3 benchmarks/bench_moe.py --scheme fp8_block --tokens "${AB_TOKENS:-$TUNE_TOKENS}" \
           --torch-max-tokens 0 --tuned "$file" --out "$RESULTS/tune_$table.json" > "$RESULTS/tune_$table.log" 2>&1
         echo "== $table"; tail -3 "$RESULTS/tune_$table.log"
+      done
+      ;;
+    tune-keys)  # moec tune of V3 variants (TUNE_SETS: ";"-separated groups of --set values) into one table
+      IFS=';' read -ra groups <<< "${TUNE_SETS:-model.n_routed_experts=128;parallel.tp_size=2}"
+      for group in "${groups[@]}"; do
+        sets=()
+        for value in $group; do sets+=(--set "$value"); done
+        MOEC_TUNING_DIR=$RESULTS/tuned timeout "${TUNE_SECONDS:-240}" python3 -m moec tune \
+          benchmarks/specs/v3.toml --set quant.scheme=fp8_block "${sets[@]}" \
+          --tokens "${TUNE_TOKENS:-1,16,64,256,1024,4096,16384}" >> "$RESULTS/tune.log" 2>&1
+        tail -2 "$RESULTS/tune.log"
       done
       ;;
     parallel)  # the two-GPU layers (EP over all2all and DeepEP, TP) and their stages, per rank
