@@ -288,7 +288,7 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
     outputs = {"a": grouped_type(a_type.dtype, "H", layout, a_type.scale), "routing": routing_type}
     if mode != "local":
         outputs["exchange"] = TensorType(I32, ("T*K",), record=EXCHANGE_RECORD[mode])
-    exchanged = mode in ("all2all", "deepep_normal")
+    exchanged = layer.exchanges_rows
     padding = None if backends.gemm == "triton" else ROW_PADDING
     one_launch = 0
     if mode == "local" and around == "triton" and layout == "contiguous":
@@ -387,7 +387,7 @@ def _gemm(plan: Plan, role: str, out_name: str, weight) -> None:
 def _combine_and_finalize(plan: Plan, spec: Spec, around: str) -> None:
     layer, backends = plan.layer, plan.backends
     mode = layer.dispatch
-    exchanged = mode in ("all2all", "deepep_normal")
+    exchanged = layer.exchanges_rows
     plan.add_stage(
         Combine(
             name="combine",

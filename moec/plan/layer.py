@@ -134,6 +134,12 @@ class Layer:
     """Its parameters, (name, value) in the spec's order."""
 
     @property
+    def exchanges_rows(self) -> bool:
+        """The dispatch sends token rows to the ranks of their experts and the GEMMs run over
+        the rows a rank received (all2all, DeepEP normal); low latency uses fixed slots."""
+        return self.dispatch in ("all2all", "deepep_normal")
+
+    @property
     def grouped_experts(self) -> int:
         """Experts of the grouped GEMM: the local routed ones plus fused shared experts."""
         return self.local_experts + (self.n_shared if self.fused_shared else 0)

@@ -77,7 +77,7 @@ def choose_tiles(plan: Plan) -> None:
         buckets = _buckets_up_to(buckets, split.up_to)
     elementwise = elementwise_configs(layer, found)
     pdl = layer.device == "cuda" and layer.arch in PDL_ARCHS
-    received = received_per_token(layer) if layer.dispatch in EXCHANGED else None
+    received = received_per_token(layer) if layer.exchanges_rows else None
     plan.tiles = Tiles(
         tuple(TileBucket(b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in buckets),
         elementwise["permute"],
@@ -124,10 +124,6 @@ def choose_tiles(plan: Plan) -> None:
             "the shared MLP runs as a one-expert grouped GEMM over T rows with the same "
             "kernels; it has no table of its own",
         )
-
-
-EXCHANGED = ("all2all", "deepep_normal")
-"""Dispatch modes whose GEMMs run over the rows a rank received (low latency: fixed slots)."""
 
 
 def received_per_token(layer: Layer) -> float:

@@ -63,46 +63,41 @@ def _sorted_assignments(topk_ids: torch.Tensor, experts: int):
     return flat, order, sorted_experts, counts, rank
 
 
-def _rows(topk_ids, order, sorted_experts, sorted_rows, rows: int, experts: int):
-    """row_of [T, K] and token_of_row [rows] from each sorted assignment's row (none for the
-    assignments of expert E, which are no expert's)."""
+def _rows(topk_ids, order, sorted_rows, rows: int):
+    """row_of [T, K] and token_of_row [rows] from each sorted assignment's row (-1: none, written
+    to a spare last row that is dropped)."""
     tokens, top_k = topk_ids.shape
-    sorted_rows = torch.where(sorted_experts < experts, sorted_rows, -1)
     row_of = torch.empty(tokens * top_k, dtype=torch.int64, device=topk_ids.device)
     row_of[order] = sorted_rows
     token_of_row = torch.full((rows + 1,), -1, dtype=torch.int32, device=topk_ids.device)
-    token_of_row[sorted_rows] = (order // top_k).to(torch.int32)  # row -1: the spare last row
+    token_of_row[sorted_rows] = (order // top_k).to(torch.int32)
     return row_of.view(tokens, top_k).to(torch.int32), token_of_row[:rows]
 
 
 def route_contiguous(topk_ids: torch.Tensor, experts: int, block_m: int) -> ContiguousRouting:
     """The contiguous layout of topk_ids [T, K] over `experts` experts, padded to `block_m`."""
     flat, order, sorted_experts, counts, rank = _sorted_assignments(topk_ids, experts)
+    counts = counts[:experts]  # without the no-expert bin
     padded = (counts + block_m - 1) // block_m * block_m
-    padded[experts] = 0  # the no-expert bin takes no rows
-    starts = torch.cumsum(padded, 0) - padded  # [E + 1]
+    starts = torch.cumsum(padded, 0) - padded  # [E]
     rows = compact_rows(flat.numel(), experts, block_m)
-    sorted_rows = starts[sorted_experts] + rank
+    mine = sorted_experts < experts
+    sorted_rows = torch.where(mine, starts[sorted_experts.clamp(max=experts - 1)] + rank, -1)
     m_indices = torch.full((rows + 1,), -1, dtype=torch.int32, device=flat.device)
-    valid = sorted_experts < experts
-    m_indices[torch.where(valid, sorted_rows, rows)] = sorted_experts.to(torch.int32)
-    m_indices[rows] = -1  # the spare row of the no-expert assignments, dropped
-    row_of, token_of_row = _rows(topk_ids, order, sorted_experts, sorted_rows, rows, experts)
+    m_indices[sorted_rows] = torch.where(mine, sorted_experts, -1).to(torch.int32)
+    row_of, token_of_row = _rows(topk_ids, order, sorted_rows, rows)
     num_rows = padded.sum().reshape(1).to(torch.int32)
     return ContiguousRouting(
-        row_of, token_of_row, counts[:experts].to(torch.int32), m_indices[:rows],
-        starts[:experts], num_rows,
-    )  # fmt: skip
+        row_of, token_of_row, counts.to(torch.int32), m_indices[:rows], starts, num_rows
+    )
 
 
 def route_masked(topk_ids: torch.Tensor, experts: int) -> MaskedRouting:
     """The masked layout of topk_ids [T, K] over `experts` experts."""
     _, order, sorted_experts, counts, rank = _sorted_assignments(topk_ids, experts)
     max_m = masked_max_m(topk_ids.shape[0])
-    sorted_rows = sorted_experts * max_m + rank
-    row_of, token_of_row = _rows(
-        topk_ids, order, sorted_experts, sorted_rows, experts * max_m, experts
-    )
+    sorted_rows = torch.where(sorted_experts < experts, sorted_experts * max_m + rank, -1)
+    row_of, token_of_row = _rows(topk_ids, order, sorted_rows, experts * max_m)
     return MaskedRouting(row_of, token_of_row, counts[:experts].to(torch.int32), max_m)
 
 

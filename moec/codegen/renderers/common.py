@@ -76,28 +76,6 @@ def shape_doc(stage) -> str:
     return "E, max_m" if stage.layout == "masked" else "M"
 
 
-def received_permute(stage, rows: str, scales: str) -> str:
-    """The call that copies received rows (already in the GEMM's format) and their scales into
-    the dispatch's layout: one Triton launch each where Triton routes, else torch."""
-    if stage.routing_backend == "triton":
-        return (
-            f"triton_permute.permute_rows({rows}, {scales}, routing, {stage.experts}, "
-            "config=tiles.PERMUTE, pdl=tiles.PDL)"
-        )
-    return f"grouping.permute({rows}, {scales}, routing, {stage.experts})"
-
-
-def weighted_rows(stage, y: str, row_of: str, weights: str, shared: str) -> str:
-    """The call of sum_k weights[r, k] * y[row_of[r, k]] (+ shared[r]), rounded once to the
-    model dtype, in the combine's reduce backend."""
-    if stage.reduce_backend == "triton":
-        return (
-            f"triton_combine.weighted_rows({y}, {row_of}, {weights}, {shared}, "
-            "config=tiles.COMBINE, out_dtype=DTYPE, pdl=tiles.PDL)"
-        )
-    return f"grouping.weighted_rows({y}, {row_of}, {weights}, {shared}, DTYPE)"
-
-
 def bucket_function(plan) -> str:
     """The tiles function that picks a token bucket from a routing's row count: `bucket` (rows
     are tokens), or `received_bucket` where the rows were received from other ranks."""

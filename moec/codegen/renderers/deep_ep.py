@@ -5,14 +5,9 @@ normal mode into the contiguous layout (prefill), low-latency mode into the mask
 from __future__ import annotations
 
 from moec.codegen.registry import register
-from moec.codegen.renderers.common import (
-    StageCode,
-    bucket_function,
-    call_kwargs,
-    received_permute,
-    weighted_rows,
-)
-from moec.codegen.renderers.torch_stages import dispatch_targets, route_call
+from moec.codegen.renderers import received
+from moec.codegen.renderers.common import StageCode, call_kwargs
+from moec.codegen.renderers.torch_stages import dispatch_targets
 from moec.plan.stages import Combine, Dispatch
 
 DEEP_EP = ("deep_ep",)
@@ -29,17 +24,13 @@ def _template(kind: str):
 def _dispatch_runtime(stage: Dispatch) -> tuple[str, ...]:
     if stage.mode == "deepep_low_latency":
         return ("deepep", "grouping")
-    if stage.routing_backend == "triton":
-        return ("deepep", "grouping", "triton_route", "triton_permute", "tiles")
-    return ("deepep", "grouping")
+    return ("deepep", *received.dispatch_runtime(stage))
 
 
 def _combine_runtime(stage: Combine) -> tuple[str, ...]:
-    if stage.reduce_backend == "triton":
-        return ("deepep", "triton_combine", "tiles")
-    if stage.reduce_backend == "torch":
-        return ("deepep", "grouping")
-    return ("deepep",)
+    if stage.mode == "deepep_low_latency":
+        return ("deepep",)
+    return ("deepep", *received.combine_runtime(stage))
 
 
 def _deepep_only(plan, stage) -> str | None:
@@ -81,7 +72,6 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
             {"buffer": sizes, "options": options, "targets": dispatch_targets(stage)},
         )
     scaled = stage.outputs["a"].scale is not None
-    module = "triton_route" if stage.routing_backend == "triton" else "grouping"
     sizes = call_kwargs(
         nvl_bytes=buffer.nvl_bytes,
         rdma_bytes=buffer.rdma_bytes,
@@ -94,14 +84,7 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
         f"DeepEP normal dispatch: each token row{quantized} once to every rank owning one of its "
         "experts, with its top-k ids and weights; the received rows laid out by local expert "
         f"in the {stage.layout} layout (ids of other ranks' experts are -1: no row).",
-        {
-            "buffer": sizes,
-            "x_scale": "x_scale" if scaled else "None",
-            "local_experts": layer.local_experts,
-            "route": route_call(stage, module, "local_ids", bucket_function(plan)),
-            "targets": dispatch_targets(stage),
-            "permute": received_permute(stage, "rows", "row_scales"),
-        },
+        {"buffer": sizes, **received.dispatch_fields(plan, stage)},
     )
 
 
@@ -122,7 +105,7 @@ def combine(plan, stage: Combine) -> StageCode:
             f"and summed there (fp32, rounded once){plus}.",
             shared,
         )
-    partial = weighted_rows(stage, "y", "routing.row_of", "exchange.weights", "None")
+    partial = received.weighted_rows(stage, "y", "routing.row_of", "exchange.weights", "None")
     return StageCode(
         "Weight and sum each received row's expert outputs here (fp32, rounded once); DeepEP "
         f"sends the partial sums back and adds them{plus} on the token's rank (fp32, rounded "

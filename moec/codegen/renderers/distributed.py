@@ -4,26 +4,17 @@ the tensor-parallel all-reduce (finalize). The process group is the layer's own 
 from __future__ import annotations
 
 from moec.codegen.registry import register
-from moec.codegen.renderers.common import (
-    StageCode,
-    bucket_function,
-    received_permute,
-    weighted_rows,
-)
-from moec.codegen.renderers.torch_stages import dispatch_targets, route_call
+from moec.codegen.renderers import received
+from moec.codegen.renderers.common import StageCode
 from moec.plan.stages import Combine, Dispatch, Finalize
 
 
 def _dispatch_runtime(stage: Dispatch) -> tuple[str, ...]:
-    if stage.routing_backend == "triton":
-        return ("all2all", "grouping", "triton_route", "triton_permute", "tiles")
-    return ("all2all", "grouping")
+    return ("all2all", *received.dispatch_runtime(stage))
 
 
 def _combine_runtime(stage: Combine) -> tuple[str, ...]:
-    if stage.reduce_backend == "triton":
-        return ("all2all", "triton_combine", "tiles")
-    return ("all2all", "grouping")
+    return ("all2all", *received.combine_runtime(stage))
 
 
 def _all2all_only(plan, stage) -> str | None:
@@ -41,20 +32,12 @@ def _all2all_only(plan, stage) -> str | None:
 )
 def dispatch(plan, stage: Dispatch) -> StageCode:
     scaled = stage.outputs["a"].scale is not None
-    module = "triton_route" if stage.routing_backend == "triton" else "grouping"
-    fields = {
-        "x_scale": "x_scale" if scaled else "None",
-        "local_experts": plan.layer.local_experts,
-        "route": route_call(stage, module, "local_ids", bucket_function(plan)),
-        "targets": dispatch_targets(stage),
-        "permute": received_permute(stage, "rows", "row_scales"),
-    }
     quantized = " (e4m3 and scales)" if scaled else ""
     return StageCode(
         f"Send each token row{quantized} once to every rank owning one of its experts, with its "
         "top-k ids and weights; lay the received rows out by local expert in the "
         f"{stage.layout} layout (ids of other ranks' experts are -1: no row).",
-        fields,
+        received.dispatch_fields(plan, stage),
     )
 
 
@@ -72,8 +55,10 @@ def combine(plan, stage: Combine) -> StageCode:
         "Weight and sum each received row's expert outputs here (fp32, rounded once), send the "
         f"partial sums back; out[t] = the sum of t's partials{plus} (fp32, rounded once).",
         {
-            "partial": weighted_rows(stage, "y", "routing.row_of", "exchange.weights", "None"),
-            "out": weighted_rows(
+            "partial": received.weighted_rows(
+                stage, "y", "routing.row_of", "exchange.weights", "None"
+            ),
+            "out": received.weighted_rows(
                 stage, "returned", "exchange.returned_row_of", "exchange.returned_weights", shared
             ),
         },
