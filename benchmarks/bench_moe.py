@@ -27,10 +27,12 @@ from common import (
     chosen_experts,
     design_floor_ms,
     dump,
+    graph_safe,
     graphed,
     import_package,
     layer_flops,
     median_ms,
+    plan_floors,
     stage_times_ms,
 )
 
@@ -118,14 +120,7 @@ def main() -> None:
     apply_variant(fast, args.no_pdl, args.fp8_acc, args.split_dispatch)
     layer = fast.MoELayer(device=DEVICE).random_(0)
     reference = slow.MoELayer(device=DEVICE).random_(0)
-    graph_safe = fast.PLAN["decisions"] and any(
-        d["what"] == "CUDA graph" and d["choice"] == "yes" for d in fast.PLAN["decisions"]
-    )
-    plan_floor = {row["tokens"]: row["floor_ms"] for row in fast.PLAN["cost"]}
-    stage_floor = {
-        row["tokens"]: {s["stage"]: round(s["floor_ms"], 4) for s in row["stages"]}
-        for row in fast.PLAN["cost"]
-    }
+    floors = plan_floors(fast)
     fp8 = scheme != "bf16"
     rows = []
     for tokens in map(int, args.tokens.split(",")):
@@ -134,7 +129,7 @@ def main() -> None:
         out = layer(x)
         eager = median_ms(partial(layer, x))
         graph = None
-        if graph_safe and tokens <= 1024 and DEVICE == "cuda":
+        if graph_safe(fast) and tokens <= 1024 and DEVICE == "cuda":
             static = x.clone()
             try:
                 replay = graphed(partial(layer, static))
@@ -170,7 +165,7 @@ def main() -> None:
             "triton_graph_ms": None if graph is None else round(graph, 4),
             "torch_ms": None if torch_ms is None else round(torch_ms, 4),
             "design_floor_ms": round(floor, 4),
-            "plan_floor_ms": plan_floor.get(tokens),
+            "plan_floor_ms": floors.get(tokens, {}).get("floor_ms"),
             "experts_hit": hit,
             "ratio_to_floor": round(best / floor, 3),
             "tflops": round(layer_flops(fast, tokens) / best / 1e9, 1),
@@ -178,7 +173,10 @@ def main() -> None:
             "norm_rel_error_vs_torch": norm_error,
             "tokens_routed_differently": rerouted,
             "stages_ms": per_stage,
-            "stage_floors_ms": stage_floor.get(tokens, {}),
+            "stage_floors_ms": {
+                stage: round(ms, 4)
+                for stage, ms in floors.get(tokens, {}).get("stages", {}).items()
+            },
         }
         rows.append(row)
         print(json.dumps(row), f"({time.time() - start:.0f} s)", flush=True)

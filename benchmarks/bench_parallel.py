@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from common import dump, import_package, stage_times_ms
+from common import dump, graph_safe, import_package, plan_floors, stage_times_ms
 
 from moec.runtime import cuda_graph, self_check
 
@@ -44,12 +44,6 @@ def rank_tokens(package, tokens: int, rank: int) -> torch.Tensor:
     seed = 100 + (0 if replicated else rank)
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(tokens, hidden, generator=generator).bfloat16().cuda()
-
-
-def graph_safe(package) -> bool:
-    return any(
-        d["what"] == "CUDA graph" and d["choice"] == "yes" for d in package.PLAN["decisions"]
-    )
 
 
 def measure(package, layer, tokens: int, rank: int, barrier) -> dict:
@@ -102,17 +96,6 @@ def run_rank(rank: int, init_file: str, jobs, singles: list[str], out_file: str)
         torch.distributed.destroy_process_group()
 
 
-def floors_of(name: str) -> dict[int, dict]:
-    package = import_package(name)
-    return {
-        row["tokens"]: {
-            "floor_ms": row["floor_ms"],
-            "stages": {s["stage"]: s["floor_ms"] for s in row["stages"]},
-        }
-        for row in package.PLAN["cost"]
-    }
-
-
 def report(results: list[list[dict]]) -> list[dict]:
     """Rank 0's and rank 1's rows side by side: the slower rank's time is the layer's."""
     merged = []
@@ -125,7 +108,7 @@ def report(results: list[list[dict]]) -> list[dict]:
             print(f"\n{name}: {errors[0]}")
             merged.append(entry)
             continue
-        floors = floors_of(name)
+        floors = plan_floors(import_package(name))
         entry["rows"] = []
         print(f"\n{name}")
         for rows in zip(*(r["rows"] for r in per_rank), strict=True):

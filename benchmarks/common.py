@@ -47,6 +47,24 @@ def stages_of(package):
     return sys.modules[f"{package.__name__}.stages"]
 
 
+def graph_safe(package) -> bool:
+    """Whether the package's plan says its layer can be captured in a CUDA graph."""
+    return any(
+        d["what"] == "CUDA graph" and d["choice"] == "yes" for d in package.PLAN["decisions"]
+    )
+
+
+def plan_floors(package) -> dict[int, dict]:
+    """The plan's floors by token count: {T: {"floor_ms": layer, "stages": {stage: ms}}}."""
+    return {
+        row["tokens"]: {
+            "floor_ms": row["floor_ms"],
+            "stages": {s["stage"]: s["floor_ms"] for s in row["stages"]},
+        }
+        for row in package.PLAN["cost"]
+    }
+
+
 def apply_buckets(package, table: list[dict], elementwise: dict | None = None) -> None:
     """Use a tuned table in an already built package (what a rebuild would embed)."""
     tiles = sys.modules[f"{package.__name__}.tiles"]

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from common import dump, graphed, import_package, median_ms
+from common import dump, graphed, import_package, median_ms, plan_floors
 from torch.profiler import ProfilerActivity, profile
 
 REPLAYS = 20
@@ -69,7 +69,7 @@ def profile_package(name: str, tokens: int) -> dict:
         tiles.PDL = pdl
     wall_ms, wall_no_pdl_ms = min(walls[True]), min(walls[False])
     kernel_us = sum(r["us"] for r in rows)
-    floor = next((r["floor_ms"] for r in package.PLAN["cost"] if r["tokens"] == tokens), None)
+    floor = plan_floors(package).get(tokens, {}).get("floor_ms")
     return {
         "package": name,
         "tokens": tokens,
