@@ -48,12 +48,19 @@ ALIGN = 16
 """Bytes each part of a packed row starts on: any dtype's view of it is aligned."""
 
 
-def pack_rows(parts: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-    """Rows `index` of each [T, n_i] part side by side as bytes: [len(index), row bytes] uint8,
-    each part's bytes starting on an ALIGN boundary."""
+def _row_layout(parts: list[torch.Tensor]) -> tuple[list[int], list[int], int]:
+    """Where each [*, n_i] part sits in a packed row: (start byte, width in bytes) of each, and
+    the row's bytes; each part starts on an ALIGN boundary."""
     widths = [part.shape[1] * part.element_size() for part in parts]
-    starts = [sum(-(-w // ALIGN) * ALIGN for w in widths[:i]) for i in range(len(parts))]
-    row_bytes = starts[-1] + -(-widths[-1] // ALIGN) * ALIGN
+    padded = [-(-width // ALIGN) * ALIGN for width in widths]
+    starts = [sum(padded[:i]) for i in range(len(parts))]
+    return starts, widths, sum(padded)
+
+
+def pack_rows(parts: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
+    """Rows `index` of each [T, n_i] part side by side as bytes: [len(index), row bytes] uint8
+    (_row_layout)."""
+    starts, widths, row_bytes = _row_layout(parts)
     packed = torch.empty(len(index), row_bytes, dtype=torch.uint8, device=index.device)
     for part, start, width in zip(parts, starts, widths, strict=True):
         packed[:, start : start + width] = part.contiguous().view(torch.uint8)[index]
@@ -63,12 +70,11 @@ def pack_rows(parts: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
 def unpack_rows(packed: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     """The parts of packed rows (pack_rows' layout for parts shaped and typed as `like`), as
     views of `packed`."""
-    widths = [part.shape[1] * part.element_size() for part in like]
-    out, start = [], 0
-    for part, width in zip(like, widths, strict=True):
-        out.append(packed[:, start : start + width].view(part.dtype))
-        start += -(-width // ALIGN) * ALIGN
-    return out
+    starts, widths, _ = _row_layout(like)
+    return [
+        packed[:, start : start + width].view(part.dtype)
+        for part, start, width in zip(like, starts, widths, strict=True)
+    ]
 
 
 def send_tokens(x, x_scale, topk_ids, topk_weights, local_experts: int, group):
