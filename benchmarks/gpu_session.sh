@@ -4,7 +4,7 @@
 # into $RESULTS/session.tgz at the end (the device tool returns at most 8 files). The bench step
 # also records each layer's best time per T in $RESULTS/times.json (a tuned table's backends/<key>
 # entries, which gemm_backend auto chooses by).
-#   STEPS="test bench"  (any of: deps test bench bench-ab decode micro tune tune-ab tune-keys parallel check)
+#   STEPS="test bench"  (any of: deps test bench bench-ab decode prefetch micro tune tune-ab tune-keys parallel check)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 RESULTS=/tmp/session
@@ -70,6 +70,12 @@ for step in ${STEPS:-test bench}; do
         --packages "${DECODE_PACKAGES:-$(ls benchmarks/.packages | grep -E 'v3_(fp8|fp8sep|bf16)_(triton|deep_gemm)$' | paste -sd,)}" \
         --out "$RESULTS/decode.json" > "$RESULTS/decode.log" 2>&1
       grep -E "^bench|: graph" "$RESULTS/decode.log"
+      ;;
+    prefetch)  # decode with the shared expert's weights fetched into L2 before the router
+      packages
+      python3 benchmarks/prefetch_decode.py --tokens "${PREFETCH_TOKENS:-1,4}" \
+        --out "$RESULTS/prefetch.json" > "$RESULTS/prefetch.log" 2>&1
+      tail -40 "$RESULTS/prefetch.log"
       ;;
     micro)  # the decode path's router and select kernels alone, grid and warp variants
       packages
