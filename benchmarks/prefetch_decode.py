@@ -7,7 +7,9 @@ exits: per 128-byte line (`prefetch.global.L2`, evict_last or normal) or Hopper'
 `cp.async.bulk.prefetch.L2` in 4 KiB chunks. It runs before the forward on the same stream
 ("before"), or beside it on a second stream joined before the gate/up GEMM ("gemm") or at the
 end ("end"). Each variant is one CUDA graph, replayed and timed as bench_moe.py times a layer.
-Result (benchmarks/RESULTS.md, runs 27-28): every variant is slower than no prefetch.
+Result (benchmarks/RESULTS.md, runs 27-30): every variant is slower than no prefetch. Runs 29-30
+also tried the grouped GEMM prefetching before its PDL wait (commit 37bf699, `--experiment
+gemm`): at most 1-3 us at T=1, within the run-to-run spread, and slower at T >= 2; removed.
 
     python benchmarks/prefetch_decode.py --out $OUT/prefetch.json
 """
@@ -93,59 +95,18 @@ def timed_row(replay, run, reference, **fields) -> dict:
     return row
 
 
-def gemm_variants(package, layer, tokens_list) -> list[dict]:
-    """The GEMMs' own prefetch before their PDL wait (triton_gemm PREFETCH_MODES): gate/up
-    fetching the fused shared expert ("expert"), down its tiles' rows ("own"), both, neither;
-    twice each, in turn."""
-    gemm = sys.modules[f"{package.__name__}.triton_gemm"]
-    plain = gemm.grouped_gemm_contiguous
-    shared = layer.w13.shape[0] - 1
-    modes = {"none": (False, False), "gate_up": (True, False)}
-    for lines in (1, 2, 4):
-        modes[f"down{lines}"] = (False, lines)
-        modes[f"both{lines}"] = (True, lines)
-    rows = []
-    for tokens in tokens_list:
-        x = torch.randn(tokens, layer.w13.shape[2], device="cuda").bfloat16()
-        reference = layer(x)
-        for _ in range(2):
-            for name, (gate_up, down) in modes.items():
-
-                def patched(a, a_scale, w, *rest, gate_up=gate_up, down=down, **options):
-                    if gate_up and w is layer.w13:
-                        options.update(prefetch="expert", prefetch_expert=shared)
-                    if down and w is layer.w2:
-                        options.update(prefetch="own", own_lines=down)
-                    return plain(a, a_scale, w, *rest, **options)
-
-                gemm.grouped_gemm_contiguous = patched
-                try:
-                    replay = graphed(partial(layer, x))
-                    rows.append(
-                        timed_row(replay, partial(layer, x), reference, tokens=tokens, variant=name)
-                    )
-                finally:
-                    gemm.grouped_gemm_contiguous = plain
-    return rows
-
-
 def main() -> None:
     global SIDE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--package", default="bench_v3_fp8_triton")
     parser.add_argument("--tokens", default="1,4")
     parser.add_argument("--kinds", default="line_normal,line_last")
-    parser.add_argument("--experiment", choices=("kernel", "gemm"), default="kernel")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     SIDE = torch.cuda.Stream()
     package = import_package(args.package)
     layer = package.MoELayer(device="cuda").random_(0)
     tokens_list = list(map(int, args.tokens.split(",")))
-    if args.experiment == "gemm":
-        rows = gemm_variants(package, layer, tokens_list)
-        dump(Path(args.out), {"device": torch.cuda.get_device_name(), "rows": rows})
-        return
     shared = layer.w13.shape[0] - 1  # the fused shared expert: the last expert
     targets = {
         "w13": [layer.w13[shared]],

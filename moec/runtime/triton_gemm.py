@@ -23,16 +23,9 @@ import triton.language as tl
 from .triton_gemm_tma import grouped_gemm_tma
 from .triton_numerics import (
     launch_options,
-    prefetch_l2,
     round_output,
     wait_inputs,
 )
-
-PREFETCH_MODES = ("", "own", "expert")
-"""What a kernel launched with PDL fetches into L2 before waiting for its predecessor: nothing;
-"own": its tile's weight rows, the expert read from the routing indices (which must then be
-older than the predecessor: the down GEMM after the activation); "expert": one fixed expert's
-weights (e.g. the fused shared experts, every token's), the first programs one tile each."""
 
 
 @triton.jit
@@ -46,15 +39,6 @@ def _grouped_gemm_e2m1(nibble):
 
 
 @triton.jit
-def _prefetch_weight_rows(w_expert, offs_n, N, W_ROW, stride_wn, LINE: tl.constexpr):
-    """Prefetch rows offs_n of one expert's weight ([N, W_ROW] elements, LINE per 128 bytes)."""
-    n = tl.minimum(offs_n, N - 1)
-    for k0 in range(0, W_ROW, 8 * LINE):  # eight lines of each row at a time
-        k = tl.minimum(k0 + tl.arange(0, 8) * LINE, W_ROW - 1)
-        prefetch_l2(w_expert + n[:, None].to(tl.int64) * stride_wn + k[None, :])
-
-
-@triton.jit(do_not_specialize=["PREFETCH_EXPERT"])
 def _grouped_gemm_kernel(
     # pointers
     a_ptr,  # [M, K] (masked: [E * max_m, K])
@@ -94,24 +78,14 @@ def _grouped_gemm_kernel(
     GROUP_SIZE_M: tl.constexpr,
     SWAP_AB: tl.constexpr,  # bf16 / fp8: compute W A^T (small row counts per expert)
     FP8_ACC: tl.constexpr,  # fp8: K elements summed in the tensor core before fp32 promotion
-    PREFETCH: tl.constexpr,  # see PREFETCH_MODES ("" without PDL)
-    PREFETCH_EXPERT,  # PREFETCH "expert": the expert whose weights are fetched
-    W_ROW,  # elements of one weight row (K, or K / 2 packed mxfp4), for the prefetch
-    LINE: tl.constexpr,  # weight elements per 128-byte line
-    OWN_ROW,  # PREFETCH "own": the leading elements of each row fetched
     PDL: tl.constexpr,
 ):
+    wait_inputs(PDL)
     # Program -> (pid_m, pid_n), grouped along M for L2 reuse (Triton matmul tutorial).
     blocks_per_expert = tl.cdiv(M, BLOCK_M)
     num_pid_m = E * blocks_per_expert if LAYOUT == "masked" else blocks_per_expert
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
-    if PREFETCH == "expert" and pid < num_pid_n:  # weights every routing needs: fetch, then wait
-        rows_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        prefetch_ptr = w_ptr + PREFETCH_EXPERT.to(tl.int64) * stride_we
-        _prefetch_weight_rows(prefetch_ptr, rows_n, N, W_ROW, stride_wn, LINE)
-    if PREFETCH != "own":
-        wait_inputs(PDL)
     first_pid_m = (pid // (GROUP_SIZE_M * num_pid_n)) * GROUP_SIZE_M
     group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
     pid_m = first_pid_m + ((pid % (GROUP_SIZE_M * num_pid_n)) % group_size_m)
@@ -146,10 +120,6 @@ def _grouped_gemm_kernel(
         rows = rows.to(tl.int64)
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PREFETCH == "own":  # the routing is older than the predecessor: fetch, then wait
-        own_ptr = w_ptr + expert.to(tl.int64) * stride_we
-        _prefetch_weight_rows(own_ptr, offs_n, N, OWN_ROW, stride_wn, LINE)
-        wait_inputs(PDL)
     offs_k = tl.arange(0, BLOCK_K)
     w_expert = w_ptr + expert.to(tl.int64) * stride_we
     ws_expert = w_scale_ptr + expert.to(tl.int64) * stride_wse
@@ -266,9 +236,6 @@ def grouped_gemm(
     masked_m=None,
     num_rows=None,
     pdl=False,
-    prefetch="",
-    prefetch_expert=0,
-    own_lines=1,
 ):
     """out = A @ W[e]^T per row's expert; see the comment above for each scheme's tensors.
 
@@ -280,17 +247,13 @@ def grouped_gemm(
     GROUP_SIZE_M, num_warps, num_stages; optional SWAP_AB, TMA (+ WARP_SPECIALIZE, PROGRAMS), and
     FP8_ACC: K elements the fp8 tensor cores sum before the fp32 promotion (default 32, one
     Hopper wgmma: Hopper's fp8 accumulation is narrower than fp32, see docs/numerics.md).
-    pdl: programmatic dependent launch; with it, prefetch (PREFETCH_MODES, prefetch_expert for
-    "expert") fetches weights into L2 before the wait (compiled kernels without TMA only).
-    Launches nothing when there are no rows. Returns out.
+    pdl: programmatic dependent launch. Launches nothing when there are no rows. Returns out.
     """
     if m_indices is not None and masked_m is not None:
         raise ValueError("pass m_indices (contiguous), masked_m (masked), or neither (dense)")
     layout = "masked" if masked_m is not None else "dense" if m_indices is None else "contiguous"
     if scheme not in ("bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"):
         raise ValueError(f"unknown scheme {scheme!r}")
-    if prefetch not in PREFETCH_MODES:
-        raise ValueError(f"prefetch must be one of {PREFETCH_MODES}, got {prefetch!r}")
     if scheme != "bf16" and (a_scale is None or w_scale is None):
         raise ValueError(f"scheme {scheme!r} needs a_scale and w_scale")
     num_experts, n, k = w.shape[0], w.shape[1], a.shape[-1]
@@ -335,7 +298,6 @@ def grouped_gemm(
             pdl,
         )
         return out
-    launch = launch_options(pdl)
     _grouped_gemm_kernel[grid](
         # pointers
         a2,
@@ -372,14 +334,9 @@ def grouped_gemm(
         GROUP_SIZE_M=config["GROUP_SIZE_M"],
         SWAP_AB=config.get("SWAP_AB", False),
         FP8_ACC=fp8_accumulation(config),
-        PREFETCH=prefetch if launch["PDL"] else "",
-        PREFETCH_EXPERT=prefetch_expert,
-        W_ROW=w.shape[2],
-        LINE=128 // w.element_size(),
-        OWN_ROW=min(w.shape[2], 128 // w.element_size() * own_lines),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
-        **launch,
+        **launch_options(pdl),
     )
     return out
 
@@ -390,11 +347,10 @@ def fp8_accumulation(config) -> int:
 
 
 def grouped_gemm_contiguous(
-    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False, **prefetch
+    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False
 ):
     """The grouped GEMM over a contiguous layout a [M, K] (routing: grouping.ContiguousRouting):
-    returns [M, N] in out_dtype; padding rows and rows past num_rows are not written. prefetch:
-    grouped_gemm's prefetch and prefetch_expert."""
+    returns [M, N] in out_dtype; padding rows and rows past num_rows are not written."""
     out = torch.empty((a.shape[0], w.shape[1]), dtype=out_dtype, device=a.device)
     return grouped_gemm(
         a,
@@ -407,16 +363,12 @@ def grouped_gemm_contiguous(
         m_indices=routing.m_indices,
         num_rows=routing.num_rows,
         pdl=pdl,
-        **prefetch,
     )
 
 
-def grouped_gemm_masked(
-    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False, **prefetch
-):
+def grouped_gemm_masked(a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False):
     """The grouped GEMM over a masked layout a [E, max_m, K] (routing: grouping.MaskedRouting):
-    returns [E, max_m, N] in out_dtype; rows past each expert's count are not written. prefetch:
-    grouped_gemm's prefetch and prefetch_expert."""
+    returns [E, max_m, N] in out_dtype; rows past each expert's count are not written."""
     out = torch.empty((*a.shape[:-1], w.shape[1]), dtype=out_dtype, device=a.device)
     return grouped_gemm(
         a,
@@ -428,5 +380,4 @@ def grouped_gemm_masked(
         config=config,
         masked_m=routing.counts,
         pdl=pdl,
-        **prefetch,
     )

@@ -7,8 +7,6 @@ to_e4m3        clamp to +-448 and cast to e4m3; under the interpreter (SOFT_ROUN
                nearest even in software first, since its cast does not.
 round_output   round an fp32 tile for a store in the output dtype; under the interpreter a
                bf16 output is rounded to nearest even in software (its cast truncates).
-prefetch_l2    ask the memory system to bring lines into L2 (PTX prefetch.global.L2; compiled
-               kernels only, the interpreter has no inline assembly).
 """
 
 import triton
@@ -41,19 +39,6 @@ def round_output(x, out_dtype: tl.constexpr, SOFT_ROUND: tl.constexpr):
         bits = x.to(tl.uint32, bitcast=True)
         x = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
     return x.to(out_dtype)
-
-
-@triton.jit
-def prefetch_l2(ptrs):
-    """Prefetch the 128-byte lines holding each pointer into L2; nothing waits for them."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1]; mov.u32 $0, 0;",
-        "=r,l",
-        [ptrs],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
 
 
 @triton.jit
