@@ -1,0 +1,65 @@
+"""The decode router / select pair, variant by variant: how many K slices the split-K router leaves
+(its PROGRAMS), how many of them select loads per step (triton_route.SLICES_AT_ONCE), and whether
+select reads the top-k weights inside its argmax loop or in one reduction after it
+(triton_route.WEIGHTS_AT_END). Times select alone (20 launches in one CUDA graph) and the whole
+layer (graph replay), at DeepSeek-V3 dims. Prints rows; writes JSON.
+
+    python benchmarks/select_variants.py --out $OUT/select_variants.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+from common import dump, graphed, import_package, median_ms
+from micro_decode import per_launch_us
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--package", default="bench_v3_fp8_triton")
+    parser.add_argument("--tokens", default="1,16")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    package = import_package(args.package)
+    router = sys.modules[f"{package.__name__}.triton_router"]
+    route = sys.modules[f"{package.__name__}.triton_route"]
+    tiles = sys.modules[f"{package.__name__}.tiles"]
+    stages = sys.modules[f"{package.__name__}.stages"]
+    layer = package.MoELayer(device="cuda").random_(0)
+    built = (tiles.ROUTER_DECODE["PROGRAMS"], route.SLICES_AT_ONCE, route.WEIGHTS_AT_END)
+    rows = []
+    for tokens in map(int, args.tokens.split(",")):
+        x = torch.randn(tokens, layer.gate_parts.shape[2], device="cuda").bfloat16()
+        reference = layer(x)
+        for programs, at_once, at_end in itertools.product((132, 264), (8, 16), (False, True)):
+            tiles.ROUTER_DECODE["PROGRAMS"] = programs
+            route.SLICES_AT_ONCE, route.WEIGHTS_AT_END = at_once, at_end
+            logits = router.router_logits(x, layer.gate_parts, config=tiles.router(tokens))
+            select_us = per_launch_us(partial(stages.select, logits, layer.gate_bias))
+            replay = graphed(partial(layer, x))
+            layer_ms = min(median_ms(replay, warmup=5, repeats=50) for _ in range(2))
+            row = {
+                "tokens": tokens,
+                "router_programs": programs,
+                "slices": logits.shape[0],
+                "slices_at_once": at_once,
+                "weights_at_end": at_end,
+                "select_us": round(select_us, 2),
+                "layer_ms": round(layer_ms, 4),
+                "same_output": bool(torch.equal(layer(x), reference)),
+            }
+            rows.append(row)
+            print(row, flush=True)
+    tiles.ROUTER_DECODE["PROGRAMS"] = built[0]
+    route.SLICES_AT_ONCE, route.WEIGHTS_AT_END = built[1:]
+    dump(Path(args.out), {"device": torch.cuda.get_device_name(), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
