@@ -1,8 +1,8 @@
 """The decode router / select pair, variant by variant: how many K slices the split-K router leaves
-(its PROGRAMS), how many of them select loads per step (triton_route.SLICES_AT_ONCE), and whether
-select reads the top-k weights inside its argmax loop or in one reduction after it
-(triton_route.WEIGHTS_AT_END). Times select alone (20 launches in one CUDA graph) and the whole
-layer (graph replay), at DeepSeek-V3 dims. Prints rows; writes JSON.
+(its PROGRAMS) and how many of them select loads per step (triton_route.SLICES_AT_ONCE). Times
+select alone (20 launches in one CUDA graph) and the whole layer (graph replay), at DeepSeek-V3
+dims. Prints rows; writes JSON. Run 31 (benchmarks/RESULTS.md) also tried select reading the
+top-k weights in one reduction after its argmax loop (commit 0e6c430): no faster; removed.
 
     python benchmarks/select_variants.py --out $OUT/select_variants.json
 """
@@ -32,14 +32,14 @@ def main() -> None:
     tiles = sys.modules[f"{package.__name__}.tiles"]
     stages = sys.modules[f"{package.__name__}.stages"]
     layer = package.MoELayer(device="cuda").random_(0)
-    built = (tiles.ROUTER_DECODE["PROGRAMS"], route.SLICES_AT_ONCE, route.WEIGHTS_AT_END)
+    built = (tiles.ROUTER_DECODE["PROGRAMS"], route.SLICES_AT_ONCE)
     rows = []
     for tokens in map(int, args.tokens.split(",")):
         x = torch.randn(tokens, layer.gate_parts.shape[2], device="cuda").bfloat16()
         reference = layer(x)
-        for programs, at_once, at_end in itertools.product((132, 264), (8, 16), (False, True)):
+        for programs, at_once in itertools.product((132, 264), (8, 16)):
             tiles.ROUTER_DECODE["PROGRAMS"] = programs
-            route.SLICES_AT_ONCE, route.WEIGHTS_AT_END = at_once, at_end
+            route.SLICES_AT_ONCE = at_once
             logits = router.router_logits(x, layer.gate_parts, config=tiles.router(tokens))
             select_us = per_launch_us(partial(stages.select, logits, layer.gate_bias))
             replay = graphed(partial(layer, x))
@@ -49,7 +49,6 @@ def main() -> None:
                 "router_programs": programs,
                 "slices": logits.shape[0],
                 "slices_at_once": at_once,
-                "weights_at_end": at_end,
                 "select_us": round(select_us, 2),
                 "layer_ms": round(layer_ms, 4),
                 "same_output": bool(torch.equal(layer(x), reference)),
@@ -57,7 +56,7 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
     tiles.ROUTER_DECODE["PROGRAMS"] = built[0]
-    route.SLICES_AT_ONCE, route.WEIGHTS_AT_END = built[1:]
+    route.SLICES_AT_ONCE = built[1]
     dump(Path(args.out), {"device": torch.cuda.get_device_name(), "rows": rows})
 
 

@@ -37,7 +37,6 @@ PREFIX_BINS = 64
 # at T=1 the decode router leaves 28 slices, and one dependent load per slice made select wait
 # on memory 28 times in a row
 SLICES_AT_ONCE = 8
-WEIGHTS_AT_END = False  # experiment
 
 
 @triton.jit
@@ -69,7 +68,6 @@ def _select_topk_kernel(
     BLOCK_K: tl.constexpr,  # power of two >= TOP_K + FUSED_SHARED
     PER_GROUP: tl.constexpr,  # E // N_GROUP where E == BLOCK_E (groups as rows), else 0
     SLICES_AT_ONCE: tl.constexpr,  # partial logits loaded per step
-    WEIGHTS_AT_END: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
@@ -136,24 +134,15 @@ def _select_topk_kernel(
     # the row of ids and weights is built in registers and stored once
     slot = tl.arange(0, BLOCK_K)
     top_ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
-    if WEIGHTS_AT_END:
-        for k in tl.static_range(TOP_K):
-            top = tl.argmax(choice, axis=0)
-            top_ids = tl.where(slot == k, top.to(tl.int32), top_ids)
-            choice = tl.where(e == top, float("-inf"), choice)
-        picked = (top_ids[:, None] == e[None, :]) & (slot < TOP_K)[:, None]
-        top_weights = tl.sum(tl.where(picked, scores[None, :], 0.0), axis=1)
-        total = tl.sum(top_weights, axis=0)
-    else:
-        top_weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        total = 0.0
-        for k in tl.static_range(TOP_K):
-            top = tl.argmax(choice, axis=0)
-            weight = tl.sum(tl.where(e == top, scores, 0.0), axis=0)
-            top_ids = tl.where(slot == k, top.to(tl.int32), top_ids)
-            top_weights = tl.where(slot == k, weight, top_weights)
-            total += weight
-            choice = tl.where(e == top, float("-inf"), choice)
+    top_weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    total = 0.0
+    for k in tl.static_range(TOP_K):
+        top = tl.argmax(choice, axis=0)
+        weight = tl.sum(tl.where(e == top, scores, 0.0), axis=0)
+        top_ids = tl.where(slot == k, top.to(tl.int32), top_ids)
+        top_weights = tl.where(slot == k, weight, top_weights)
+        total += weight
+        choice = tl.where(e == top, float("-inf"), choice)
     if NORMALIZE:  # as the torch backend: w / (sum + 1e-20) * scale
         top_weights = top_weights / (total + 1e-20)
     if ROUTED_SCALING != 1.0:
@@ -354,7 +343,6 @@ def select_topk(
             BLOCK_K=triton.next_power_of_2(width),
             PER_GROUP=experts // n_group if experts == block_e and n_group > 1 else 0,
             SLICES_AT_ONCE=SLICES_AT_ONCE,
-            WEIGHTS_AT_END=WEIGHTS_AT_END,
             num_warps=num_warps,
             **launch_options(pdl),
         )
