@@ -8,6 +8,10 @@ For each T: the layer as built and the layer with the activation stage folded in
 two), their outputs compared bit for bit, and at decode sizes the kernels of one replay.
 
     python benchmarks/gated_down.py --out $OUT/gated_down.json
+
+Run 32 (benchmarks/RESULTS.md) ran it at commit 6c87c3c, where triton_gemm had the `activation`
+option: bit-identical, and 1.8-9x slower; the option was removed, so this script no longer runs
+against later packages.
 """
 
 from __future__ import annotations

@@ -22,10 +22,8 @@ import triton.language as tl
 
 from .triton_gemm_tma import grouped_gemm_tma
 from .triton_numerics import (
-    group_scale,
     launch_options,
     round_output,
-    to_e4m3,
     wait_inputs,
 )
 
@@ -80,8 +78,6 @@ def _grouped_gemm_kernel(
     GROUP_SIZE_M: tl.constexpr,
     SWAP_AB: tl.constexpr,  # bf16 / fp8: compute W A^T (small row counts per expert)
     FP8_ACC: tl.constexpr,  # fp8: K elements summed in the tensor core before fp32 promotion
-    ACTIVATION: tl.constexpr,  # fp8_block: A = quant(ACTIVATION(gate, up)) of a [M, 2K]; or None
-    UE8M0: tl.constexpr,  # with ACTIVATION: power-of-two scales
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
@@ -135,25 +131,7 @@ def _grouped_gemm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
-        if ACTIVATION is not None:
-            # A from the gate/up output: act(gate, up) of the K step's columns, one 1 x 128 group
-            # (BLOCK_K == 128), quantized as the activation kernel quantizes it
-            if SWAP_AB:
-                act_mask = (k < K)[:, None] & valid[None, :]
-                gate_ptrs = a_ptr + rows[None, :] * stride_am + k[:, None] * stride_ak
-            else:
-                act_mask = valid[:, None] & (k < K)[None, :]
-                gate_ptrs = a_ptr + rows[:, None] * stride_am + k[None, :] * stride_ak
-            gate = tl.load(gate_ptrs, mask=act_mask, other=0.0).to(tl.float32)
-            up = tl.load(gate_ptrs + K * stride_ak, mask=act_mask, other=0.0).to(tl.float32)
-            act = tl.where(act_mask, ACTIVATION(gate, up), 0.0)
-            if SWAP_AB:
-                act_scale = group_scale(tl.max(tl.abs(act), axis=0), UE8M0)
-                a = to_e4m3(tl.math.div_rn(act, act_scale[None, :]), SOFT_ROUND)
-            else:
-                act_scale = group_scale(tl.max(tl.abs(act), axis=1), UE8M0)
-                a = to_e4m3(tl.math.div_rn(act, act_scale[:, None]), SOFT_ROUND)
-        elif SWAP_AB:  # A^T tile [BLOCK_K, BLOCK_M]
+        if SWAP_AB:  # A^T tile [BLOCK_K, BLOCK_M]
             a_mask = (k < K)[:, None] & valid[None, :]
             a = tl.load(
                 a_ptr + rows[None, :] * stride_am + k[:, None] * stride_ak, mask=a_mask, other=0.0
@@ -201,11 +179,8 @@ def _grouped_gemm_kernel(
             elif SCHEME == "fp8_per_tensor":  # promoted to fp32 per K block, see below
                 acc += tl.dot(w, a, max_num_imprecise_acc=FP8_ACC) * tensor_scale
             else:  # "fp8_block"
-                if ACTIVATION is not None:
-                    a_s = act_scale
-                else:
-                    a_s_ptrs = a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask
-                    a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
+                a_s_ptrs = a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask
+                a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
                 if 128 % BLOCK_N == 0:  # the tile lies in one 128-row weight block: one scale
                     w_s = tl.load(
                         ws_expert + (pid_n * BLOCK_N // 128) * stride_wsn + (k0 // 128) * stride_wsk
@@ -229,11 +204,8 @@ def _grouped_gemm_kernel(
                 # is narrower than fp32 (measured over the bound on the H200 without it).
                 acc += tl.dot(a, w, max_num_imprecise_acc=FP8_ACC) * tensor_scale
             else:  # "fp8_block": scale each BLOCK_K partial product
-                if ACTIVATION is not None:
-                    a_s = act_scale
-                else:
-                    a_s_ptrs = a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask
-                    a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
+                a_s_ptrs = a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask
+                a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
                 if 128 % BLOCK_N == 0:  # one weight scale for the tile: fold it into a_s
                     w_s = tl.load(
                         ws_expert + (pid_n * BLOCK_N // 128) * stride_wsn + (k0 // 128) * stride_wsk
@@ -264,8 +236,6 @@ def grouped_gemm(
     masked_m=None,
     num_rows=None,
     pdl=False,
-    activation=None,
-    ue8m0=False,
 ):
     """out = A @ W[e]^T per row's expert; see the comment above for each scheme's tensors.
 
@@ -277,24 +247,16 @@ def grouped_gemm(
     GROUP_SIZE_M, num_warps, num_stages; optional SWAP_AB, TMA (+ WARP_SPECIALIZE, PROGRAMS), and
     FP8_ACC: K elements the fp8 tensor cores sum before the fp32 promotion (default 32, one
     Hopper wgmma: Hopper's fp8 accumulation is narrower than fp32, see docs/numerics.md).
-    pdl: programmatic dependent launch. activation (fp8_block, BLOCK_K 128, not TMA): a is the
-    gate/up output [M, 2K] in the model dtype and A = the activation of its halves, quantized in
-    1 x 128 groups (UE8M0 scales with ue8m0) inside the K loop, exactly as act_quant would
-    (a_scale: None). Launches nothing when there are no rows. Returns out.
+    pdl: programmatic dependent launch. Launches nothing when there are no rows. Returns out.
     """
     if m_indices is not None and masked_m is not None:
         raise ValueError("pass m_indices (contiguous), masked_m (masked), or neither (dense)")
     layout = "masked" if masked_m is not None else "dense" if m_indices is None else "contiguous"
     if scheme not in ("bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"):
         raise ValueError(f"unknown scheme {scheme!r}")
-    if activation is not None:
-        if scheme != "fp8_block" or config["BLOCK_K"] != 128 or config.get("TMA"):
-            raise ValueError("activation takes fp8_block with BLOCK_K 128 and no TMA")
-        a_scale = a  # not read: the kernel computes A's scales
     if scheme != "bf16" and (a_scale is None or w_scale is None):
         raise ValueError(f"scheme {scheme!r} needs a_scale and w_scale")
-    num_experts, n = w.shape[0], w.shape[1]
-    k = a.shape[-1] // 2 if activation is not None else a.shape[-1]
+    num_experts, n, k = w.shape[0], w.shape[1], a.shape[-1]
     if scheme == "fp8_block" and 128 % config["BLOCK_K"]:
         raise ValueError(f"fp8_block needs BLOCK_K dividing 128, got {config['BLOCK_K']}")
     if config.get("SWAP_AB") and scheme in ("mxfp8", "mxfp4"):
@@ -303,7 +265,7 @@ def grouped_gemm(
         raise ValueError(
             f"{scheme} needs BLOCK_K and K multiples of 32, got {config['BLOCK_K']}, {k}"
         )
-    a2 = a.view(-1, a.shape[-1])
+    a2 = a.view(-1, k)
     out2 = out.view(-1, n)
     rows = a.shape[1] if masked_m is not None else a.shape[0]
     if scheme == "bf16":
@@ -372,8 +334,6 @@ def grouped_gemm(
         GROUP_SIZE_M=config["GROUP_SIZE_M"],
         SWAP_AB=config.get("SWAP_AB", False),
         FP8_ACC=fp8_accumulation(config),
-        ACTIVATION=activation,
-        UE8M0=ue8m0,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
         **launch_options(pdl),
@@ -387,11 +347,10 @@ def fp8_accumulation(config) -> int:
 
 
 def grouped_gemm_contiguous(
-    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False, **gated
+    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False
 ):
     """The grouped GEMM over a contiguous layout a [M, K] (routing: grouping.ContiguousRouting):
-    returns [M, N] in out_dtype; padding rows and rows past num_rows are not written. gated:
-    grouped_gemm's activation and ue8m0 (a is then the gate/up output [M, 2K])."""
+    returns [M, N] in out_dtype; padding rows and rows past num_rows are not written."""
     out = torch.empty((a.shape[0], w.shape[1]), dtype=out_dtype, device=a.device)
     return grouped_gemm(
         a,
@@ -404,16 +363,12 @@ def grouped_gemm_contiguous(
         m_indices=routing.m_indices,
         num_rows=routing.num_rows,
         pdl=pdl,
-        **gated,
     )
 
 
-def grouped_gemm_masked(
-    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False, **gated
-):
+def grouped_gemm_masked(a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False):
     """The grouped GEMM over a masked layout a [E, max_m, K] (routing: grouping.MaskedRouting):
-    returns [E, max_m, N] in out_dtype; rows past each expert's count are not written. gated:
-    grouped_gemm's activation and ue8m0 (a is then the gate/up output [E, max_m, 2K])."""
+    returns [E, max_m, N] in out_dtype; rows past each expert's count are not written."""
     out = torch.empty((*a.shape[:-1], w.shape[1]), dtype=out_dtype, device=a.device)
     return grouped_gemm(
         a,
@@ -425,5 +380,4 @@ def grouped_gemm_masked(
         config=config,
         masked_m=routing.counts,
         pdl=pdl,
-        **gated,
     )
