@@ -94,6 +94,45 @@ def test_low_latency_floor_against_deepep_published(ep, published):
     assert floor_us <= published <= 2.5 * floor_us, f"floor {floor_us:.0f} us"
 
 
+# DeepEP's published normal-kernel dispatch bandwidth (its README: H800, 4096 tokens, hidden
+# 7168, top-8 of 256 experts, FP8 dispatch), GB/s per EP width. Its tests count bytes their own
+# way (tests/test_intranode.py, test_internode.py): intranode, every row a rank receives (its own
+# included) at (1 + 4 / 128) bytes per value; internode, one row per (token, destination node),
+# the token's own node included. Their routing: intranode, top-8 of all experts; internode,
+# min(nodes, 4) of `nodes` groups (one per node) by their best score, then top-8 within them.
+DEEPEP_NORMAL_DISPATCH_GBS = {8: 153, 16: 43, 32: 58, 64: 51}
+
+
+def deepep_normal_ratio(ep: int, published: float) -> float:
+    """DeepEP's published dispatch time over the model's floor on DeepEP's machines."""
+    nodes, tokens, hidden, top_k = max(1, ep // 8), 4096, 7168, 8
+    kept = min(nodes, 4)
+    plan = plan_of(
+        "parallel.dispatch=deepep_normal",
+        f"parallel.ep_size={ep}",
+        f"parallel.nodes={nodes}",
+        f"router.n_group={nodes}",
+        f"router.topk_group={kept}",
+    )
+    device = replace(device_for("cuda", "sm90"), **H800)
+    floor_us = stage_row(plan, tokens, "dispatch", device).floor_ms * 1e3
+    row = hidden * (1 + 4 / 128)  # DeepEP's bytes per row: e4m3 values and fp32 1x128 scales
+    if nodes == 1:  # rows received per rank: a token reaches each rank holding one of its experts
+        rows = tokens * distinct_holders(256, top_k, ep)
+    elif kept < nodes:  # each kept group is one node, and its best expert is among the top-8
+        rows = tokens * kept
+    else:  # no group limit: the nodes holding any of the top-8 of all experts
+        rows = tokens * distinct_holders(256, top_k, nodes)
+    return rows * row / (published * 1e9) * 1e6 / floor_us
+
+
+@pytest.mark.parametrize(("ep", "published"), sorted(DEEPEP_NORMAL_DISPATCH_GBS.items()))
+def test_normal_floor_against_deepep_published(ep, published):
+    """The published time (DeepEP's bytes over its bandwidth) is at or above the model's floor,
+    and within 2.5x of it."""
+    assert 1.0 <= deepep_normal_ratio(ep, published) <= 2.5
+
+
 def test_explain_shows_what_each_rank_sends(capsys):
     from moec.cli import main
 
