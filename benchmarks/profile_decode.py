@@ -85,12 +85,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--packages", default="bench_v3_fp8_triton")
     parser.add_argument("--tokens", default="1")
+    parser.add_argument(
+        "--large-combine-tiles",
+        action="store_true",
+        help="the combine's tuned (T=4096) tiles at every T, not its decode tiles (an A/B)",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     results = []
     for name in args.packages.split(","):
         for tokens in map(int, args.tokens.split(",")):
             try:
+                if args.large_combine_tiles:
+                    tiles = sys.modules.get(f"{import_package(name).__name__}.tiles")
+                    tiles.COMBINE_DECODE_ROWS = 0
                 result = profile_package(name, tokens)
             except Exception as failure:  # report, keep profiling the rest
                 print(f"{name} T={tokens}: {failure!r}"[:400], flush=True)

@@ -53,6 +53,8 @@ class Tiles:
     """act_quant: BLOCK_M, BLOCK_I, num_warps."""
     combine: dict[str, int]
     """combine: BLOCK_T, BLOCK_H, num_warps."""
+    combine_decode: dict[str, int]
+    """combine of at most COMBINE_DECODE_ROWS rows (+ TERMS_AT_ONCE)."""
     source: str
     """Where the table came from."""
     router: dict[str, int]
@@ -78,15 +80,20 @@ def choose_tiles(plan: Plan) -> None:
     elementwise = elementwise_configs(layer, found)
     pdl = layer.device == "cuda" and layer.arch in PDL_ARCHS
     received = received_per_token(layer) if layer.exchanges_rows else None
+    router, router_decode = router_configs(layer)
     plan.tiles = Tiles(
-        tuple(TileBucket(b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in buckets),
-        elementwise["permute"],
-        elementwise["act"],
-        elementwise["combine"],
-        source,
-        *router_configs(layer),
-        pdl,
-        received,
+        buckets=tuple(
+            TileBucket(b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in buckets
+        ),
+        permute=elementwise["permute"],
+        act=elementwise["act"],
+        combine=elementwise["combine"],
+        combine_decode=combine_decode_config(layer, elementwise["combine"]),
+        source=source,
+        router=router,
+        router_decode=router_decode,
+        pdl=pdl,
+        received_per_token=received,
     )
     if received is not None:
         plan.decide(
@@ -166,6 +173,20 @@ def router_configs(layer: Layer) -> tuple[dict[str, int], dict[str, int]]:
     decode = {"BLOCK_T": 16, "BLOCK_E": 32, "BLOCK_K": 128, "PROGRAMS": 264}
     decode |= {"num_warps": 4, "num_stages": 3}
     return large, decode
+
+
+COMBINE_DECODE_ROWS = 32
+"""The combine uses its decode tiles for sums over up to this many rows."""
+
+
+def combine_decode_config(layer: Layer, combine: dict[str, int]) -> dict[str, int]:
+    """Combine tiles for a few tokens (untuned): one token per program, 256 columns, every
+    expert row of a step loaded at once. The tuned tiles are chosen at T=4096; at T=1-32 on the
+    H200 (DeepSeek-V3) these took 1.7-2.6 us against 3.4-5.0 us with them (benchmarks/RESULTS.md,
+    runs 35-36). Interpreted: the layer's own combine tiles."""
+    if layer.device == "cpu":
+        return dict(combine)
+    return {"BLOCK_T": 1, "BLOCK_H": 256, "num_warps": 1, "TERMS_AT_ONCE": 16}
 
 
 def _gemm(block_m: int, block_n: int, block_k: int, warps: int, stages: int, group: int = 8):

@@ -16,8 +16,9 @@ from .triton_numerics import (
     wait_inputs,
 )
 
-# Expert rows loaded per step: one dependent row-index-then-row load per expert, in a loop,
-# left a decode token's combine waiting on memory K times in a row
+# Expert rows loaded per step unless the config says (TERMS_AT_ONCE): one dependent
+# row-index-then-row load per expert, in a loop, left a decode token's combine waiting on memory
+# K times in a row
 TERMS_AT_ONCE = 4
 
 
@@ -84,7 +85,7 @@ def combine(y, row_of, weights, out, shared=None, *, config, pdl=False):
 
     y [M, H] or masked [E, max_m, H] (viewed as [E * max_m, H]), model dtype; row_of [T, K] int32;
     weights [T, K] fp32; shared and out [T, H] in the model dtype. Any strides. config: BLOCK_T,
-    BLOCK_H, num_warps. Returns out.
+    BLOCK_H, num_warps, optionally TERMS_AT_ONCE (expert rows loaded per step). Returns out.
     """
     y2 = y.view(-1, y.shape[-1])
     tokens, hidden = out.shape
@@ -124,7 +125,7 @@ def combine(y, row_of, weights, out, shared=None, *, config, pdl=False):
         SOFT_ROUND=triton.knobs.runtime.interpret,
         BLOCK_T=config["BLOCK_T"],
         BLOCK_H=config["BLOCK_H"],
-        TERMS_AT_ONCE=TERMS_AT_ONCE,
+        TERMS_AT_ONCE=config.get("TERMS_AT_ONCE", TERMS_AT_ONCE),
         num_warps=config["num_warps"],
         **launch_options(pdl),
     )

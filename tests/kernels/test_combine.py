@@ -29,11 +29,26 @@ def reference(y, row_of, weights, shared):
     return ref, magnitude
 
 
+# the decode tiles (moec/plan/tuning.py combine_decode_config): one token per program, every
+# term of a step loaded at once
+DECODE_CONFIG = {"BLOCK_T": 1, "BLOCK_H": 64, "num_warps": 1, "TERMS_AT_ONCE": 16}
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("has_shared", [False, True])
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 @pytest.mark.parametrize("topk", [3, 9])  # within one step of loads, and over two
 def test_combine(layout, has_shared, dtype, topk):
+    check_combine(layout, has_shared, dtype, topk, CONFIG)
+
+
+@pytest.mark.parametrize(("terms", "topk"), [(16, 9), (8, 12)])  # one step of loads, and two
+def test_combine_decode_tiles(terms, topk):
+    config = {**DECODE_CONFIG, "TERMS_AT_ONCE": terms}
+    check_combine("contiguous", True, torch.bfloat16, topk, config)
+
+
+def check_combine(layout, has_shared, dtype, topk, config):
     kernels = load()
     tokens = 20
     routing = route(tokens=tokens, topk=topk, experts=12, block_m=16)
@@ -49,7 +64,7 @@ def test_combine(layout, has_shared, dtype, topk):
     weights = torch.rand(tokens, topk, generator=gen)
     shared = torch.randn(tokens, HIDDEN, generator=gen).to(dtype) if has_shared else None
     out = poison(torch.empty(tokens, HIDDEN, dtype=dtype))
-    kernels.combine(y, row_of, weights, out, shared, config=CONFIG)
+    kernels.combine(y, row_of, weights, out, shared, config=config)
     ref, magnitude = reference(y.view(-1, HIDDEN), row_of, weights, shared)
     assert not is_nan(out).any()
     bound = UNIT_ROUNDOFF[dtype] * ref.abs() + (2 * topk + 2) * 2.0**-24 * magnitude

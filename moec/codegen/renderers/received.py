@@ -42,7 +42,7 @@ def weighted_rows(stage: Combine, y: str, row_of: str, weights: str, shared: str
     if stage.reduce_backend == "triton":
         return (
             f"triton_combine.weighted_rows({y}, {row_of}, {weights}, {shared}, "
-            "config=tiles.COMBINE, out_dtype=DTYPE, pdl=tiles.PDL)"
+            f"config=tiles.combine({row_of}.shape[0]), out_dtype=DTYPE, pdl=tiles.PDL)"
         )
     return f"grouping.weighted_rows({y}, {row_of}, {weights}, {shared}, DTYPE)"
 

@@ -138,7 +138,7 @@ def combine(
         topk_weights,
         routing,
         None,
-        config=tiles.COMBINE,
+        config=tiles.combine(topk_weights.shape[0]),
         out_dtype=DTYPE,
         pdl=tiles.PDL,
     )

@@ -53,6 +53,12 @@ COMBINE = {
     "BLOCK_H": 256,
     "num_warps": 4,
 }  # combine: BLOCK_T, BLOCK_H, num_warps
+COMBINE_DECODE = {
+    "BLOCK_T": 16,
+    "BLOCK_H": 256,
+    "num_warps": 4,
+}  # combine of at most COMBINE_DECODE_ROWS rows
+COMBINE_DECODE_ROWS = 32
 ROUTER = {
     "BLOCK_T": 16,
     "BLOCK_E": 64,
@@ -76,6 +82,11 @@ PDL = False  # programmatic dependent launch of every kernel
 def router(tokens: int) -> dict:
     """The router's tiles for T tokens."""
     return ROUTER_DECODE if tokens <= DECODE_TOKENS else ROUTER
+
+
+def combine(rows: int) -> dict:
+    """The combine's tiles for sums over `rows` rows (tokens, or received rows)."""
+    return COMBINE_DECODE if rows <= COMBINE_DECODE_ROWS else COMBINE
 
 
 def bucket(tokens: int) -> Bucket:
