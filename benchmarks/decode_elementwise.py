@@ -1,8 +1,9 @@
-"""The activation and combine kernels at decode sizes, tile by tile: their shipped tiles were tuned
-at T=4096 (moec/tune/elementwise.py), where they cost most. For each T, each candidate is timed
-as its stage replayed from a CUDA graph (benchmarks/stage_times.py), its output checked bit for
-bit against the built tiles' output, and the best few then timed inside the whole layer (graph
-replay, PDL as built). Prints rows; writes JSON.
+"""The activation and combine kernels at decode sizes, tile by tile, against the tiles the package
+runs at each T (its tuned tiles are chosen at T=4096 by moec/tune/elementwise.py; the combine has
+decode tiles since runs 35-37 of benchmarks/RESULTS.md). For each T, each candidate is timed as its
+stage replayed from a CUDA graph (benchmarks/stage_times.py), its output checked bit for bit
+against the package's, and the best few then timed inside the whole layer (graph replay, PDL as
+built). Prints rows; writes JSON.
 
     python benchmarks/decode_elementwise.py --out $OUT/decode_elementwise.json
 """
@@ -20,7 +21,7 @@ from common import dump, graphed, import_package, median_ms
 from stage_times import recorded_calls, stage_us
 
 COMBINE = [
-    {"BLOCK_T": t, "BLOCK_H": h, "num_warps": w, "TERMS": terms}
+    {"BLOCK_T": t, "BLOCK_H": h, "num_warps": w, "TERMS_AT_ONCE": terms}
     for t, h, w, terms in itertools.product((1, 4), (256, 512, 1024), (1, 2, 4), (4, 8, 16))
     if t * h * terms // (32 * w) <= 256  # fp32 values per thread
 ]
@@ -31,11 +32,11 @@ ACT = [
 
 
 def apply(package, name: str, config: dict) -> None:
+    """Run the stage on `config` at every T (the combine's decode tiles switched off)."""
     tiles = sys.modules[f"{package.__name__}.tiles"]
     if name == "combine":
-        combine = sys.modules[f"{package.__name__}.triton_combine"]
-        combine.TERMS_AT_ONCE = config["TERMS"]
-        tiles.COMBINE = {k: v for k, v in config.items() if k != "TERMS"}
+        tiles.COMBINE_DECODE_ROWS = 0
+        tiles.COMBINE = dict(config)
     else:
         tiles.ACT = dict(config)
 
@@ -59,16 +60,17 @@ def main() -> None:
     package = import_package(args.package)
     tiles = sys.modules[f"{package.__name__}.tiles"]
     combine = sys.modules[f"{package.__name__}.triton_combine"]
-    built = {
-        "combine": {**tiles.COMBINE, "TERMS": combine.TERMS_AT_ONCE},
-        "activation": dict(tiles.ACT),
-    }
+    shipped = (tiles.COMBINE, tiles.COMBINE_DECODE_ROWS, tiles.ACT)
     layer = package.MoELayer(device="cuda").random_(0)
     hidden = package.PLAN["choices"]["dims"]["hidden"]
     rows = []
     for tokens in map(int, args.tokens.split(",")):
         x = torch.randn(tokens, hidden, device="cuda").bfloat16()
         calls = {name: (fn, a) for name, fn, a in recorded_calls(package, layer, x)}
+        built = {  # the tiles the package runs at this T
+            "combine": {"TERMS_AT_ONCE": combine.TERMS_AT_ONCE, **tiles.combine(tokens)},
+            "activation": dict(tiles.ACT),
+        }
         for name in args.stages.split(","):
             candidates = {"combine": COMBINE, "activation": ACT}[name]
             fn, call_args = calls[name]
@@ -96,6 +98,7 @@ def main() -> None:
                 rows.append(row)
                 print(row, flush=True)
             apply(package, name, built[name])
+        tiles.COMBINE, tiles.COMBINE_DECODE_ROWS, tiles.ACT = shipped
     dump(Path(args.out), {"device": torch.cuda.get_device_name(), "rows": rows})
 
 
