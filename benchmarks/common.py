@@ -72,9 +72,15 @@ def apply_buckets(package, table: list[dict], elementwise: dict | None = None) -
         tiles.Bucket(b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in table
     )
     if elementwise:
-        tiles.PERMUTE = elementwise["permute"]
-        tiles.ACT = elementwise["act"]
-        tiles.COMBINE = elementwise["combine"]
+        apply_elementwise(package, elementwise)
+
+
+def apply_elementwise(package, elementwise: dict) -> None:
+    """Use a tuned table's permute, act and combine tiles in an already built package."""
+    tiles = sys.modules[f"{package.__name__}.tiles"]
+    tiles.PERMUTE = elementwise["permute"]
+    tiles.ACT = elementwise["act"]
+    tiles.COMBINE = elementwise["combine"]
 
 
 def chosen_experts(package, layer, x) -> torch.Tensor:

@@ -12,11 +12,20 @@ T; writes JSON.
 from __future__ import annotations
 
 import argparse
+import json
 from functools import partial
 from pathlib import Path
 
 import torch
-from common import dump, graphed, import_package, median_ms, plan_floors, stages_of
+from common import (
+    apply_elementwise,
+    dump,
+    graphed,
+    import_package,
+    median_ms,
+    plan_floors,
+    stages_of,
+)
 
 REPEATS = 10
 
@@ -61,9 +70,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--package", default="bench_v3_fp8_triton")
     parser.add_argument("--tokens", default="1024,4096,16384")
+    parser.add_argument(
+        "--elementwise",
+        metavar="TABLE:KEY",
+        help="take the permute, act and combine tiles of a tuned table's layer KEY instead",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     package = import_package(args.package)
+    if args.elementwise:
+        table, key = args.elementwise.split(":", 1)
+        tiles = json.loads(Path(table).read_text())[f"elementwise/{key}"]
+        apply_elementwise(package, tiles)
     layer = package.MoELayer(device="cuda").random_(0)
     floors = plan_floors(package)
     hidden = package.PLAN["choices"]["dims"]["hidden"]

@@ -132,7 +132,13 @@ def test_candidates_fit_the_scheme_and_the_gpu():
     assert all(c["num_warps"] == 8 for c in fp8 if c.get("WARP_SPECIALIZE"))
     assert all(c["BLOCK_K"] == 128 for c in fp8)
     tiles = candidates.elementwise_candidates("combine")
-    assert len(tiles) == 12 and set(tiles[0]) == {"BLOCK_T", "BLOCK_H", "num_warps"}
+    assert set(tiles[0]) == {"BLOCK_T", "BLOCK_H", "num_warps", "TERMS_AT_ONCE"}
+    assert {"BLOCK_T": 1, "BLOCK_H": 512, "num_warps": 1, "TERMS_AT_ONCE": 4} in tiles
+    for kernel in candidates.ELEMENTWISE_KERNELS:  # none gives a thread more than 256 values
+        for tile in candidates.elementwise_candidates(kernel):
+            rows, columns = tile[candidates.ROWS_KEY[kernel]], tile[candidates.COLUMNS_KEY[kernel]]
+            per_thread = rows * columns * tile.get("TERMS_AT_ONCE", 1) / (32 * tile["num_warps"])
+            assert per_thread * (2 if kernel == "act" else 1) <= 256
 
 
 def test_a_tiny_real_tune_of_the_interpreted_kernels(cache_dir):

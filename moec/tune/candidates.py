@@ -90,9 +90,24 @@ def gemm_candidates(
     return configs
 
 
+VALUES_PER_THREAD = 256
+"""The most values a candidate tile of a memory-bound kernel gives one thread (more spill)."""
+
+
 def elementwise_candidates(kernel: str) -> list[dict[str, int]]:
-    """Tiles of one memory-bound kernel: rows x columns per program, and warps."""
-    return [
-        {ROWS_KEY[kernel]: rows, COLUMNS_KEY[kernel]: columns, "num_warps": warps}
-        for rows, columns, warps in itertools.product((1, 4, 8), (1024, 2048), (4, 8))
-    ]
+    """Tiles of one memory-bound kernel: rows x columns per program, warps, and for combine the
+    expert rows loaded per step. Narrow tiles and single warps are among them: a one-warp,
+    512-column combine took 138 us at T=4096 on the H200 against 162 us for the 4-warp,
+    1024-column tile the earlier, wider set chose (benchmarks/RESULTS.md, run 38)."""
+    tiles = []
+    if kernel == "combine":  # each candidate compiles a kernel (about 0.8 s): about 50 of each
+        rows_, columns_, warps_, terms = (1, 2, 4), (256, 512, 1024), (1, 2, 4), (4, 8)
+    else:
+        rows_, columns_, warps_, terms = (1, 2, 4, 8), (512, 1024, 2048), (1, 2, 4, 8), (1,)
+    values = {"combine": 1, "act": 2, "permute": 1}[kernel]  # act reads gate and up
+    for rows, columns, warps, step in itertools.product(rows_, columns_, warps_, terms):
+        if rows * columns * step * values > VALUES_PER_THREAD * 32 * warps:
+            continue
+        tile = {ROWS_KEY[kernel]: rows, COLUMNS_KEY[kernel]: columns, "num_warps": warps}
+        tiles.append({**tile, "TERMS_AT_ONCE": step} if kernel == "combine" else tile)
+    return tiles
