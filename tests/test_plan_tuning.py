@@ -13,8 +13,8 @@ from conftest import EXAMPLES
 
 from moec.cli import main
 from moec.errors import MoecError
-from moec.plan import Environment, make_plan
-from moec.plan.tables import gpu_name
+from moec.plan import Environment, make_plan, tables
+from moec.plan.tables import SHIPPED_TABLES, gpu_name
 from moec.plan.tuning import TUNED_DIR, router_slices, table_key
 from moec.spec import load_spec
 
@@ -228,6 +228,74 @@ def test_a_broken_user_table_is_a_clear_error(tuning_dir, capsys, content, says)
     assert main(["build", str(EXAMPLES / "deepseek-v3-fp8.toml"), "-o", str(tuning_dir)]) == 2
     err = capsys.readouterr().err
     assert says in err and "moec tune" in err and "Traceback" not in err
+
+
+def with_gemm(**tiles):
+    """USER_BUCKETS with the first bucket's gate/up config changed (None: key removed)."""
+    buckets = json.loads(json.dumps(USER_BUCKETS))
+    config = buckets[0]["gate_up"]
+    for name, value in tiles.items():
+        config.pop(name) if value is None else config.__setitem__(name, value)
+    return {V3_KEY: buckets}
+
+
+def with_elementwise(kernel, **tiles):
+    """The user table with one elementwise kernel's tiles changed (None: key removed)."""
+    elementwise = json.loads(json.dumps(USER_ELEMENTWISE))
+    for name, value in tiles.items():
+        elementwise[kernel].pop(name) if value is None else elementwise[kernel].__setitem__(
+            name, value
+        )
+    return {V3_KEY: USER_BUCKETS, f"elementwise/{V3_KEY}": elementwise}
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        (
+            with_gemm(num_stages=None),
+            "bucket 0 of fp8_block/H7168/I2048/E256/K8, gate_up without num_stages",
+        ),
+        (with_gemm(BLOCK_N=48), "gate_up with BLOCK_N = 48, not a power of two"),
+        (with_gemm(num_warps=0), "with num_warps = 0, not a power of two"),
+        (with_gemm(num_stages="3"), "with num_stages = '3', not a positive integer"),
+        (with_gemm(GROUP_SIZE_M=True), "with GROUP_SIZE_M = True, not a positive integer"),
+        (with_gemm(SWAP_AB=1), "with SWAP_AB = 1, not true or false"),
+        (with_gemm(BLOCK_Q=16), "with an unknown tile key 'BLOCK_Q'"),
+        (with_elementwise("combine", BLOCK_T="__import__('os')"), "combine with BLOCK_T = "),
+        (
+            with_elementwise("act", BLOCK_I=None),
+            "elementwise/fp8_block/H7168/I2048/E256/K8, act without BLOCK_I",
+        ),
+        (
+            with_elementwise("combine", TERMS_AT_ONCE=-1),
+            "TERMS_AT_ONCE = -1, not a positive integer",
+        ),
+        (
+            {V3_KEY: USER_BUCKETS, f"elementwise/{V3_KEY}": {"act": {}}},
+            "without exactly permute, act, combine",
+        ),
+    ],
+)
+def test_a_user_table_with_bad_tiles_is_a_clear_error(tuning_dir, capsys, table, says):
+    """Every tile of a tuned table reaches the generated package: a wrong one is refused at
+    build with the file, the entry and the value, not at the first forward."""
+    (tuning_dir / "nvidia-h200.json").write_text(json.dumps(table))
+    assert main(["build", str(EXAMPLES / "deepseek-v3-fp8.toml"), "-o", str(tuning_dir / "o")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "moec tune" in err and "Traceback" not in err
+    assert not (tuning_dir / "o").exists()
+
+
+def test_every_shipped_table_entry_passes_the_checks():
+    """The shipped tables hold only tiles the checks accept (a build checks the key it reads)."""
+    for name in SHIPPED_TABLES.values():
+        entries = json.loads((TUNED_DIR / name).read_text())
+        for key, entry in entries.items():
+            if key.startswith("elementwise/"):
+                tables._check_elementwise(entry, name, key.removeprefix("elementwise/"))
+            elif not key.startswith("backends/"):
+                assert tables._checked_buckets(entry, name, key) == entry
 
 
 BACKENDS_KEY = f"backends/{V3_KEY}"

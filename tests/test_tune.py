@@ -170,6 +170,7 @@ def test_the_table_written_is_the_shipped_format_and_builds_read_it(tmp_path, mo
     path.write_text(json.dumps({"bf16/H1/I1/E1/K1": [{"kept": True}]}))
     key = "fp8_block/H7168/I2048/E256/K8"
     bucket = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_SIZE_M": 8, "num_warps": 4}
+    bucket["num_stages"] = 3
     buckets = [
         {"max_tokens": 4, "block_m": 16, "gate_up": bucket, "down": bucket, "ms": 0.2},
         {"max_tokens": None, "block_m": 16, "gate_up": bucket, "down": bucket, "ms": 0.3},

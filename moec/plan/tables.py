@@ -32,6 +32,22 @@ ARCH_GPU = {"sm90": "nvidia-h200"}
 TUNING_DIR_ENV = "MOEC_TUNING_DIR"
 BUCKET_KEYS = {"max_tokens": (int, type(None)), "block_m": int, "gate_up": dict, "down": dict}
 """What every bucket of a table holds (a bucket may hold more, e.g. its measured "ms")."""
+POWER_OF_TWO_KEYS = frozenset(
+    {"BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_T", "BLOCK_H", "BLOCK_I", "num_warps"}
+)
+"""Tile keys Triton needs as powers of two (block shapes, warps)."""
+COUNT_KEYS = frozenset({"GROUP_SIZE_M", "num_stages", "FP8_ACC", "PROGRAMS", "TERMS_AT_ONCE"})
+"""Tile keys that are positive integers."""
+FLAG_KEYS = frozenset({"SWAP_AB", "TMA", "WARP_SPECIALIZE"})
+"""Tile keys that are booleans."""
+GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+"""What every grouped GEMM config of a bucket holds."""
+ELEMENTWISE_KEYS = {
+    "permute": ("BLOCK_M", "BLOCK_H", "num_warps"),
+    "act": ("BLOCK_M", "BLOCK_I", "num_warps"),
+    "combine": ("BLOCK_T", "BLOCK_H", "num_warps"),
+}
+"""What the tiles of each memory-bound kernel hold (combine may add TERMS_AT_ONCE)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +110,10 @@ def find_table(layer: Layer) -> TunedTable | str:
         return found
     entries, where = found
     buckets = _checked_buckets(entries[key], where, key)
-    return TunedTable(gpu, key, where, buckets, entries.get(f"elementwise/{key}"))
+    elementwise = entries.get(f"elementwise/{key}")
+    if elementwise is not None:
+        _check_elementwise(elementwise, where, key)
+    return TunedTable(gpu, key, where, buckets, elementwise)
 
 
 def _first_holding(gpu: str, key: str) -> tuple[dict[str, Any], str] | str:
@@ -203,4 +222,43 @@ def _checked_buckets(records: Any, where: str, key: str) -> list[dict[str, Any]]
             raise _table_error(where, f"has bucket {index} of {key} without {', '.join(wrong)}")
     if records[-1]["max_tokens"] is not None:
         raise _table_error(where, f'has a last bucket of {key} without "max_tokens": null')
+    for index, record in enumerate(records):
+        for gemm in ("gate_up", "down"):
+            _check_tiles(record[gemm], GEMM_KEYS, where, f"bucket {index} of {key}, {gemm}")
     return records
+
+
+def _check_elementwise(entry: Any, where: str, key: str) -> None:
+    """The permute, act and combine tiles of an "elementwise/<key>" entry."""
+    if not isinstance(entry, dict) or sorted(entry) != sorted(ELEMENTWISE_KEYS):
+        raise _table_error(
+            where, f"has elementwise/{key} without exactly {', '.join(ELEMENTWISE_KEYS)}"
+        )
+    for kernel, required in ELEMENTWISE_KEYS.items():
+        _check_tiles(entry[kernel], required, where, f"elementwise/{key}, {kernel}")
+
+
+def _check_tiles(config: Any, required: tuple[str, ...], where: str, what: str) -> None:
+    """One kernel's tiles: the required keys, and every value of the kind its key takes."""
+    if not isinstance(config, dict):
+        raise _table_error(where, f"has {what} that is not an object of tiles")
+    missing = [name for name in required if name not in config]
+    if missing:
+        raise _table_error(where, f"has {what} without {', '.join(missing)}")
+    for name, value in config.items():
+        if name in FLAG_KEYS:
+            ok = isinstance(value, bool)
+        elif name in POWER_OF_TWO_KEYS or name in COUNT_KEYS:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+            ok = ok and (name not in POWER_OF_TWO_KEYS or value & (value - 1) == 0)
+        else:
+            raise _table_error(where, f"has {what} with an unknown tile key {name!r}")
+        if not ok:
+            kind = (
+                "true or false"
+                if name in FLAG_KEYS
+                else "a power of two"
+                if name in POWER_OF_TWO_KEYS
+                else "a positive integer"
+            )
+            raise _table_error(where, f"has {what} with {name} = {value!r}, not {kind}")
