@@ -6,12 +6,15 @@ rules.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from moec import picture
+from moec.codegen.write import write_bytes
 from moec.errors import MoecError, problem
+from moec.picture import WRITTEN_BY
 from moec.plan import device_for, plan_loaded
 from moec.plan.export import plan_data
 from moec.spec import load_spec
@@ -73,10 +76,21 @@ def explain(
     return _text(data)
 
 
+def is_explain_output(head: bytes) -> bool:
+    """Whether a file starting with `head` is an output of `moec explain`, which `-o` may
+    replace: the text and json plans by their first line, the others by their WRITTEN_BY mark."""
+    first = head.split(b"\n", 1)[0]
+    if re.fullmatch(rb"moec \S+ plan for .*", first) or head.startswith(b'{\n  "moec_version"'):
+        return True
+    return WRITTEN_BY.encode() in head[:4096]
+
+
 def write(output: str | bytes, out: str | None) -> None:
-    """Print `output`, or write it to the file `out`; binary output (png) needs a file."""
+    """Print `output`, or write it to the file `out` (replacing only an earlier output of
+    explain, never through a link); binary output (png) needs a file."""
     if out is not None:
-        Path(out).write_bytes(output if isinstance(output, bytes) else output.encode())
+        data = output if isinstance(output, bytes) else output.encode()
+        write_bytes(Path(out), data, is_explain_output)
     elif isinstance(output, bytes):
         raise MoecError(
             [problem("--out", "is required for --format png (binary output)", "-o plan.png")],
@@ -244,6 +258,7 @@ def _dot(data: dict[str, Any], title: tuple[str, ...] = (), shares: dict | None 
     (the picture formats), those too."""
     lines = [
         f"digraph {json.dumps(data['spec']['name'])} {{",
+        f"  comment={json.dumps(WRITTEN_BY)};",
         "  rankdir=TB;",
         "  node [shape=box];",
     ]
@@ -277,7 +292,7 @@ def _dot(data: dict[str, Any], title: tuple[str, ...] = (), shares: dict | None 
 
 
 def _mermaid(data: dict[str, Any]) -> str:
-    lines = ["flowchart TD"]
+    lines = ["flowchart TD", f"  %% {WRITTEN_BY}"]
     for stage in data["stages"]:
         lines.append(
             f'  {stage["name"]}["{stage["name"]}<br/>{stage["kind"]} / {stage["backend"]}"]'

@@ -11,7 +11,9 @@ longer ones run down lanes to the right of the boxes, so no edge crosses a box. 
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
+import zlib
 from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -60,6 +62,22 @@ def heading(data: dict[str, Any]) -> tuple[str, str]:
     )
 
 
+WRITTEN_BY = "written by moec explain"
+"""Marks the dot, mermaid and svg outputs (a comment) and the png (a tEXt chunk) as moec's, so
+that `moec explain -o` replaces only its own earlier output."""
+
+
+def _marked_png(png: bytes) -> bytes:
+    """`png` with a tEXt chunk "Software: written by moec explain" after its header chunk
+    (anything that does not start as a PNG does is returned as it is)."""
+    if not png.startswith(b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR"):
+        return png
+    body = b"tEXt" + b"Software\0" + WRITTEN_BY.encode()
+    chunk = struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body))
+    header_end = 8 + 25  # signature, then IHDR: length, type, 13 bytes, crc
+    return png[:header_end] + chunk + png[header_end:]
+
+
 def render(data: dict[str, Any], fmt: str, dot_text: str) -> str | bytes:
     """SVG text or PNG bytes of the plan: through `dot` when installed, else (SVG) laid out
     here; MoecError for PNG without dot."""
@@ -93,7 +111,7 @@ def _run_dot(dot: str, dot_text: str, fmt: str) -> str | bytes:
             "moec explain",
             kind="backend",
         )
-    return result.stdout.decode() if fmt == "svg" else result.stdout
+    return result.stdout.decode() if fmt == "svg" else _marked_png(result.stdout)
 
 
 # --- layout -------------------------------------------------------------------------------
@@ -182,6 +200,7 @@ def svg(data: dict[str, Any]) -> str:
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{page_w:.0f}" height="{page_h:.0f}" '
         f'viewBox="0 0 {page_w:.0f} {page_h:.0f}" font-family="monospace" font-size="12">',
+        f"<!-- {WRITTEN_BY} -->",
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
         f'markerHeight="7" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="{INK}"/></marker>'
         "</defs>",

@@ -315,7 +315,7 @@ def parse_dot(text: str) -> tuple[list[str], list[tuple[str, str, str]]]:
     assert lines[-1] == "}"
     nodes, edges = [], []
     for line in lines[1:-1]:
-        if line in ("  rankdir=TB;", "  node [shape=box];"):
+        if line in ("  rankdir=TB;", "  node [shape=box];", '  comment="written by moec explain";'):
             continue
         if match := DOT_NODE.match(line):
             nodes.append(json.loads(match.group(1)))
@@ -373,9 +373,9 @@ def test_mermaid_is_well_formed(capsys, monkeypatch):
     code, text, _ = run(capsys, "explain", V3_FP8, "--format", "mermaid", *sets)
     assert code == 0
     lines = text.splitlines()
-    assert lines[0] == "flowchart TD"
+    assert lines[:2] == ["flowchart TD", "  %% written by moec explain"]
     nodes, edges = [], []
-    for line in lines[1:]:
+    for line in lines[2:]:
         if match := MERMAID_NODE.match(line):
             nodes.append(match.group(1))
             assert match.group(2).startswith(match.group(1) + "<br/>")
@@ -597,3 +597,52 @@ def test_dot_and_mermaid_draw_both_sides_of_a_gemm_split(capsys, monkeypatch):
     assert any(
         line.startswith("  gemm_down_above -.->") and line.endswith(" combine") for line in lines
     )
+
+
+# --- explain -o: replaces only its own earlier output ---------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "dot", "mermaid", "svg"])
+def test_out_replaces_its_own_output_and_nothing_else(capsys, tmp_path, fmt):
+    spec = tmp_path / "spec.toml"
+    spec.write_text((EXAMPLES / "tiny-cpu.toml").read_text())
+    out = tmp_path / f"plan.{fmt}"
+    for _ in range(2):  # written, then replaced
+        assert run(capsys, "explain", str(spec), "--format", fmt, "-o", str(out))[0] == 0
+    user = tmp_path / f"mine.{fmt}"
+    user.write_text("a user's file\n")
+    link = tmp_path / f"link.{fmt}"
+    link.symlink_to(out)
+    for target, says in [
+        (spec, "exists and was not written by moec"),
+        (user, "exists and was not written by moec"),
+        (link, "is a symbolic link"),
+        (tmp_path, "is a folder"),
+    ]:
+        before = target.read_bytes() if target.is_file() else None
+        code, _, err = run(capsys, "explain", str(spec), "--format", fmt, "-o", str(target))
+        assert code == 2 and says in err and str(target) in err and "Traceback" not in err
+        if before is not None:
+            assert target.read_bytes() == before
+    assert user.read_text() == "a user's file\n"
+
+
+def test_a_png_is_marked_as_explains(tmp_path):
+    """The png (from Graphviz) carries a tEXt chunk that explain -o recognizes."""
+    import struct
+    import zlib
+
+    from moec.explain import is_explain_output
+    from moec.picture import _marked_png
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+    marked = _marked_png(png)
+    assert not is_explain_output(png) and is_explain_output(marked)
+    body = marked[33 + 4 : 33 + 4 + 4 + 32]  # the new chunk's type and data
+    assert marked[33 + 4 + 4 + 32 : 33 + 4 + 4 + 32 + 4] == struct.pack(">I", zlib.crc32(body))

@@ -264,7 +264,14 @@ def _pathconf(path: Path, name: str, default: int) -> int:
 def write_text(
     path: Path, text: str, written_by_moec: Callable[[bytes], bool], make_parents: bool = False
 ) -> None:
-    """Write `text` to the file `path` atomically (a temporary file beside it, renamed over
+    """Write `text` (UTF-8) to the file `path` as write_bytes does."""
+    write_bytes(path, text.encode("utf-8"), written_by_moec, make_parents)
+
+
+def write_bytes(
+    path: Path, data: bytes, written_by_moec: Callable[[bytes], bool], make_parents: bool = False
+) -> None:
+    """Write `data` to the file `path` atomically (a temporary file beside it, renamed over
     it). An existing file is replaced only when `written_by_moec(its bytes)`; a folder, a
     link or a special file there is refused. Raise MoecError when refused or the OS refuses."""
     path = Path(path)
@@ -275,8 +282,8 @@ def write_text(
         temporary = parent / f".{path.name}{_STAGING_TAG}{secrets.token_hex(4)}"
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
-            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                handle.write(text)
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(data)
             os.replace(temporary, path)
         finally:
             if os.path.lexists(temporary):
