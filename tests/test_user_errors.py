@@ -5,6 +5,7 @@ argument, path or tensor, no traceback."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -48,6 +49,9 @@ def _session_cache(cache_dir, monkeypatch):
         ("numpy", "would shadow"),
         ("deep_gemm", "would shadow"),
         ("deep_ep", "would shadow"),
+        ("dill", "would shadow"),  # torch imports these when present: `import torch` broke
+        ("pydot", "would shadow"),
+        ("pynvml", "would shadow"),
         ("tempfile", "standard library"),
         ("dataclasses", "standard library"),
         ("moec", "would shadow"),
@@ -300,3 +304,45 @@ def test_run_weights_that_do_not_load(case, tmp_path, capsys):
     code, out, err = cli(capsys, "run", TINY, "--tokens", "2", "--weights", weights)
     assert_refused(code, out, err, f"{weights}: --weights: ", fragment, lines=None)
     assert snapshot(tmp_path) == before
+
+
+# --- input files moec will not read whole, numbers Python will not convert -----------------
+
+HUGE = "9" * 5000  # more digits than Python converts to an int (4300)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["validate", "SPEC"], "a TOML value moec cannot read"),
+        (["validate", TINY, "--set", f"model.hidden_size={HUGE}"], "is not one TOML value"),
+        (["init", "--from-hf", "CONFIG"], "cannot read: Exceeds the limit"),
+    ],
+    ids=["spec", "set", "config"],
+)
+def test_an_integer_of_too_many_digits_is_a_user_error(argv, fragment, capsys, tmp_path):
+    spec = tmp_path / "big.toml"
+    spec.write_text(f'name = "big"\n[model]\nhidden_size = {HUGE}\n')
+    config = tmp_path / "config.json"
+    config.write_text(f'{{"hidden_size": {HUGE}}}')
+    argv = [str(spec) if a == "SPEC" else str(config) if a == "CONFIG" else a for a in argv]
+    code, _, err = cli(capsys, *argv)
+    assert code == 2 and fragment in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge"])
+def test_a_spec_that_is_not_a_small_regular_file_is_refused_unread(kind, capsys, tmp_path):
+    """A fifo would block a read, a device or a huge file fill memory: refused before."""
+    if kind == "fifo":
+        path = tmp_path / "spec.toml"
+        os.mkfifo(path)
+        says = "not a regular file"
+    elif kind == "device":
+        path, says = "/dev/zero", "not a regular file"
+    else:
+        path = tmp_path / "spec.toml"
+        path.write_bytes(b"#" * ((4 << 20) + 1))
+        says = "larger than 4 MiB"
+    for argv in (["validate", str(path)], ["init", "--from-hf", str(path)]):
+        code, _, err = cli(capsys, *argv)
+        assert code == 2 and says in err and "Traceback" not in err

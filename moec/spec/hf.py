@@ -15,7 +15,7 @@ from typing import Any
 from moec.errors import MoecError, problem
 from moec.resources import shipped_schema_path
 from moec.spec.hf_values import ConfigReader
-from moec.spec.loader import apply_overrides, check_raw
+from moec.spec.loader import apply_overrides, check_raw, read_user_text
 
 _KNOWN_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 INIT_MARK = "# Written by `moec init --from-hf`"
@@ -76,7 +76,7 @@ def _read_json(config_path: Path) -> Any:
         )
 
     try:
-        return json.loads(config_path.read_text(encoding="utf-8"), object_pairs_hook=_no_twice)
+        return json.loads(read_user_text(config_path), object_pairs_hook=_no_twice)
     except OSError as error:
         raise fail(f"cannot read: {error.strerror or error}") from None
     except UnicodeDecodeError as error:
@@ -87,6 +87,8 @@ def _read_json(config_path: Path) -> Any:
         raise fail("not JSON moec can read: nested too deeply") from None
     except _DuplicateKey as error:
         raise fail(f"not a config: the key {json.dumps(error.key)} appears twice") from None
+    except ValueError as error:  # not a regular file, too large, an integer of too many digits
+        raise fail(f"cannot read: {error}") from None
 
 
 class _DuplicateKey(ValueError):

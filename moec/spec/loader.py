@@ -7,8 +7,11 @@ with all of them, or returns a `LoadedSpec`.
 from __future__ import annotations
 
 import difflib
+import errno
 import hashlib
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
@@ -57,11 +60,30 @@ def spec_hash(spec: models.Spec) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+MAX_TEXT_BYTES = 1 << 22
+"""The largest spec or config.json moec reads (4 MiB; real ones are a few KiB)."""
+
+
+def read_user_text(path: Path) -> str:
+    """The UTF-8 text of a user's input file; OSError, UnicodeDecodeError (its `start` the
+    offset), or ValueError for a file that is not a regular file or is over MAX_TEXT_BYTES."""
+    mode = os.stat(path).st_mode  # before opening: opening a fifo waits for a writer
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+    if not stat.S_ISREG(mode):
+        raise ValueError("not a regular file (a fifo, socket or device)")
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_TEXT_BYTES + 1)
+    if len(data) > MAX_TEXT_BYTES:
+        raise ValueError(f"larger than {MAX_TEXT_BYTES >> 20} MiB")
+    return data.decode("utf-8")
+
+
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedSpec:
     """Read and check the spec file at `path`, with `--set KEY=VALUE` overrides."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_user_text(path)
     except OSError as error:
         raise MoecError(
             [problem("", f"cannot read the spec: {error.strerror}", "a readable TOML file")],
@@ -73,6 +95,12 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
         raise MoecError(
             [Problem("", f"not UTF-8 text: {error.reason}", "a UTF-8 TOML file", line=line)],
             str(path),
+        ) from None
+    except ValueError as error:
+        raise MoecError(
+            [problem("", f"cannot read the spec: {error}", "a TOML file of a few KiB")],
+            str(path),
+            kind="usage",
         ) from None
     return parse_spec(text, str(path), overrides)
 
@@ -94,6 +122,11 @@ def parse_spec(
         where = f"column {column}: " if column else ""
         raise MoecError(
             [Problem("", f"TOML syntax: {where}{message}", "see https://toml.io", line=line)],
+            source,
+        ) from None
+    except ValueError as error:  # e.g. an integer of more digits than Python converts
+        raise MoecError(
+            [problem("", f"a TOML value moec cannot read: {error}", "numbers of a few digits")],
             source,
         ) from None
     lines = key_lines(text)
@@ -189,6 +222,8 @@ def parse_override(item: str) -> tuple[str, Any]:
         if text[:1] not in ('"', "'", "[", "{") and "\n" not in text:
             return key, text
         reason = error.msg if hasattr(error, "msg") else str(error)
+    except ValueError as error:  # e.g. an integer of more digits than Python converts
+        reason = str(error)
     else:
         if list(document) == ["value"]:
             return key, document["value"]

@@ -55,6 +55,12 @@ IMPORTED_BY_PACKAGES = frozenset(
         "psutil",
         "packaging",
         "tqdm",
+        # what torch imports when present (optional): a package of that name would be imported
+        # in their place (`dill` and `pydot` break `import torch`)
+        "dill",
+        "pydot",
+        "pynvml",
+        "amdsmi",
         "moec",
     }
 )
