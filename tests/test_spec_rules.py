@@ -114,6 +114,21 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "model.moe_intermediate_size",
     ),
     (
+        "block_divides_shared",
+        {
+            "quant.scheme": "mxfp8",
+            "quant.shared_scheme": "fp8_block",
+            "experts.shared_experts": "separate",
+            "model.moe_intermediate_size": 64,
+        },
+        "model.moe_intermediate_size",
+    ),
+    (
+        "block_divides_shared",  # mxfp4's shared experts default to fp8_block
+        {"quant.scheme": "mxfp4", "model.moe_intermediate_size": 64},
+        "model.moe_intermediate_size",
+    ),
+    (
         "group_divides_hidden",
         {"quant.scheme": "mxfp8", "model.hidden_size": 200},
         "model.hidden_size",
@@ -446,6 +461,12 @@ def test_base_passes_every_rule():
             "quant.scheme": "mxfp8",
         },
         {"experts.shared_experts": "fused", "quant.scheme": "fp8_block"},
+        {  # a shared width of 2 x 64 fills one fp8 block
+            "quant.scheme": "mxfp8",
+            "quant.shared_scheme": "fp8_block",
+            "model.moe_intermediate_size": 64,
+            "model.n_shared_experts": 2,
+        },
         {"activation": {"kind": "oai_swiglu"}},
     ],
     ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items())[:60],

@@ -233,3 +233,35 @@ def test_random_weights_are_realistic(saved, load_layer):
     )
     other = load_layer(spec).MoELayer().random_(2)
     assert not torch.equal(layer.w13, other.w13)
+
+
+STATIC_PER_TENSOR = """
+name = "static_fused"
+[model]
+hidden_size = 256
+moe_intermediate_size = 128
+n_routed_experts = 4
+num_experts_per_tok = 2
+n_shared_experts = 2
+[quant]
+scheme = "fp8_per_tensor"
+activation_scheme = "static"
+checkpoint = "quantized"
+[target]
+device = "cpu"
+max_num_tokens = 16
+"""
+
+
+def test_static_scales_reach_fused_shared_experts(load_layer):
+    """Static per-tensor activation scales are the shared MLP's: fused as extra experts, each
+    part takes them (a KeyError before), and fused equals separate on the same weights."""
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(1)).bfloat16()
+    outs = []
+    for mode in ("fused", "separate"):
+        package = load_layer(STATIC_PER_TENSOR, f"experts.shared_experts={mode}")
+        layer = package.MoELayer().random_(0)
+        state = {k: v for k, v in layer.state_dict().items()}
+        assert "w13_input_scale" in state
+        outs.append(layer(x))
+    assert torch.allclose(outs[0].float(), outs[1].float(), rtol=2**-7, atol=2**-7)

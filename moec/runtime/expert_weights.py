@@ -250,7 +250,8 @@ def _split_rank(weights: dict[str, Pair], inter: int, rank: int, tp: int, fmt) -
 
 def _split_shared(shared: dict, spec: LayerWeights) -> list[dict]:
     """The shared MLP of width n_shared * I as n_shared experts of width I: the gated activation
-    is per column and the down projection a sum over columns, so the sum is the same."""
+    is per column and the down projection a sum over columns, so the sum is the same. Static
+    activation scales (per tensor) are the whole MLP's, so each part takes them."""
     fmt, total = spec.shared, spec.shared_intermediate
     width = total // spec.n_shared
     gate = fmt.slice(shared["w13"], 0, 0, total)
@@ -260,7 +261,9 @@ def _split_shared(shared: dict, spec: LayerWeights) -> list[dict]:
         g = fmt.slice(gate, 0, j * width, width)
         u = fmt.slice(up, 0, j * width, width)
         d = fmt.slice(shared["w2"], 1, j * width, width)
-        experts.append({"w13": fmt.concat_rows(g, u), "w2": d})
+        part = {"w13": fmt.concat_rows(g, u), "w2": d}
+        part.update({key: shared[key] for key in ("w13_input", "w2_input") if key in shared})
+        experts.append(part)
     return experts
 
 

@@ -211,6 +211,35 @@ def _block_divides(spec: Spec) -> Iterator[Problem]:
         )
 
 
+@rule("block_divides_shared")
+def _block_divides_shared(spec: Spec) -> Iterator[Problem]:
+    """With block scales on separate shared experts, their per-rank width (n_shared x the
+    intermediate size) is a multiple of block_n: the checkpoint scales gate and up apart, and
+    the layer's [gate; up] weight keeps one scale per block_n rows. (Fused shared experts are
+    routed experts of the intermediate size, which block_divides_intermediate checks.)"""
+    quant, model = spec.quant, spec.model
+    if quant.shared_scheme not in BLOCK_SCHEMES or not model.n_shared_experts:
+        return
+    if spec.experts.shared_experts == "fused":
+        return
+    if quant.shared_scheme != "fp8_block":  # mx: 1 x 32 groups along K, the down input
+        block, what = 32, "group size"
+    elif quant.scheme == "fp8_block" and quant.weight_block and len(quant.weight_block) == 2:
+        block, what = quant.weight_block[0], "block_n"
+    else:
+        block, what = 128, "block_n"
+    width = model.n_shared_experts * model.moe_intermediate_size // spec.parallel.tp_size
+    if width % block:
+        yield problem(
+            "model.moe_intermediate_size",
+            f"the shared experts' per-rank width {width} (n_shared_experts x "
+            f"moe_intermediate_size) is not divisible by the shared scheme "
+            f"{quant.shared_scheme}'s {what} {block}",
+            f"a width that is a multiple of {block}, or quant.shared_scheme without blocks",
+            value=model.moe_intermediate_size,
+        )
+
+
 @rule("group_divides_hidden")
 def _group_divides_hidden(spec: Spec) -> Iterator[Problem]:
     """Activations are quantized in groups of block_k columns: hidden_size must be a multiple."""
