@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -217,10 +218,8 @@ def _schema(args: argparse.Namespace) -> int:
 
 def whole_number(option: str, text: str, low: int, high: int, command: str) -> int:
     """The integer an option's text writes, from `low` to `high`; else a usage MoecError."""
-    try:
-        value = int(text.strip())
-    except ValueError:
-        value = None
+    text_digits = text.strip()  # ASCII digits only: int() also takes "1_000" and "+4"
+    value = int(text_digits) if re.fullmatch(r"[0-9]{1,19}", text_digits) else None
     if value is None or not low <= value <= high:
         raise MoecError(
             [

@@ -30,12 +30,12 @@ MAX_ROWS = 64
 
 def parse_tokens(text: str | None) -> list[int]:
     """Token counts of `--tokens 1,64,4096`: whole numbers from 1 to MAX_TOKENS."""
-    if not text:
+    if text is None:
         return list(DEFAULT_TOKENS)
-    try:
-        tokens = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        tokens = []
+    parts = [part.strip() for part in text.split(",")]
+    # plain ASCII digits only: int() would also take "1_000", "+4" and other scripts' digits
+    written = all(re.fullmatch(r"[0-9]{1,10}", part) for part in parts)
+    tokens = [int(part) for part in parts] if written else []
     if not tokens or len(tokens) > MAX_ROWS or any(not 1 <= t <= MAX_TOKENS for t in tokens):
         raise MoecError(
             [
