@@ -150,7 +150,32 @@ def _explain(args: argparse.Namespace) -> int:
     from moec import explain
 
     if args.matrix:
-        print(explain.matrix_text(), end="")
+        ignored = [
+            option
+            for option, given in (
+                ("SPEC", args.spec),
+                ("--tokens", args.tokens),
+                ("--format", args.format != "text"),
+                ("--set", args.overrides),
+                ("--bandwidth", args.bandwidth),
+                ("--bf16-tflops", args.bf16_tflops),
+                ("--fp8-tflops", args.fp8_tflops),
+            )
+            if given
+        ]
+        if ignored:
+            raise MoecError(
+                [
+                    problem(
+                        "--matrix",
+                        f"prints the support matrix of every spec, and takes no {', '.join(ignored)}",
+                        "moec explain --matrix [-o FILE], or explain a SPEC without --matrix",
+                    )
+                ],
+                "moec explain",
+                kind="usage",
+            )
+        explain.write(explain.matrix_text(), args.out)
         return 0
     if not args.spec:
         raise MoecError([problem("SPEC", "is required unless --matrix is given")], kind="usage")
@@ -181,6 +206,16 @@ def _run(args: argparse.Namespace) -> int:
 
     tokens = whole_number("--tokens", args.tokens, 1, MAX_COUNT, "moec run")
     seed = whole_number("--seed", args.seed, 0, MAX_SEED, "moec run")
+    if args.prefix and args.weights is None:
+        raise MoecError(
+            [
+                problem(
+                    "--prefix", "names the weights of --weights, which is not given", "--weights"
+                )
+            ],
+            "moec run",
+            kind="usage",
+        )
     print(run_spec(args.spec, args.overrides, tokens, seed, args.weights, args.prefix), end="")
     return 0
 
@@ -196,6 +231,15 @@ def _init(args: argparse.Namespace) -> int:
     from moec.codegen.write import write_text
     from moec.spec.hf import spec_from_hf, written_by_init
 
+    for option, value in (("--name", args.name), ("-o", args.out)):
+        if value is not None and not value.strip():
+            raise MoecError(
+                [problem(option, "is empty", "leave it out for the default")],
+                "moec init",
+                kind="usage",
+            )
+    if args.out == "-":  # the usual name of standard output
+        args.out = None
     text = spec_from_hf(args.from_hf, args.name, args.overrides, schema_relative_to=args.out)
     if args.out:
         write_text(Path(args.out), text, written_by_init)

@@ -78,9 +78,12 @@ def explain(
 
 def is_explain_output(head: bytes) -> bool:
     """Whether a file starting with `head` is an output of `moec explain`, which `-o` may
-    replace: the text and json plans by their first line, the others by their WRITTEN_BY mark."""
+    replace: the text and json plans and the support matrix by their first line, the others by
+    their WRITTEN_BY mark."""
     first = head.split(b"\n", 1)[0]
     if re.fullmatch(rb"moec \S+ plan for .*", first) or head.startswith(b'{\n  "moec_version"'):
+        return True
+    if first.startswith(b"Support matrix, generated from moec's rules"):  # --matrix
         return True
     return WRITTEN_BY.encode() in head[:4096]
 

@@ -5,9 +5,11 @@ argument, path or tensor, no traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -357,3 +359,46 @@ def test_token_counts_are_plain_digits(command, value, capsys):
     """int() takes "1_000", "+4" and other scripts' digits; a token count is ASCII digits."""
     code, _, err = cli(capsys, command, TINY, "--tokens", value)
     assert code == 2 and "--tokens" in err and "Traceback" not in err
+
+
+CONFIG = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 256,
+    "moe_intermediate_size": 128,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+}
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["explain", "--matrix", TINY], "takes no SPEC"),
+        (
+            ["explain", "--matrix", "--tokens", "1", "--format", "json"],
+            "takes no --tokens, --format",
+        ),
+        (["run", TINY, "--prefix", "mlp."], "--prefix: names the weights of --weights"),
+        (["init", "--from-hf", "CONFIG", "--name", ""], "--name: is empty"),
+        (["init", "--from-hf", "CONFIG", "-o", " "], "-o: is empty"),
+    ],
+    ids=["matrix-spec", "matrix-options", "prefix", "init-name", "init-out"],
+)
+def test_an_option_that_would_be_ignored_is_refused(argv, fragment, capsys, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    argv = [str(config) if a == "CONFIG" else a for a in argv]
+    code, _, err = cli(capsys, *argv)
+    assert code == 2 and fragment in err and "Traceback" not in err
+
+
+def test_matrix_out_and_init_out_dash(capsys, tmp_path):
+    out = tmp_path / "matrix.txt"
+    for _ in range(2):  # written, then replaced: it is explain's own output
+        assert cli(capsys, "explain", "--matrix", "-o", str(out))[0] == 0
+    assert out.read_text().startswith("Support matrix")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    code, printed, _ = cli(capsys, "init", "--from-hf", str(config), "-o", "-")
+    assert code == 0 and 'name = "deepseek_v3"' in printed and not Path("-").exists()
