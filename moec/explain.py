@@ -108,7 +108,7 @@ def write(output: str | bytes, out: str | None) -> None:
 
 
 _BYTES = ((1e9, "GB", 2), (1e6, "MB", 2), (1e3, "kB", 1))
-_FLOPS = ((1e12, "TF", 2), (1e9, "GF", 2), (1e6, "MF", 2))
+_FLOPS = ((1e12, "TF", 2), (1e9, "GF", 2), (1e6, "MF", 2), (1e3, "kF", 1))
 
 
 def _scaled(value: float, steps, plain: str) -> str:
@@ -124,7 +124,7 @@ def _mb(value: float) -> str:
 
 
 def _flops(value: float) -> str:
-    return _scaled(value, _FLOPS, "{:.0f}")
+    return _scaled(value, _FLOPS, "{:.0f} F")
 
 
 def _text(data: dict[str, Any]) -> str:

@@ -646,3 +646,12 @@ def test_a_png_is_marked_as_explains(tmp_path):
     assert not is_explain_output(png) and is_explain_output(marked)
     body = marked[33 + 4 : 33 + 4 + 4 + 32]  # the new chunk's type and data
     assert marked[33 + 4 + 4 + 32 : 33 + 4 + 4 + 32 + 4] == struct.pack(">I", zlib.crc32(body))
+
+
+def test_flops_always_carry_a_unit(capsys):
+    """Below 1 MF the cost table printed a bare count (991232): now kF, or F."""
+    code, text, _ = run(capsys, "explain", str(EXAMPLES / "tiny-cpu.toml"), "--tokens", "1")
+    row = next(line for line in text.splitlines() if line.startswith("  T = 1:"))
+    assert re.search(r", \d+\.\d kF, floor", row), row
+    select = next(line for line in text.splitlines() if line.strip().startswith("select "))
+    assert " 0 F " in select
