@@ -152,6 +152,17 @@ def graphed(fn):
     return replay
 
 
+def per_call_us(fn, calls: int = 10) -> float:
+    """Time of one fn() call, us: `calls` calls captured in one CUDA graph and replayed, so the
+    time is the kernels' (launches included), not Python's."""
+
+    def many():
+        for _ in range(calls):
+            fn()
+
+    return median_ms(graphed(many), warmup=3, repeats=20) * 1e3 / calls
+
+
 def dump(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 

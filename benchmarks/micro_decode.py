@@ -13,17 +13,13 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from common import dump, graphed, import_package, median_ms
+from common import dump, import_package, per_call_us
 
 LAUNCHES = 20
 
 
 def per_launch_us(fn) -> float:
-    def many():
-        for _ in range(LAUNCHES):
-            fn()
-
-    return median_ms(graphed(many), warmup=3, repeats=20) * 1e3 / LAUNCHES
+    return per_call_us(fn, LAUNCHES)
 
 
 def main() -> None:

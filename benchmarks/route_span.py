@@ -14,17 +14,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from common import dump, graphed, import_package, median_ms, stages_of
-
-REPEATS = 10
-
-
-def graph_us(fn) -> float:
-    def many():
-        for _ in range(REPEATS):
-            fn()
-
-    return median_ms(graphed(many), warmup=3, repeats=20) * 1e3 / REPEATS
+from common import dump, import_package, per_call_us, stages_of
 
 
 def main() -> None:
@@ -55,10 +45,12 @@ def main() -> None:
                     "tokens": tokens,
                     "span": span,
                     "route_us": round(
-                        graph_us(partial(route.route_contiguous, topk_ids, experts, block_m, True)),
+                        per_call_us(
+                            partial(route.route_contiguous, topk_ids, experts, block_m, True)
+                        ),
                         2,
                     ),
-                    "dispatch_us": round(graph_us(partial(stages.dispatch, x, topk_ids)), 2),
+                    "dispatch_us": round(per_call_us(partial(stages.dispatch, x, topk_ids)), 2),
                     "same_routing": all(
                         torch.equal(a, b) for a, b in zip(routing, reference, strict=True)
                     ),

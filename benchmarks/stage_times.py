@@ -23,6 +23,7 @@ from common import (
     graphed,
     import_package,
     median_ms,
+    per_call_us,
     plan_floors,
     stages_of,
 )
@@ -59,11 +60,7 @@ def recorded_calls(package, layer, x) -> list[tuple[str, object, tuple]]:
 
 
 def stage_us(fn, args) -> float:
-    def many():
-        for _ in range(REPEATS):
-            fn(*args)
-
-    return median_ms(graphed(many), warmup=3, repeats=20) * 1e3 / REPEATS
+    return per_call_us(partial(fn, *args), REPEATS)
 
 
 def main() -> None:
