@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 from pathlib import Path
 
 from moec import __version__
+from moec.counts import whole_numbers
 from moec.errors import MoecError, os_error, problem
 
 MAX_COUNT = 2**31 - 1
@@ -262,8 +262,8 @@ def _schema(args: argparse.Namespace) -> int:
 
 def whole_number(option: str, text: str, low: int, high: int, command: str) -> int:
     """The integer an option's text writes, from `low` to `high`; else a usage MoecError."""
-    text_digits = text.strip()  # ASCII digits only: int() also takes "1_000" and "+4"
-    value = int(text_digits) if re.fullmatch(r"[0-9]{1,19}", text_digits) else None
+    numbers = whole_numbers(text)
+    value = numbers[0] if numbers and len(numbers) == 1 else None
     if value is None or not low <= value <= high:
         raise MoecError(
             [

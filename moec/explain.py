@@ -13,6 +13,7 @@ from typing import Any
 
 from moec import picture
 from moec.codegen.write import write_bytes
+from moec.counts import whole_numbers
 from moec.errors import MoecError, problem
 from moec.picture import WRITTEN_BY
 from moec.plan import device_for, plan_loaded
@@ -32,10 +33,7 @@ def parse_tokens(text: str | None) -> list[int]:
     """Token counts of `--tokens 1,64,4096`: whole numbers from 1 to MAX_TOKENS."""
     if text is None:
         return list(DEFAULT_TOKENS)
-    parts = [part.strip() for part in text.split(",")]
-    # plain ASCII digits only: int() would also take "1_000", "+4" and other scripts' digits
-    written = all(re.fullmatch(r"[0-9]{1,10}", part) for part in parts)
-    tokens = [int(part) for part in parts] if written else []
+    tokens = whole_numbers(text) or []
     if not tokens or len(tokens) > MAX_ROWS or any(not 1 <= t <= MAX_TOKENS for t in tokens):
         raise MoecError(
             [

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import TextIO
 
 import torch
 
 import moec
+from moec.counts import whole_numbers
 from moec.errors import MoecError, problem
 from moec.plan import plan_loaded
 from moec.plan.layer import Layer
@@ -89,9 +89,7 @@ def _token_list(text: str | None, max_tokens: int) -> list[int]:
     """The bucket limits: --tokens, else DEFAULT_TOKENS up to max_num_tokens."""
     if text is None:
         return [t for t in DEFAULT_TOKENS if t <= max_tokens] or [max_tokens]
-    parts = [part.strip() for part in text.split(",")]
-    written = all(re.fullmatch(r"[0-9]{1,10}", part) for part in parts)  # ASCII digits only
-    tokens = sorted({int(part) for part in parts}) if written else []
+    tokens = sorted(set(whole_numbers(text) or []))
     if not tokens or tokens[0] < 1:
         raise MoecError(
             [
