@@ -246,19 +246,29 @@ def _check_tiles(config: Any, required: tuple[str, ...], where: str, what: str) 
     if missing:
         raise _table_error(where, f"has {what} without {', '.join(missing)}")
     for name, value in config.items():
-        if name in FLAG_KEYS:
-            ok = isinstance(value, bool)
-        elif name in POWER_OF_TWO_KEYS or name in COUNT_KEYS:
-            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-            ok = ok and (name not in POWER_OF_TWO_KEYS or value & (value - 1) == 0)
-        else:
+        kind = _tile_kind(name)
+        if kind is None:
             raise _table_error(where, f"has {what} with an unknown tile key {name!r}")
-        if not ok:
-            kind = (
-                "true or false"
-                if name in FLAG_KEYS
-                else "a power of two"
-                if name in POWER_OF_TWO_KEYS
-                else "a positive integer"
-            )
+        if not _TILE_VALUE_OK[kind](value):
             raise _table_error(where, f"has {what} with {name} = {value!r}, not {kind}")
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+_TILE_VALUE_OK = {
+    "true or false": lambda value: isinstance(value, bool),
+    "a power of two": lambda value: _positive_int(value) and value & (value - 1) == 0,
+    "a positive integer": _positive_int,
+}
+"""What each kind of tile value accepts, by the words an error says it with."""
+
+
+def _tile_kind(name: str) -> str | None:
+    """The kind of value a tile key takes (a key of _TILE_VALUE_OK); None for no tile key."""
+    if name in FLAG_KEYS:
+        return "true or false"
+    if name in POWER_OF_TWO_KEYS:
+        return "a power of two"
+    return "a positive integer" if name in COUNT_KEYS else None
