@@ -5,17 +5,17 @@ select_topk   one program per token: scores from fp32 logits (SCORING softmax | 
               group_limited_greedy: best expert per group; noaux_tc: sum of the top-2), top-k by
               repeated argmax, weights = scores of the chosen experts (renormalized, scaled),
               then FUSED_SHARED extra experts E.. with weight 1.
-route_layout  one program per (expert, part of the assignments): rows of the grouped layout
-              for the expert's assignments in that part, in token order (a running cumulative
-              count from the expert's assignments in earlier parts: the same indices on every
-              run). Up to 1024 assignments there is one part, and each program counts every
-              expert itself (a histogram: routing is one launch at decode); above, two launches
-              first count each part (histograms, exact) and prefix the counts over the parts.
+route_layout  the rows of the grouped layout, in token order within each expert (the same
+              indices on every run). One program per part of SPAN assignments places them at
+              rows start[e] + (expert e's assignments in earlier parts) + (those earlier in
+              the part): a fixed amount of work per assignment, however many experts. Records programs write each expert's count,
+              start and padding rows. Up to ONE_PASS assignments every program counts all of
+              them itself (one launch); above, two launches first count each part (histograms,
+              exact) and prefix the counts over the parts.
               contiguous: each expert's rows padded to BLOCK_M (m_indices -1 on padding), the
-              last program writes num_rows and fills the unused tail; masked: expert e owns
-              rows e * max_m .. + max_m. An id outside [0, E) (an expert-parallel rank's view
-              of another rank's expert) counts in bin E, which no expert reads, and the last
-              programs (one per part) write its row_of -1.
+              first records program writes num_rows and fills the unused tail; masked: expert
+              e owns rows e * max_m .. + max_m. An id outside [0, E) (an expert-parallel rank's
+              view of another rank's expert) counts for no expert and gets row_of -1.
 """
 
 import torch
@@ -25,13 +25,19 @@ import triton.language as tl
 from .grouping import ContiguousRouting, MaskedRouting, compact_rows, masked_max_m
 from .triton_numerics import launch_options, wait_inputs
 
-ROUTE_SPAN = 4096
-"""Assignments per part of route_layout above 1024 (its grid: experts x parts). One program per
-expert over every assignment took 288 us at T=16384 on the H200 (benchmarks/RESULTS.md, run 11)."""
+ROUTE_SPAN = 128
+"""Assignments per program of route_layout, ranked at once (a SPAN x SPAN comparison)."""
 ONE_PASS = 1024
 """Assignments up to which route_layout counts them in each program: one launch."""
-PREFIX_BINS = 64
+PREFIX_BINS = 16
 """Experts per program of the prefix over parts."""
+PREFIX_PARTS = 256
+"""Parts the prefix adds per step."""
+RECORD_BINS = 16
+"""Experts per records program. One program for all 256 of DeepSeek-V3 took 33 us at T=256."""
+MASKED_RECORD_ROWS = 256
+"""Padding rows a masked layout's records program writes per expert and step (contiguous:
+block_m, all of them)."""
 
 # select_topk adds the split-K router's partial logits in order, loading this many at a time:
 # at T=1 the decode router leaves 28 slices, and one dependent load per slice made select wait
@@ -156,23 +162,30 @@ def _select_topk_kernel(
 
 
 @triton.jit
+def _part_counts(ids_ptr, a0, end, E, WIDTH: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Assignments per expert among ids a0 .. min(a0 + WIDTH, end) ([BLOCK_E] int32); ids
+    outside [0, E) count for none."""
+    offs = a0 + tl.arange(0, WIDTH)
+    ids = tl.load(ids_ptr + offs, mask=offs < end, other=-1)
+    valid = (ids >= 0) & (ids < E)
+    counts = tl.histogram(tl.where(valid, ids, 0), BLOCK_E)  # the others in bin 0, then removed
+    bins = tl.arange(0, BLOCK_E)
+    return counts - tl.where(bins == 0, tl.sum((~valid).to(tl.int32), axis=0), 0)
+
+
+@triton.jit
 def _route_count_kernel(
     ids_ptr,  # [A] int32
     part_counts_ptr,  # [PARTS, BLOCK_E] int32 out: assignments per expert in each part
     A,
     E,
-    SPAN,  # assignments per part, a multiple of BLOCK_A
-    BLOCK_A: tl.constexpr,
+    SPAN: tl.constexpr,  # assignments per part
     BLOCK_E: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
     part = tl.program_id(0)
-    counts = tl.zeros((BLOCK_E,), dtype=tl.int32)
-    for a0 in range(part * SPAN, tl.minimum(A, part * SPAN + SPAN), BLOCK_A):
-        offs = a0 + tl.arange(0, BLOCK_A)
-        ids = tl.load(ids_ptr + offs, mask=offs < A, other=E)  # E: a bin no expert reads
-        counts += tl.histogram(tl.where((ids >= 0) & (ids < E), ids, E), BLOCK_E)
+    counts = _part_counts(ids_ptr, part * SPAN, A, E, SPAN, BLOCK_E)  # one histogram
     tl.store(part_counts_ptr + part * BLOCK_E + tl.arange(0, BLOCK_E), counts)
 
 
@@ -217,73 +230,76 @@ def _route_layout_kernel(
     E,
     M,  # rows of the layout (contiguous: worst case; masked: E * max_m)
     MAX_M,  # masked: rows per expert
-    SPAN,  # assignments per part (program_id(1)), a multiple of BLOCK_A
+    PARTS,  # programs of assignments; the rest write the experts' records
     # meta-parameters
     LAYOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,  # contiguous row padding
-    BLOCK_A: tl.constexpr,
-    BLOCK_E: tl.constexpr,  # power of two > E
-    LOCAL_COUNTS: tl.constexpr,
+    SPAN: tl.constexpr,  # assignments per part (a power of two), ranked at once
+    BLOCK_E: tl.constexpr,  # power of two >= E
+    BINS: tl.constexpr,  # experts per records program
+    BLOCK_R: tl.constexpr,  # padding rows per step of a records program, a power of two
+    LOCAL_COUNTS: tl.constexpr,  # 0, or a power of two >= A: every program counts them all
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
-    expert = tl.program_id(0)
-    part = tl.program_id(1)
+    pid = tl.program_id(0)
     bins = tl.arange(0, BLOCK_E)
-    if LOCAL_COUNTS:  # A <= BLOCK_A: every program counts all assignments itself, one launch
-        offs = tl.arange(0, BLOCK_A)
-        ids = tl.load(ids_ptr + offs, mask=offs < A, other=E)  # E: a bin no expert reads
-        counts = tl.histogram(tl.where((ids >= 0) & (ids < E), ids, E), BLOCK_E)
-        counts = tl.where(bins < E, counts, 0)
+    if LOCAL_COUNTS:  # few assignments, one launch
+        counts = _part_counts(ids_ptr, 0, A, E, LOCAL_COUNTS, BLOCK_E)
+        before = _part_counts(ids_ptr, 0, tl.minimum(A, pid * SPAN), E, LOCAL_COUNTS, BLOCK_E)
     else:
-        counts = tl.load(all_counts_ptr + bins, mask=bins < E, other=0)
+        counts = tl.load(all_counts_ptr + bins)
+        part = tl.minimum(pid, PARTS - 1)  # records programs read the last part's, unused
+        before = tl.load(part_offsets_ptr + part * BLOCK_E + bins)
+    counts = tl.where(bins < E, counts, 0)
     if LAYOUT == "contiguous":
         padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-        start = tl.sum(tl.where(bins < expert, padded, 0), axis=0)
-        total = tl.sum(padded, axis=0)
+        start = tl.cumsum(padded, axis=0) - padded
     else:
-        start = expert * MAX_M
-        total = E * MAX_M
-    if expert == E:  # the extra programs: assignments of no expert, unused rows, num_rows
-        for a0 in range(part * SPAN, tl.minimum(A, part * SPAN + SPAN), BLOCK_A):
-            offs = a0 + tl.arange(0, BLOCK_A)
-            ids = tl.load(ids_ptr + offs, mask=offs < A, other=0)
-            tl.store(row_of_ptr + offs, -1, mask=(offs < A) & ((ids < 0) | (ids >= E)))
+        start = bins * MAX_M
+    if pid < PARTS:
+        # an assignment's row: its expert's start, plus the expert's assignments in earlier
+        # parts, plus those earlier in this part (a SPAN x SPAN comparison)
+        lane = tl.arange(0, SPAN)
+        offs = pid * SPAN + lane
+        ids = tl.load(ids_ptr + offs, mask=offs < A, other=-1)
+        mine = (ids >= 0) & (ids < E)
+        expert = tl.where(mine, ids, 0)
+        same = (expert[:, None] == expert[None, :]) & mine[None, :]
+        rank = tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
+        rows = tl.gather(start + before, expert, 0) + rank
+        tl.store(row_of_ptr + offs, tl.where(mine, rows, -1), mask=offs < A)
+        tl.store(token_of_row_ptr + rows, (offs // K).to(tl.int32), mask=mine)
+        if LAYOUT == "contiguous":
+            tl.store(m_indices_ptr + rows, expert, mask=mine)
+    else:  # the records of experts BINS * g ..: counts, starts, padding rows
+        g = pid - PARTS
+        group = g * BINS + tl.arange(0, BINS)
+        pick = bins[None, :] == group[:, None]
+        count = tl.sum(tl.where(pick, counts[None, :], 0), axis=1)
+        first = tl.sum(tl.where(pick, start[None, :], 0), axis=1)
+        tl.store(counts_ptr + group, count, mask=group < E)
+        if LAYOUT == "contiguous":
+            tl.store(starts_ptr + group, first.to(tl.int64), mask=group < E)
+            pad = tl.sum(tl.where(pick, padded[None, :], 0), axis=1)
+        else:
+            pad = tl.zeros((BINS,), dtype=tl.int32) + MAX_M
+        longest = tl.max(tl.where(group < E, pad - count, 0), axis=0)
+        for r0 in range(0, longest, BLOCK_R):  # rows count .. pad of each expert
+            j = count[:, None] + r0 + tl.arange(0, BLOCK_R)[None, :]
+            blank_rows = first[:, None] + j
+            blank = (j < pad[:, None]) & (group < E)[:, None]
+            tl.store(token_of_row_ptr + blank_rows, -1, mask=blank)
+            if LAYOUT == "contiguous":
+                tl.store(m_indices_ptr + blank_rows, -1, mask=blank)
         if LAYOUT == "contiguous":  # noqa: SIM102 (a constexpr test, then a runtime one)
-            if part == 0:
+            if g == 0:  # the number of rows, and the unused tail
+                total = tl.sum(padded, axis=0)
                 tl.store(num_rows_ptr, total)
-                for r0 in range(total, M, BLOCK_A):
-                    rows = r0 + tl.arange(0, BLOCK_A)
-                    tl.store(token_of_row_ptr + rows, -1, mask=rows < M)
-                    tl.store(m_indices_ptr + rows, -1, mask=rows < M)
-    else:
-        count = tl.sum(tl.where(bins == expert, counts, 0), axis=0)
-        if part == 0:  # the expert's own records, and its padding rows
-            tl.store(counts_ptr + expert, count)  # the layout's own [E] int32 copy
-            if LAYOUT == "contiguous":
-                tl.store(starts_ptr + expert, start.to(tl.int64))
-                end = start + tl.sum(tl.where(bins == expert, padded, 0), axis=0)
-            else:
-                end = start + MAX_M
-            for r0 in range(start + count, end, BLOCK_A):
-                rows = r0 + tl.arange(0, BLOCK_A)
-                tl.store(token_of_row_ptr + rows, -1, mask=rows < end)
-                if LAYOUT == "contiguous":
-                    tl.store(m_indices_ptr + rows, -1, mask=rows < end)
-        if LOCAL_COUNTS:
-            seen = 0
-        else:  # the expert's assignments in the parts before this one
-            seen = tl.load(part_offsets_ptr + part * BLOCK_E + expert)
-        for a0 in range(part * SPAN, tl.minimum(A, part * SPAN + SPAN), BLOCK_A):
-            offs = a0 + tl.arange(0, BLOCK_A)
-            mine = tl.load(ids_ptr + offs, mask=offs < A, other=-1) == expert
-            rank = seen + tl.cumsum(mine.to(tl.int32), axis=0) - 1
-            rows = start + rank
-            tl.store(row_of_ptr + offs, rows, mask=mine)
-            tl.store(token_of_row_ptr + rows, (offs // K).to(tl.int32), mask=mine)
-            if LAYOUT == "contiguous":
-                tl.store(m_indices_ptr + rows, expert, mask=mine)
-            seen += tl.sum(mine.to(tl.int32), axis=0)
+                for r0 in range(total, M, 1024):
+                    tail = r0 + tl.arange(0, 1024)
+                    tl.store(token_of_row_ptr + tail, -1, mask=tail < M)
+                    tl.store(m_indices_ptr + tail, -1, mask=tail < M)
 
 
 def select_topk(
@@ -364,58 +380,60 @@ def route_layout(
     max_m=0,
     pdl=False,
     span=ROUTE_SPAN,
+    one_pass=ONE_PASS,
 ):
     """Indices of the grouped layout for topk_ids [T, K] (int32), written in place:
     row_of [T, K], token_of_row [M], counts [E]; contiguous also m_indices [M], starts [E]
-    (int64) and num_rows [1]. See the comment above. span: assignments per part (a multiple
-    of 1024) when there are more than 1024."""
+    (int64) and num_rows [1]. See the comment above. span: assignments per part, a power of two
+    from 16 to 512; one_pass: the most assignments every program counts itself."""
     assignments = topk_ids.numel()
-    dummy = counts
-    block_e = triton.next_power_of_2(experts + 1)
-    block_a = 128 if assignments <= 128 else ONE_PASS
-    local_counts = assignments <= block_a
-    parts = 1
-    histogram = offsets = dummy
-    if local_counts:
-        span = block_a
-    else:  # counts per part, their prefix over parts, then every part at once
-        if span % block_a:
-            raise ValueError(f"span={span} is not a multiple of {block_a}")
-        parts = triton.cdiv(assignments, span)
+    if not 16 <= span <= 512 or span & (span - 1):
+        raise ValueError(f"span={span} is not a power of two from 16 to 512")
+    span = min(span, max(16, triton.next_power_of_2(assignments)))
+    parts = triton.cdiv(assignments, span)
+    block_e = triton.next_power_of_2(experts)
+    block_r = triton.next_power_of_2(block_m) if layout == "contiguous" else MASKED_RECORD_ROWS
+    bins = min(block_e, RECORD_BINS)
+    local_counts = max(16, triton.next_power_of_2(assignments)) if assignments <= one_pass else 0
+    histogram = offsets = counts  # not read when every program counts
+    if not local_counts:  # counts per part, their prefix over parts, then every part at once
         offsets = torch.empty((parts, block_e), dtype=torch.int32, device=topk_ids.device)
         histogram = torch.empty(block_e, dtype=torch.int32, device=topk_ids.device)
         _route_count_kernel[(parts,)](
-            topk_ids, offsets, assignments, experts, span,
-            BLOCK_A=block_a, BLOCK_E=block_e, num_warps=4, **launch_options(pdl),
+            topk_ids, offsets, assignments, experts,
+            SPAN=span, BLOCK_E=block_e, num_warps=4, **launch_options(pdl),
         )  # fmt: skip
-        bins = min(PREFIX_BINS, block_e)
-        _route_prefix_kernel[(block_e // bins,)](
+        prefix_bins = min(PREFIX_BINS, block_e)
+        _route_prefix_kernel[(block_e // prefix_bins,)](
             offsets, histogram, parts,
-            BLOCK_E=block_e, BLOCK_P=64, BINS=bins, num_warps=4, **launch_options(pdl),
+            BLOCK_E=block_e, BLOCK_P=PREFIX_PARTS, BINS=prefix_bins, num_warps=4,
+            **launch_options(pdl),
         )  # fmt: skip
-    _route_layout_kernel[(experts + 1, parts)](
+    _route_layout_kernel[(parts + triton.cdiv(experts, bins),)](
         # pointers
         topk_ids,
         histogram,
         offsets,
         row_of,
         token_of_row,
-        m_indices if m_indices is not None else dummy,
+        m_indices if m_indices is not None else counts,
         counts,
-        starts if starts is not None else dummy,
-        num_rows if num_rows is not None else dummy,
+        starts if starts is not None else counts,
+        num_rows if num_rows is not None else counts,
         # dims
         assignments,
         topk_ids.shape[1] if topk_ids.dim() == 2 else 1,
         experts,
         token_of_row.numel(),
         max_m,
-        span,
+        parts,
         # meta-parameters
         LAYOUT=layout,
         BLOCK_M=block_m,
-        BLOCK_A=block_a,
+        SPAN=span,
         BLOCK_E=block_e,
+        BINS=bins,
+        BLOCK_R=block_r,
         LOCAL_COUNTS=local_counts,
         num_warps=4,
         **launch_options(pdl),

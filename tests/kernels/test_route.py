@@ -150,14 +150,15 @@ def torch_route(topk_ids, experts, layout, block_m, spare=0):
 @pytest.mark.parametrize(
     "tokens, experts, top_k, span",
     [
-        (1, 16, 4, 4096),  # counts in each program, one tile of 128 assignments
-        (37, 16, 4, 4096),
-        (256, 20, 4, 4096),  # 1024 assignments: the most counted in each program
-        (300, 40, 3, 4096),
-        (400, 12, 3, 4096),  # 1200: counted first, in one part
-        (1000, 12, 3, 1024),  # 3000 in three parts (the last one short)
-        (1500, 10, 3, 4096),  # 4500 in two parts of the default span
-        (0, 8, 2, 4096),
+        (1, 16, 4, 128),  # counted in each program, one part of 16
+        (37, 16, 4, 16),  # ten parts of 16
+        (256, 20, 4, 128),  # 1024 assignments: the most counted in each program
+        (300, 40, 3, 64),
+        (400, 12, 3, 512),  # 1200: counted first, in three parts
+        (1000, 12, 3, 128),  # 3000 in 24 parts (the last one short)
+        (1500, 10, 3, 512),  # 4500 in nine parts
+        (600, 256, 8, 128),  # as many experts as bins: no bin spare for other ids
+        (0, 8, 2, 128),
     ],
 )
 def test_route_layout(layout, tokens, experts, top_k, span):
@@ -213,13 +214,14 @@ def test_route_layout(layout, tokens, experts, top_k, span):
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
-@pytest.mark.parametrize("tokens, span", [(30, 4096), (700, 1024)])  # one launch; three parts
-def test_route_layout_ids_of_no_expert(layout, tokens, span):
+@pytest.mark.parametrize("experts", [12, 16])  # a power of two: no bin spare for other ids
+@pytest.mark.parametrize("tokens, span", [(30, 128), (700, 128)])  # one launch; 17 parts
+def test_route_layout_ids_of_no_expert(layout, tokens, span, experts):
     """Expert parallelism: a received row's ids of other ranks' experts (-1, or past E) get no
     row (row_of -1) and count for no expert; the other assignments are laid out as if those
     were absent. The Triton kernels and the torch runtime agree with the reference."""
     kernels = load()
-    experts, top_k, block_m = 12, 3, 16
+    top_k, block_m = 3, 16
     gen = torch.Generator().manual_seed(tokens)
     ids = torch.stack([torch.randperm(2 * experts, generator=gen)[:top_k] for _ in range(tokens)])
     ids = torch.where(ids < experts, ids, torch.where(ids % 2 == 0, -1, ids)).to(torch.int32)
