@@ -85,17 +85,17 @@ def layout(name: str):
     routing = route(tokens=10, topk=2, experts=4, block_m=16)
     if name == "contiguous":
         m_indices = routing.m_indices
-        return make_h(len(m_indices)), {"m_indices": m_indices}, m_indices >= 0
+        return make_h(len(m_indices)), {"row_of": routing.row_of}, m_indices >= 0
     if name == "masked":
         experts, max_m = 4, routing.max_m
         h = make_h(experts * max_m).view(experts, max_m, 2 * WIDTH)
         valid = torch.arange(max_m)[None, :] < routing.masked_m[:, None]
         return h, {"masked_m": routing.masked_m}, valid.flatten()
-    if name == "num_rows":  # contiguous, with a device-side count of rows in use
-        m_indices = routing.m_indices
-        valid = (m_indices >= 0) & (torch.arange(len(m_indices)) < 20)
-        kwargs = {"m_indices": m_indices, "num_rows": torch.tensor([20], dtype=torch.int32)}
-        return make_h(len(m_indices)), kwargs, valid
+    if name == "no_expert":  # contiguous, some assignments without a row (expert parallelism)
+        row_of = torch.where(routing.topk_ids % 2 == 0, routing.row_of, -1)
+        valid = torch.zeros(len(routing.m_indices), dtype=torch.bool)
+        valid[row_of[row_of >= 0].long()] = True
+        return make_h(len(valid)), {"row_of": row_of}, valid
     return make_h(24), {}, torch.ones(24, dtype=torch.bool)  # dense
 
 
@@ -141,7 +141,7 @@ def test_activation(kind, mode, rows):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("rows", ["contiguous", "masked", "num_rows", "dense"])
+@pytest.mark.parametrize("rows", ["contiguous", "masked", "no_expert", "dense"])
 def test_quant_exact(mode, rows):
     """With out = gate * up (exact in fp32) the outputs equal the definition bit for bit."""
     kernels = load_lines(("out = gate * up",))
@@ -189,8 +189,7 @@ def test_static_tensor_scale():
 def test_no_rows(mode):
     kernels = load()
     h = torch.empty(0, 2 * WIDTH, dtype=torch.bfloat16)
-    m_indices = torch.empty(0, dtype=torch.int32)
-    out, scale = launch(kernels, h, mode, {"m_indices": m_indices})
+    out, scale = launch(kernels, h, mode, {"row_of": torch.empty(0, 2, dtype=torch.int32)})
     assert out.shape == (0, WIDTH)
     if mode == "tensor":  # amax over no rows is 0, floored at 1e-10
         assert torch.equal(scale, torch.tensor([1e-10]) / 448)
