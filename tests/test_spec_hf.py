@@ -241,6 +241,12 @@ def test_init_per_tensor_fp8(tmp_path, capsys):
         ({"model_type": None}, "model_type = None"),
         ({"hidden_size": None}, "hidden_size: is missing"),
         ({"quantization_config": {"quant_method": "awq"}}, "quantization_config.quant_method"),
+        (
+            {"quantization_config": {"quant_method": "not_mxfp8"}},
+            "quantization_config.quant_method",
+        ),
+        ({"scoring_func": ""}, 'router.scoring_func = ""'),
+        ({"topk_method": ""}, 'router.topk_method = ""'),
         ({"quantization_config": "fp8"}, "quantization_config"),
         ({"n_group": 7}, "router.n_group = 7"),
         ({"scoring_func": "softmax"}, 'router.scoring_func = "softmax"'),

@@ -171,12 +171,14 @@ def _model_from(reader: ConfigReader) -> dict[str, Any]:
 
 def _router_from(reader: ConfigReader, is_v2: bool) -> dict[str, Any]:
     """The router keys; a key left out (or null) takes the default of its model type."""
-    router = {
-        "scoring_func": reader.text("scoring_func", "router.scoring_func")
-        or ("softmax" if is_v2 else "sigmoid"),
-        "topk_method": reader.text("topk_method", "router.topk_method")
-        or ("greedy" if is_v2 else "noaux_tc"),
+    defaults = {
+        "scoring_func": "softmax" if is_v2 else "sigmoid",
+        "topk_method": "greedy" if is_v2 else "noaux_tc",
     }
+    router: dict[str, Any] = {}
+    for key, default in defaults.items():  # "" stays, for the spec's rules to report
+        value = reader.text(key, f"router.{key}")
+        router[key] = default if value is None else value
     for key in ("n_group", "topk_group"):
         value = reader.integer(key, f"router.{key}")
         router[key] = 1 if value is None else value
@@ -212,7 +214,7 @@ def _quant_from(reader: ConfigReader) -> dict[str, Any]:
         return {"scheme": "bf16"}  # reported, or overridden by --set
     # activation_scheme as written, when written: the rules say what each scheme takes
     written = {"activation_scheme": activation} if activation is not None else {}
-    if "mxfp8" in method:
+    if method == "mxfp8":
         return {"scheme": "mxfp8", **written, "checkpoint": "quantized"}
     if method == "fp8" and (block or reader.overridden("quant.weight_block")):
         block = block or [128, 128]  # the --set value replaces it
