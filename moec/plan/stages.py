@@ -156,11 +156,6 @@ class Activation(Stage):
     """Quantization of the output for the down GEMM, fused in (the fuse pass), or None."""
     mn_major_scales: bool = False
     """The fused quantization writes its scales MN-major, TMA-aligned (what DeepGEMM reads)."""
-    buffer: DeepEPBuffer | None = None
-    """DeepEP modes: the buffer each rank allocates for dispatch and combine."""
-    one_launch: int = 0
-    """Assignments up to which a Triton dispatch writes the indices and the rows in one launch
-    (contiguous, local); 0: never."""
 
 
 @dataclass(frozen=True, kw_only=True)
