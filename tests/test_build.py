@@ -248,6 +248,28 @@ def test_spec_strings_are_inert(tmp_path, load_layer):
     assert not marker.exists()
 
 
+def test_paths_from_the_environment_are_inert(tmp_path, monkeypatch):
+    """A tuning folder whose path tries to break out of the tiles docstring (the path is named
+    there: "looked in ...") leaves the generated files plain text: each parses to the same
+    module whatever the path, nothing runs on import, and the path is still shown."""
+    marker = tmp_path / "pwned"
+    folder = tmp_path / f'x"""\n__import__("os").system("touch {marker}")\nX = """\\'
+    monkeypatch.setenv("MOEC_TUNING_DIR", str(folder))
+    out = tmp_path / "out"
+    spec = EXAMPLES / "deepseek-v3-fp8.toml"  # hidden 4096: a layer no shipped table holds
+    assert main(["build", str(spec), "-o", str(out), "--set", "model.hidden_size=4096"]) == 0
+    package = next(path for path in out.iterdir() if path.is_dir())
+    tiles = (package / "tiles.py").read_text()
+    assert "looked in" in tiles and "touch" in tiles  # the path is shown, as text
+    for path in package.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+        assert not any(getattr(call.func, "id", "") == "__import__" for call in calls), path
+    command = [sys.executable, "-c", f"import {package.name}.tiles"]
+    subprocess.run(command, cwd=out, check=True)
+    assert not marker.exists()
+
+
 def toml_string(value: str) -> str:
     escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{escaped}"'

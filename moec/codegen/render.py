@@ -1,7 +1,9 @@
 """The Jinja environment: strict, no autoescape, and filters that keep spec values inert.
 
 Spec strings reach generated code only through `lit` (a Python literal of a plain value) or
-`ident` (an ASCII identifier that is not a keyword); anything else is a build error.
+`ident` (an ASCII identifier that is not a keyword); anything else is a build error. Text in a
+docstring goes through `prose`, which leaves it no way to end or change the string: it can
+name a path from the environment (the tuned table a layer's tiles came from).
 """
 
 from __future__ import annotations
@@ -46,6 +48,16 @@ def identifier(value: Any) -> str:
     return value
 
 
+def prose(value: Any) -> str:
+    """Text for the inside of a triple-quoted docstring: double quotes become single ones (no
+    run of them can close the string), backslashes are escaped, control characters other than
+    newline and tab become "?"."""
+    if not isinstance(value, str):
+        raise TypeError(f"not text for a docstring: {type(value).__name__}")
+    text = value.replace("\\", "\\\\").replace('"', "'")
+    return "".join(c if c >= " " or c in "\n\t" else "?" for c in text)
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
@@ -57,6 +69,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters["lit"] = literal
     env.filters["ident"] = identifier
+    env.filters["prose"] = prose
     return env
 
 
