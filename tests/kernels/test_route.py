@@ -158,6 +158,8 @@ def torch_route(topk_ids, experts, layout, block_m, spare=0):
         (1000, 12, 3, 128),  # 3000 in 24 parts (the last one short)
         (1500, 10, 3, 512),  # 4500 in nine parts
         (600, 256, 8, 128),  # as many experts as bins: no bin spare for other ids
+        (100, 257, 9, 128),  # DeepSeek-V3 with its shared expert fused: 900 counted in each
+        (200, 257, 9, 128),  # program, then 1800 counted first; 17 records programs
         (0, 8, 2, 128),
     ],
 )
