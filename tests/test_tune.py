@@ -245,6 +245,49 @@ def test_tune_writes_the_local_gpus_table_and_says_how_builds_use_it(fake_h100, 
     assert "fp8_block/H7168/I2048/E256/K8" in json.loads(table.read_text())
 
 
+def test_tune_output_is_checked_before_measuring_and_never_a_users_file(
+    fake_h100, capsys, monkeypatch
+):
+    """-o may name a new file or a table moec tune wrote; a user's file, a link or a folder is
+    refused before the minutes of measuring, and left as it is."""
+    spec = str(EXAMPLES / "deepseek-v3-fp8.toml")
+    notes = fake_h100 / "notes.json"
+    notes.write_text('{"my_notes": "keep"}')
+    link = fake_h100 / "link.json"
+    link.symlink_to(notes)
+    measured = command.tune_layer
+    monkeypatch.setattr(command, "tune_layer", lambda *args: pytest.fail("measured"))
+    for out, says in [
+        (str(notes), "was not written by moec"),
+        (str(link), "symbolic link"),
+        (str(fake_h100), "is a folder"),
+        ("", '-o = "": is empty'),
+    ]:
+        assert main(["tune", spec, "-o", out]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, err
+    assert notes.read_text() == '{"my_notes": "keep"}' and link.is_symlink()
+    # a table moec tune wrote is added to
+    monkeypatch.setattr(command, "tune_layer", measured)
+    table = fake_h100 / "mine.json"
+    table.write_text(json.dumps({"bf16/H1/I1/E1/K1": [{"kept": True}]}))
+    assert main(["tune", spec, "--set", "target.max_num_tokens=256", "-o", str(table)]) == 0
+    assert set(json.loads(table.read_text())) >= {"bf16/H1/I1/E1/K1"}
+
+
+def test_tune_does_not_write_through_a_file_at_a_staging_name(fake_h100, capsys):
+    """A link where an older moec staged its table (.<table>.tmp) is not followed."""
+    victim = fake_h100 / "victim.txt"
+    victim.write_text("a user's file")
+    staging = fake_h100 / ".nvidia-h100-80gb-hbm3.json.tmp"
+    staging.symlink_to(victim)
+    spec = str(EXAMPLES / "deepseek-v3-fp8.toml")
+    assert main(["tune", spec, "--set", "target.max_num_tokens=256"]) == 0
+    table = fake_h100 / "nvidia-h100-80gb-hbm3.json"
+    assert victim.read_text() == "a user's file" and staging.is_symlink()
+    assert not table.is_symlink() and "fp8_block/H7168/I2048/E256/K8" in table.read_text()
+
+
 @pytest.mark.parametrize(
     ("example", "overrides", "says"),
     [

@@ -278,7 +278,7 @@ def write_bytes(
     check_limits(path.parent, [path.name, f".{path.name}{_STAGING_TAG}xxxxxxxx"])
     try:
         parent = make_folder(path.parent) if make_parents else _existing_folder(path.parent)
-        _refuse_unless_moec_file(path, written_by_moec)
+        refuse_unless_moec_file(path, written_by_moec)
         temporary = parent / f".{path.name}{_STAGING_TAG}{secrets.token_hex(4)}"
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
@@ -305,7 +305,10 @@ def _existing_folder(folder: Path) -> Path:
     return folder
 
 
-def _refuse_unless_moec_file(path: Path, written_by_moec: Callable[[bytes], bool]) -> None:
+def refuse_unless_moec_file(path: Path, written_by_moec: Callable[[bytes], bool]) -> None:
+    """MoecError (usage) unless `path` is absent or a regular file that `written_by_moec`
+    recognizes: what write_bytes may replace. Callers that work long before they write ask
+    first."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:

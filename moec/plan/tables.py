@@ -23,6 +23,7 @@ from typing import Any
 
 from moec.errors import MoecError, problem
 from moec.plan.layer import Layer
+from moec.spec.loader import read_user_text
 
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 SHIPPED_TABLES = {"nvidia-h200": "h200.json"}
@@ -184,15 +185,34 @@ def shown(path: Path) -> str:
     return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
 
 
+TABLE_KEY = re.compile(r"(?:(?:elementwise|backends)/)?[a-z0-9_]+/H\d+/I\d+/E\d+/K\d+")
+"""An entry's key in a tuned table (layer_key, or its elementwise/ and backends/ forms)."""
+
+
 def read_table(path: Path, where: str) -> dict[str, Any]:
-    """The entries of the table at `path` (a JSON object); MoecError when it is not one."""
+    """The entries of the table at `path` (a JSON object); MoecError when it is not one (a
+    fifo or a file over 4 MiB is not read)."""
     try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
+        entries = json.loads(read_user_text(path))
     except (OSError, ValueError) as error:
         raise _table_error(where, f"cannot be read: {error}") from None
     if not isinstance(entries, dict):
         raise _table_error(where, "is not a JSON object of layer keys")
     return entries
+
+
+def is_tuned_table(data: bytes) -> bool:
+    """Whether `data` is a table `moec tune` writes: a JSON object of layer keys only, which
+    moec may rewrite. Any other file is the user's."""
+    try:
+        entries = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return False
+    return (
+        isinstance(entries, dict)
+        and bool(entries)
+        and all(TABLE_KEY.fullmatch(key) for key in entries)
+    )
 
 
 def _table_error(where: str, what: str) -> MoecError:

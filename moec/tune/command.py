@@ -8,18 +8,25 @@ nvidia-h100-80gb-hbm3), merged with the other layers' entries already there, or 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TextIO
 
 import torch
 
 import moec
+from moec.codegen.write import refuse_unless_moec_file, write_bytes
 from moec.counts import whole_numbers
 from moec.errors import MoecError, problem
 from moec.plan import plan_loaded
 from moec.plan.layer import Layer
-from moec.plan.tables import gpu_name, read_table, shown, target_gpu, user_tuning_dir
+from moec.plan.tables import (
+    gpu_name,
+    is_tuned_table,
+    read_table,
+    shown,
+    target_gpu,
+    user_tuning_dir,
+)
 from moec.spec import LoadedSpec, load_spec
 from moec.spec.rules import ARCH_NUMBER
 from moec.tune.measure import Timer
@@ -41,6 +48,8 @@ def tune_spec(
     Progress goes to `stream` (default stderr)."""
     loaded = load_spec(path, [*overrides, "experts.gemm_backend=triton"])
     buckets = _token_list(tokens, loaded.spec.target.max_num_tokens)
+    if out is not None:
+        _check_output(out)  # before the measuring, which takes minutes
     device_name = _local_gpu(loaded)
     gpu = gpu_name(device_name)
     layer = plan_loaded(loaded).layer
@@ -50,7 +59,7 @@ def tune_spec(
     progress.line(f"moec tune: {loaded.spec.name} on {device_name}, {len(buckets)} buckets")
     tuned = tune_layer(package, layer, search, "cuda", Timer("cuda"), progress)
     progress.finish()
-    target = Path(out) if out else user_tuning_dir() / f"{gpu}.json"
+    target = Path(out) if out is not None else user_tuning_dir() / f"{gpu}.json"
     write_table(target, tuned)
     return (
         f"wrote {shown(target)}: {tuned.key}, {len(tuned.buckets)} bucket"
@@ -59,15 +68,26 @@ def tune_spec(
     )
 
 
+def _check_output(out: str) -> None:
+    """-o names a new file, or a table `moec tune` wrote (which it adds to)."""
+    if not out:
+        raise MoecError(
+            [problem("-o", "is empty", "a file path, e.g. -o h200.json", value="")],
+            "moec tune",
+            kind="usage",
+        )
+    refuse_unless_moec_file(Path(out), is_tuned_table)
+
+
 def write_table(path: Path, tuned: TunedLayer) -> None:
-    """Put the layer's entries into the table at `path`, keeping its other entries; atomic."""
+    """Put the layer's entries into the table at `path`, keeping its other entries; atomic,
+    and only over a table `moec tune` wrote (codegen.write.write_bytes)."""
+    refuse_unless_moec_file(path, is_tuned_table)
     entries = read_table(path, shown(path)) if path.exists() else {}
     entries[tuned.key] = tuned.buckets
     entries[f"elementwise/{tuned.key}"] = tuned.elementwise
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
-    os.replace(staging, path)
+    data = (json.dumps(entries, indent=2) + "\n").encode("utf-8")
+    write_bytes(path, data, is_tuned_table, make_parents=True)
 
 
 def build_note(written: Path, gpu: str, layer: Layer) -> str:
