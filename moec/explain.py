@@ -15,7 +15,7 @@ from moec import picture
 from moec.codegen.write import write_bytes
 from moec.counts import whole_numbers
 from moec.errors import MoecError, problem
-from moec.picture import WRITTEN_BY
+from moec.picture import WRITTEN_BY, is_marked_picture
 from moec.plan import device_for, plan_loaded
 from moec.plan.export import plan_data
 from moec.spec import load_spec
@@ -76,14 +76,14 @@ def explain(
 
 def is_explain_output(head: bytes) -> bool:
     """Whether a file starting with `head` is an output of `moec explain`, which `-o` may
-    replace: the text and json plans and the support matrix by their first line, the others by
-    their WRITTEN_BY mark."""
+    replace: the text and json plans and the support matrix by their first line, the pictures
+    by their WRITTEN_BY mark where explain puts it (picture.is_marked_picture)."""
     first = head.split(b"\n", 1)[0]
     if re.fullmatch(rb"moec \S+ plan for .*", first) or head.startswith(b'{\n  "moec_version"'):
         return True
     if first.startswith(b"Support matrix, generated from moec's rules"):  # --matrix
         return True
-    return WRITTEN_BY.encode() in head[:4096]
+    return is_marked_picture(head)
 
 
 def write(output: str | bytes, out: str | None) -> None:

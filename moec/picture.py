@@ -67,6 +67,28 @@ WRITTEN_BY = "written by moec explain"
 that `moec explain -o` replaces only its own earlier output."""
 
 
+def is_marked_picture(head: bytes) -> bool:
+    """Whether a file starting with `head` is a picture explain wrote: its WRITTEN_BY mark
+    where explain puts it (dot and mermaid: the second line; svg, ours or Graphviz's: a comment
+    line of its own in the first 4 KiB; png: the tEXt chunk after the header), not the phrase
+    anywhere, which a user's page may quote."""
+    mark = WRITTEN_BY.encode()
+    if head.startswith(b"\x89PNG"):
+        return head[_PNG_HEADER_END + 4 :].startswith(b"tEXtSoftware\0" + mark)
+    lines = head[:4096].split(b"\n")
+    second = lines[1] if len(lines) > 1 else b""
+    if lines[0].startswith(b"digraph "):
+        return second == b'  comment="' + mark + b'";'
+    if lines[0].startswith(b"flowchart "):
+        return second == b"  %% " + mark
+    if lines[0].startswith((b"<svg ", b"<?xml ")):  # Graphviz writes the comment lower down
+        return b"<!-- " + mark + b" -->" in (line.strip() for line in lines)
+    return False
+
+
+_PNG_HEADER_END = 8 + 25  # signature, then IHDR: length, type, 13 bytes, crc
+
+
 def _marked_png(png: bytes) -> bytes:
     """`png` with a tEXt chunk "Software: written by moec explain" after its header chunk
     (anything that does not start as a PNG does is returned as it is)."""
@@ -74,8 +96,7 @@ def _marked_png(png: bytes) -> bytes:
         return png
     body = b"tEXt" + b"Software\0" + WRITTEN_BY.encode()
     chunk = struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body))
-    header_end = 8 + 25  # signature, then IHDR: length, type, 13 bytes, crc
-    return png[:header_end] + chunk + png[header_end:]
+    return png[:_PNG_HEADER_END] + chunk + png[_PNG_HEADER_END:]
 
 
 def render(data: dict[str, Any], fmt: str, dot_text: str) -> str | bytes:

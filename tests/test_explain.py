@@ -655,3 +655,20 @@ def test_flops_always_carry_a_unit(capsys):
     assert re.search(r", \d+\.\d kF, floor", row), row
     select = next(line for line in text.splitlines() if line.strip().startswith("select "))
     assert " 0 F " in select
+
+
+@pytest.mark.parametrize("fmt", ["dot", "mermaid", "svg"])
+def test_a_page_quoting_the_mark_is_the_users(tmp_path, capsys, fmt):
+    """explain -o recognizes its pictures by the mark where it puts it, not by the phrase
+    anywhere: a user's notes quoting "written by moec explain" are left as they are, while
+    explain's own earlier picture is replaced."""
+    spec = str(EXAMPLES / "tiny-cpu.toml")
+    notes = tmp_path / f"notes.{fmt}"
+    text = "# My notes\n\nThe diagram below was written by moec explain; my text follows.\n"
+    notes.write_text(text)
+    assert main(["explain", spec, "--format", fmt, "-o", str(notes)]) == 2
+    assert "was not written by moec" in capsys.readouterr().err
+    assert notes.read_text() == text
+    ours = tmp_path / f"plan.{fmt}"
+    assert main(["explain", spec, "--format", fmt, "-o", str(ours)]) == 0
+    assert main(["explain", spec, "--format", fmt, "-o", str(ours), "--tokens", "4"]) == 0
