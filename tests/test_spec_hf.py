@@ -338,3 +338,17 @@ def test_init_not_utf8(tmp_path, capsys):
     code, _, err = init(capsys, "--from-hf", str(config_path))
     assert code == 2
     assert err.startswith(f"{config_path}: --from-hf: not UTF-8 text")
+
+
+def test_init_replaces_its_own_spec_but_not_one_edited_since(tmp_path, capsys):
+    """The README's way is init, then edit: running init again must not throw the edits away.
+    An unedited spec init wrote is replaced; an edited one is the user's."""
+    config_path = write_config(tmp_path, DEEPSEEK_V3)
+    spec_path = tmp_path / "spec.toml"
+    assert init(capsys, "--from-hf", str(config_path), "-o", str(spec_path))[0] == 0
+    assert init(capsys, "--from-hf", str(config_path), "-o", str(spec_path))[0] == 0
+    edited = spec_path.read_text() + 'description = "tuned by hand"\n'
+    spec_path.write_text(edited)
+    code, _, err = init(capsys, "--from-hf", str(config_path), "-o", str(spec_path))
+    assert code == 2 and "was not written by moec" in err and "Traceback" not in err
+    assert spec_path.read_text() == edited

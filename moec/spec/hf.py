@@ -6,6 +6,7 @@ so an imported config that moec cannot run is reported the same way.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -19,7 +20,9 @@ from moec.spec.loader import apply_overrides, check_raw, read_user_text
 
 _KNOWN_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 INIT_MARK = "# Written by `moec init --from-hf`"
-"""The second line of every spec `moec init` writes (the first is the #:schema line)."""
+"""The start of the second line of every spec `moec init` writes (the first is the #:schema
+line); the line ends with the digest of the lines below it, so that an edited spec is the
+user's."""
 _DTYPES = ("bfloat16", "float16", "float32")
 _TABLE_ORDER = ("model", "router", "quant", "activation", "experts", "parallel", "target")
 
@@ -50,8 +53,18 @@ def spec_from_hf(
 
 
 def written_by_init(data: bytes) -> bool:
-    """Whether a file's bytes are a spec `moec init` wrote (which `init -o` may replace)."""
-    return INIT_MARK.encode() in b"\n".join(data.split(b"\n", 2)[:2])
+    """Whether a file's bytes are a spec `moec init` wrote and nobody has edited since (which
+    `init -o` may replace): its second line is INIT_MARK's, ending with the digest of the lines
+    after it, and they still have that digest."""
+    lines = data.split(b"\n", 2)
+    if len(lines) < 3 or not lines[1].startswith(INIT_MARK.encode()):
+        return False
+    found = re.search(rb"lines below: sha256 ([0-9a-f]{16})\.$", lines[1])
+    return bool(found) and found.group(1).decode() == _digest(lines[2])
+
+
+def _digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()[:16]
 
 
 def _config_file(path: Path) -> Path:
@@ -235,11 +248,7 @@ def _name_from(reader: ConfigReader) -> str:
 
 
 def _to_toml(raw: dict[str, Any], config_name: str, model_type: str, schema: str) -> str:
-    out = [
-        f"#:schema {schema}",
-        f"{INIT_MARK} from {json.dumps(config_name)} (model_type {model_type}).",
-        f"name = {_value(raw['name'])}",
-    ]
+    out = [f"name = {_value(raw['name'])}"]
     out.extend(  # top-level keys other than name and the tables: from --set (description)
         f"{key} = {_value(value)}"
         for key, value in raw.items()
@@ -250,7 +259,12 @@ def _to_toml(raw: dict[str, Any], config_name: str, model_type: str, schema: str
             out.append("")
             out.append(f"[{table}]")
             out.extend(f"{key} = {_value(value)}" for key, value in raw[table].items())
-    return "\n".join(out) + "\n"
+    body = "\n".join(out) + "\n"
+    mark = (
+        f"{INIT_MARK} from {json.dumps(config_name)} (model_type {model_type}); "
+        f"lines below: sha256 {_digest(body.encode())}."
+    )
+    return f"#:schema {schema}\n{mark}\n{body}"
 
 
 def _value(value: Any) -> str:
