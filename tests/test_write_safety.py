@@ -371,3 +371,14 @@ def test_refused_build_from_a_real_process_prints_no_traceback(tmp_path):
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert (tmp_path / "tiny_cpu" / "notes.txt").read_text() == "mine"
+
+
+def test_build_makes_nothing_in_the_working_folder(tmp_path):
+    """moec writes only where it is asked: no tool cache (ruff's) in the folder it runs in,
+    which may not even be writable."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    spec = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.toml"
+    command = [sys.executable, "-m", "moec", "build", str(spec), "-o", str(tmp_path / "out")]
+    subprocess.run(command, cwd=cwd, check=True, capture_output=True)
+    assert list(cwd.iterdir()) == []

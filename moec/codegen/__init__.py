@@ -107,11 +107,13 @@ def format_python(sources: dict[str, str]) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="moec-format-") as folder:
         for name, source in rendered.items():
             (Path(folder) / name).write_text(source, encoding="utf-8")
-        for command in (
-            ["check", "--isolated", "--select", "I", "--fix", "--quiet", folder],
-            ["format", "--isolated", "--quiet", folder],
+        for command in (  # no cache: ruff writes it in its working folder, the user's
+            ["check", "--isolated", "--no-cache", "--select", "I", "--fix", "--quiet", folder],
+            ["format", "--isolated", "--no-cache", "--quiet", folder],
         ):
-            result = subprocess.run([ruff, *command], capture_output=True, text=True, check=False)
+            result = subprocess.run(
+                [ruff, *command], capture_output=True, text=True, check=False, cwd=folder
+            )
             if result.returncode != 0:
                 raise RuntimeError(f"generated code does not parse (a moec bug):\n{result.stderr}")
         formatted = {name: (Path(folder) / name).read_text(encoding="utf-8") for name in rendered}
