@@ -402,3 +402,25 @@ def test_matrix_out_and_init_out_dash(capsys, tmp_path):
     config.write_text(json.dumps(CONFIG))
     code, printed, _ = cli(capsys, "init", "--from-hf", str(config), "-o", "-")
     assert code == 0 and 'name = "deepseek_v3"' in printed and not Path("-").exists()
+
+
+def test_bytes_that_are_not_utf8_on_the_command_line(tmp_path):
+    """A --set value holding bytes that are not UTF-8 is a usage error (it validated, then the
+    build crashed writing spec.toml); a spec file whose name is not UTF-8 builds, its name
+    escaped in spec.toml's comment."""
+    spec = os.fsencode(EXAMPLES / "tiny-cpu.toml")
+    moec = [sys.executable, "-m", "moec"]
+    bad = ["--set", b"description=caf\xe9"]
+    for command in ([*moec, "validate", spec, *bad], [*moec, "build", spec, *bad, "-o", tmp_path]):
+        done = subprocess.run(command, capture_output=True)
+        assert done.returncode == 2 and b"is not UTF-8 text" in done.stderr, done.stderr
+        assert b"Traceback" not in done.stderr
+    odd = os.path.join(os.fsencode(tmp_path), b"spec-\xe9.toml")
+    with open(odd, "wb") as handle:
+        handle.write((EXAMPLES / "tiny-cpu.toml").read_bytes())
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [*moec, "build", odd, "-o", out, "--set", "description=x"], capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "spec-\\udce9.toml" in (out / "tiny_cpu" / "spec.toml").read_text()

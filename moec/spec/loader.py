@@ -196,6 +196,14 @@ def _sorted(found: list[Problem]) -> list[Problem]:
 def parse_override(item: str) -> tuple[str, Any]:
     """`KEY=VALUE` with one TOML value; a bare word that is not TOML is taken as a string, but a
     value that starts like a TOML string, array or table must be one."""
+    if not item.isascii():
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:  # bytes of the command line that are not UTF-8
+            raise MoecError(
+                [problem("--set", "is not UTF-8 text", "KEY=VALUE in UTF-8", value=item)],
+                kind="usage",
+            ) from None
     key, sep, value = item.partition("=")
     key = key.strip()
     if not sep or not key or not all(part.isidentifier() for part in key.split(".")):

@@ -17,9 +17,11 @@ _LINE_BREAKING = {"\u2028", "\u2029", "\x85"}  # break a line for editors and st
 
 def _needs_escape(char: str) -> bool:
     """What TOML forbids raw in basic strings and comments (controls but tab, DEL), plus the
-    characters other tools take for line breaks."""
+    characters other tools take for line breaks, and lone surrogates (UTF-8 cannot hold
+    them)."""
     code = ord(char)
-    return (code < 0x20 and char != "\t") or code == 0x7F or char in _LINE_BREAKING
+    surrogate = 0xD800 <= code <= 0xDFFF  # a file name's bytes that are not UTF-8
+    return (code < 0x20 and char != "\t") or code == 0x7F or char in _LINE_BREAKING or surrogate
 
 
 def one_line(text: str) -> str:
