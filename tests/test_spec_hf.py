@@ -253,6 +253,8 @@ def test_init_per_tensor_fp8(tmp_path, capsys):
         ({"num_experts_per_tok": 300}, "model.num_experts_per_tok = 300"),
         ({"hidden_size": "7168"}, 'hidden_size = "7168": is a string, not an integer'),
         ({"routed_scaling_factor": -1.0}, "router.routed_scaling_factor = -1.0"),
+        ({"routed_scaling_factor": 10**400}, "routed_scaling_factor = 1000"),  # over a float
+        ({"swiglu_limit": 10**400}, "swiglu_limit = 1000"),
         (
             {"quantization_config": {**FP8, "weight_block_size": [128, 128, 128]}},
             "quant.weight_block",

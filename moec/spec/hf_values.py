@@ -9,6 +9,7 @@ becomes, a wrong value there is dropped instead: the override replaces it.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,7 +109,9 @@ def _is_integer(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return (_is_integer(value) or isinstance(value, float)) and math.isfinite(value)
+    if _is_integer(value):  # one too large for a float is not a number a config means
+        return abs(value) <= sys.float_info.max
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _is_bool(value: Any) -> bool:
@@ -131,7 +134,9 @@ def _json_type(value: Any) -> str:
     """The JSON name of a parsed value's type."""
     if isinstance(value, bool):
         return "boolean"
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        return "number" if abs(value) <= sys.float_info.max else "number too large for a float"
+    if isinstance(value, float):
         return "number" if math.isfinite(value) else "non-finite number"
     if isinstance(value, str):
         return "string"
