@@ -47,6 +47,21 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
         )
     _check_bound(loaded, tokens)
     package = moec.load(loaded)
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if device == "cpu" and "triton" in package.PLAN["choices"]["requires"] and not interpreted:
+        raise MoecError(
+            [
+                problem(
+                    "target.device",
+                    "this layer's Triton kernels run on a CPU only interpreted",
+                    "set TRITON_INTERPRET=1 in the environment, or --set "
+                    "experts.gemm_backend=torch",
+                    value="cpu",
+                )
+            ],
+            loaded.source,
+            kind="usage",
+        )
     compared = package.PLAN["choices"]["gemm_backend"] != "torch"
     _check_memory(loaded, tokens, layers=2 if compared else 1)
     layer = _layer(package, device, weights, prefix, seed)

@@ -424,3 +424,15 @@ def test_bytes_that_are_not_utf8_on_the_command_line(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "spec-\\udce9.toml" in (out / "tiny_cpu" / "spec.toml").read_text()
+
+
+def test_run_of_a_triton_cpu_layer_without_the_interpreter():
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "moec", "run", str(EXAMPLES / "tiny-cpu-triton.toml")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "set TRITON_INTERPRET=1" in done.stderr
