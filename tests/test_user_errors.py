@@ -436,3 +436,20 @@ def test_run_of_a_triton_cpu_layer_without_the_interpreter():
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "set TRITON_INTERPRET=1" in done.stderr
+
+
+def test_fifos_are_refused_not_waited_on(tmp_path, monkeypatch, capsys):
+    """A fifo as --weights, as a shard of a folder, or as a tuned table: refused at once
+    (opening one waits for a writer)."""
+    fifo = tmp_path / "f.safetensors"
+    os.mkfifo(fifo)
+    spec = EXAMPLES / "tiny-cpu-bf16.toml"
+    for weights in (fifo, tmp_path):
+        code, _, err = cli(capsys, "run", spec, "--tokens", "1", "--weights", weights)
+        assert code == 2 and "not a regular file" in err, err
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    os.mkfifo(tables / "nvidia-h200.json")
+    monkeypatch.setenv("MOEC_TUNING_DIR", str(tables))
+    code, _, err = cli(capsys, "explain", EXAMPLES / "deepseek-v3-fp8.toml")
+    assert code == 2 and "not a regular file" in err, err

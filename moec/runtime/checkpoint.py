@@ -180,6 +180,8 @@ def _read_path(path: Path, wanted, problems, found, allow_pickle, progress):
         yield from _read_folder(path, wanted, problems, found, allow_pickle, progress)
     elif not path.exists():
         problems.append(f"{path}: no such file or folder")
+    elif not path.is_file():  # before opening: opening a fifo waits for a writer
+        problems.append(f"{path}: not a regular file (a fifo, socket or device)")
     elif _is_pickle(path):
         yield from _read_pickle(path, wanted, problems, found, allow_pickle)
     else:
@@ -265,7 +267,8 @@ def _read_safetensors(path: Path, wanted, problems, found, names: set[str] | Non
 
 def _read_folder(path: Path, wanted, problems, found, allow_pickle, progress):
     index = path / INDEX
-    if index.exists():
+    indexed = index.exists()
+    if indexed:
         shards = _shards_from_index(index, wanted, problems, found)
     else:
         shards = {file.name: None for file in sorted(path.glob("*.safetensors"))}
@@ -281,7 +284,11 @@ def _read_folder(path: Path, wanted, problems, found, allow_pickle, progress):
     for number, (shard, names) in enumerate(sorted(shards.items()), start=1):
         file = path / shard
         if not file.is_file():
-            problems.append(f"{index}: names the shard {shard}, which is not a file in {path}")
+            problems.append(
+                f"{index}: names the shard {shard}, which is not a file in {path}"
+                if indexed
+                else f"{file}: not a regular file (a fifo, socket, device or broken link)"
+            )
         else:
             yield from _read_safetensors(file, wanted, problems, found, names)
         bar.show(number, shard)
