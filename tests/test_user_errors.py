@@ -453,3 +453,17 @@ def test_fifos_are_refused_not_waited_on(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MOEC_TUNING_DIR", str(tables))
     code, _, err = cli(capsys, "explain", EXAMPLES / "deepseek-v3-fp8.toml")
     assert code == 2 and "not a regular file" in err, err
+
+
+def test_one_fp8_element_routed_runs(tmp_path, capsys):
+    """A valid spec runs its first forward at its smallest: one token of one element, routed
+    to one expert, fp8 (copying one fp8 element through a boolean mask has no torch kernel)."""
+    spec = tmp_path / "h1.toml"
+    spec.write_text(
+        'name = "h1"\n[model]\nhidden_size = 1\nmoe_intermediate_size = 128\n'
+        "n_routed_experts = 8\nnum_experts_per_tok = 1\n"
+        '[quant]\nscheme = "fp8_per_tensor"\ncheckpoint = "bf16"\n'
+        '[experts]\ngemm_backend = "torch"\n[target]\ndevice = "cpu"\nmax_num_tokens = 64\n'
+    )
+    code, out, err = cli(capsys, "run", spec, "--tokens", "1")
+    assert code == 0 and "checksum" in out, err

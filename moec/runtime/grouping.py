@@ -114,12 +114,15 @@ def permute(x: torch.Tensor, x_scale, routing, experts: int):
     leading = rows_shape(routing, experts)
     valid = routing.token_of_row >= 0
     source = routing.token_of_row[valid].long()
+    # row numbers, not the boolean mask: one masked element of an fp8 tensor is a masked_fill,
+    # which torch has no fp8 kernel for
+    rows = valid.nonzero().squeeze(1)
     a = x.new_zeros((routing.token_of_row.numel(), x.shape[1]))
-    a[valid] = x[source]
+    a[rows] = x[source]
     a_scale = x_scale
     if x_scale is not None and x_scale.dim() == 2:
         a_scale = x_scale.new_ones((routing.token_of_row.numel(), x_scale.shape[1]))
-        a_scale[valid] = x_scale[source]
+        a_scale[rows] = x_scale[source]
         a_scale = a_scale.view(*leading, x_scale.shape[1])
     return a.view(*leading, x.shape[1]), a_scale
 
