@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -175,7 +176,7 @@ def _explain(args: argparse.Namespace) -> int:
                 "moec explain",
                 kind="usage",
             )
-        explain.write(explain.matrix_text(), args.out)
+        explain.write(explain.matrix_text(), None if args.out == "-" else args.out)
         return 0
     if not args.spec:
         raise MoecError([problem("SPEC", "is required unless --matrix is given")], kind="usage")
@@ -189,7 +190,7 @@ def _explain(args: argparse.Namespace) -> int:
         if value is not None
     }
     output = explain.explain(args.spec, args.overrides, args.tokens, args.format, ceilings)
-    explain.write(output, args.out)
+    explain.write(output, None if args.out == "-" else args.out)  # -: standard output
     return 0
 
 
@@ -206,6 +207,12 @@ def _run(args: argparse.Namespace) -> int:
 
     tokens = whole_number("--tokens", args.tokens, 1, MAX_COUNT, "moec run")
     seed = whole_number("--seed", args.seed, 0, MAX_SEED, "moec run")
+    if args.weights == "":
+        raise MoecError(
+            [problem("--weights", "is empty", "a checkpoint path, or no --weights", value="")],
+            "moec run",
+            kind="usage",
+        )
     if args.prefix and args.weights is None:
         raise MoecError(
             [
@@ -282,8 +289,9 @@ def whole_number(option: str, text: str, low: int, high: int, command: str) -> i
 
 def positive_number(option: str, text: str, command: str) -> float:
     """The number from MIN_RATE to MAX_RATE an option's text writes; else a usage MoecError."""
+    plain = re.fullmatch(r"([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", text.strip())  # ASCII
     try:
-        value = float(text.strip())
+        value = float(text.strip()) if plain else math.nan
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and MIN_RATE <= value <= MAX_RATE):

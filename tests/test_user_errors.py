@@ -467,3 +467,15 @@ def test_one_fp8_element_routed_runs(tmp_path, capsys):
     )
     code, out, err = cli(capsys, "run", spec, "--tokens", "1")
     assert code == 0 and "checksum" in out, err
+
+
+def test_odd_option_values_are_refused_or_mean_what_they_say(capsys, tmp_path, monkeypatch):
+    spec = EXAMPLES / "tiny-cpu.toml"
+    for rate in ("1_000", "\uff13\uff10\uff10\uff10", "0x10"):  # float() takes the first two
+        code, _, err = cli(capsys, "explain", spec, "--bandwidth", rate)
+        assert code == 2 and "--bandwidth" in err, (rate, err)
+    code, _, err = cli(capsys, "run", spec, "--weights", "")
+    assert code == 2 and '--weights = "": is empty' in err
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli(capsys, "explain", spec, "--format", "json", "-o", "-")
+    assert code == 0 and out.startswith('{\n  "moec_version"') and not (tmp_path / "-").exists()
