@@ -259,6 +259,7 @@ def test_init_per_tensor_fp8(tmp_path, capsys):
             {"quantization_config": {**FP8, "weight_block_size": [128, 128, 128]}},
             "quant.weight_block",
         ),
+        ({"quantization_config": {**FP8, "weight_block_size": []}}, "quant.weight_block"),
     ],
     ids=lambda value: json.dumps(value)[:40] if isinstance(value, dict) else None,
 )
