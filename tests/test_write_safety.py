@@ -382,3 +382,16 @@ def test_build_makes_nothing_in_the_working_folder(tmp_path):
     command = [sys.executable, "-m", "moec", "build", str(spec), "-o", str(tmp_path / "out")]
     subprocess.run(command, cwd=cwd, check=True, capture_output=True)
     assert list(cwd.iterdir()) == []
+
+
+def test_no_package_is_built_inside_a_package(tmp_path, capsys):
+    """A build into a package moec built is refused: rebuilding the outer package would then
+    find a folder it cannot account for."""
+    spec = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.toml"
+    out = tmp_path / "out"
+    assert cli(capsys, "build", spec, "-o", out)[0] == 0
+    for inner in (out / "tiny_cpu", out / "tiny_cpu" / "sub"):
+        code, _, err = cli(capsys, "build", spec, "-o", inner)
+        assert code == 2 and "a package moec built" in err, err
+    assert not (out / "tiny_cpu" / "tiny_cpu").exists()
+    assert cli(capsys, "build", spec, "-o", out, "--set", "description=again")[0] == 0

@@ -48,6 +48,15 @@ def write_package(target: Path, files: dict[str, bytes]) -> bool:
     Raise MoecError when `target` is not moec's to replace, or the OS refuses."""
     target = Path(target)
     check_limits(target, [*files, MARKER, _staging_name(target, "x" * _RANDOM_CHARS)])
+    inside = next(
+        (p for p in [target.parent, *target.parent.parents] if (p / MARKER).exists()), None
+    )
+    if inside is not None:  # a package in a package: rebuilding the outer one would refuse
+        raise MoecError(
+            [problem("-o", f"is inside {inside}, a package moec built", "an -o outside it")],
+            str(target.parent),
+            kind="usage",
+        )
     try:
         parent = make_folder(target.parent)
         with _folder_lock(parent):
