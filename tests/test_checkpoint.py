@@ -399,3 +399,13 @@ def test_weight_error_is_a_value_error_listing_every_problem():
     error = WeightError(["a: missing", "b: wrong shape"])
     assert isinstance(error, ValueError) and error.problems == ["a: missing", "b: wrong shape"]
     assert "a: missing" in str(error) and "b: wrong shape" in str(error)
+
+
+def test_a_name_in_two_files_of_a_folder_is_a_problem(tmp_path):
+    """Without an index, which of two values of one tensor is meant is unknown: reported,
+    not the later file's silently taken."""
+    save_file({"gate.weight": torch.zeros(2, 2)}, tmp_path / "a.safetensors")
+    save_file({"gate.weight": torch.ones(2, 2)}, tmp_path / "b.safetensors")
+    with pytest.raises(WeightError) as error:
+        dict(read_tensors(tmp_path))
+    assert "b.safetensors: holds gate.weight again" in str(error.value)

@@ -250,6 +250,13 @@ def _read_safetensors(path: Path, wanted, problems, found, names: set[str] | Non
         return
     with handle:
         present = list(handle.keys())  # a safe_open handle is no dict
+        if names is None:  # files of a folder without an index: one value for each name
+            again = sorted(name for name in found.intersection(present) if wanted.wants(name))
+            if again:
+                problems.append(
+                    f"{path}: holds {_listing(again)} again, which an earlier file of the folder "
+                    "holds too (which one is meant? keep one, or add an index)"
+                )
         found.update(present)
         for name in present if names is None else sorted(names & set(present)):
             if not wanted(name):
