@@ -243,6 +243,14 @@ def test_validate_not_utf8(capsys, tmp_path):
     assert err.startswith(f"{spec}:{line}: not UTF-8 text")
 
 
+def test_validate_a_byte_order_mark(capsys, tmp_path):
+    spec = tmp_path / "bom.toml"
+    spec.write_bytes(b"\xef\xbb\xbf" + GOOD.read_bytes())
+    code, _, err = _validate(capsys, ["validate", str(spec)])
+    assert code == 2
+    assert err.startswith(f"{spec}:1: starts with a UTF-8 byte order mark (BOM)")
+
+
 def test_validate_needs_a_spec(capsys):
     with pytest.raises(SystemExit) as caught:
         main(["validate"])

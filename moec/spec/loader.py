@@ -109,6 +109,18 @@ def parse_spec(
     text: str, source: str = "<spec>", overrides: list[str] | tuple[str, ...] = ()
 ) -> LoadedSpec:
     """Check a spec given as TOML text."""
+    if text.startswith("\ufeff"):  # tomli's message would be "Invalid statement" at 1:1
+        raise MoecError(
+            [
+                Problem(
+                    "",
+                    "starts with a UTF-8 byte order mark (BOM), which TOML does not allow",
+                    "save it as UTF-8 without a BOM",
+                    line=1,
+                )
+            ],
+            source,
+        )
     try:
         raw = tomli.loads(text)
     except RecursionError:
