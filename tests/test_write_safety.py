@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -395,3 +396,27 @@ def test_no_package_is_built_inside_a_package(tmp_path, capsys):
         assert code == 2 and "a package moec built" in err, err
     assert not (out / "tiny_cpu" / "tiny_cpu").exists()
     assert cli(capsys, "build", spec, "-o", out, "--set", "description=again")[0] == 0
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv to drop root's override")
+def test_a_read_only_previous_build_does_not_fail_the_new_one(tmp_path):
+    """Once the new package is in place the build has succeeded; a previous build made
+    read-only stays as a leftover, and a later build removes it when it can."""
+    import stat
+
+    spec = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.toml"
+    moec = [sys.executable, "-m", "moec", "build", str(spec), "-o", str(tmp_path)]
+    subprocess.run(moec, check=True, capture_output=True)
+    package = tmp_path / "tiny_cpu"
+    package.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
+    as_a_user = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
+    done = subprocess.run(
+        [*as_a_user, *moec, "--set", "description=new"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "new" in (package / "__init__.py").read_text()
+    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".tiny_cpu.moec-")]
+    for leftover in leftovers:
+        leftover.chmod(0o755)
+    subprocess.run([*moec, "--set", "description=again"], check=True, capture_output=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny_cpu"]

@@ -133,17 +133,19 @@ def _stage(target: Path, files: dict[str, bytes]) -> Path:
 
 
 def _swap_in(staging: Path, target: Path) -> None:
-    """Put the staging folder at `target`; remove the previous build it replaces."""
+    """Put the staging folder at `target`; remove the previous build it replaces. Once the
+    new build is in place the build has succeeded: a previous build that cannot be removed
+    (made read-only) stays as a leftover, which later builds try to remove again."""
     try:
         if not os.path.lexists(target):
             os.rename(staging, target)
         elif _exchange(staging, target):
-            shutil.rmtree(staging)  # now holds the previous package
+            shutil.rmtree(staging, ignore_errors=True)  # now holds the previous package
         else:
             previous = target.with_name(_staging_name(target, "previous"))
             os.rename(target, previous)
             os.rename(staging, target)
-            shutil.rmtree(previous)
+            shutil.rmtree(previous, ignore_errors=True)
     finally:
         if os.path.lexists(staging):
             shutil.rmtree(staging, ignore_errors=True)
