@@ -91,6 +91,23 @@ def test_transformers_fused_in_memory_names(saved, load_layer):
     _check_equal(load_layer(spec).MoELayer().load_weights(state, "mlp."), block)
 
 
+def test_two_names_for_one_weight_are_a_problem(saved, load_layer):
+    """A checkpoint holding one weight twice, fused and per expert, or under two spellings of
+    an expert's number: which value is meant is unknown, so it is reported, not one taken."""
+    folder, block, spec = saved
+    fused = {f"mlp.{k}": v for k, v in block.state_dict().items()}
+    split = {
+        k.replace(hf_oracle.PREFIX, "mlp."): v
+        for k, v in _moe_tensors(folder).items()
+        if ".experts.0." in k
+    }
+    assert split and "mlp.experts.gate_up_proj" in fused
+    padded = {k.replace(".experts.0.", ".experts.00."): v for k, v in split.items()}
+    for state in ({**fused, **split}, {**split, **padded}):
+        with pytest.raises(Exception, match="a second value of a weight"):
+            load_layer(spec).MoELayer().load_weights(state, "mlp.")
+
+
 def _quantize_blocks(w: torch.Tensor, block=128):
     """An independent 128x128 block quantizer (DeepSeek-V3 checkpoint format)."""
     n, k = w.shape

@@ -153,42 +153,51 @@ def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
     """Sort checkpoint tensors by what they are: {key: tensor} and the problems found."""
     found: dict[tuple, torch.Tensor] = {}
     problems: list[str] = []
+
+    twice: set[str] = set()
+
+    def put(key, tensor: torch.Tensor, name: str) -> None:
+        if key in found and name not in twice:  # two names for one weight: which is meant?
+            twice.add(name)
+            problems.append(
+                f"{prefix}{name}: a second value of a weight the checkpoint already holds under "
+                "another name (e.g. fused experts.gate_up_proj beside experts.<e>.gate_proj, or "
+                "experts.1 beside experts.01): keep one"
+            )
+        found[key] = tensor
+
     for name, tensor in tensors:
         if name == "gate.weight":
-            found["gate"] = tensor
+            put("gate", tensor, name)
         elif name == "gate.e_score_correction_bias":
             if spec.has_bias:
-                found["bias"] = tensor
+                put("bias", tensor, name)
             else:
                 problems.append(f"{prefix}{name}: unexpected (this router has no correction bias)")
         elif name in ("experts.gate_up_proj", "experts.down_proj"):
-            _split_fused(found, name, tensor[first : first + spec.local_experts])
+            fused = tensor[first : first + spec.local_experts]  # transformers, in memory
+            for expert in range(fused.shape[0]):
+                if name.endswith("gate_up_proj"):
+                    half = fused.shape[1] // 2
+                    put(("expert", expert, "gate", "weight"), fused[expert, :half], name)
+                    put(("expert", expert, "up", "weight"), fused[expert, half:], name)
+                else:
+                    put(("expert", expert, "down", "weight"), fused[expert], name)
         elif match := _EXPERT.fullmatch(name):
             expert = int(match.group(1))
             if expert >= spec.routed_experts:
                 problems.append(f"{prefix}{name}: unexpected (expert id >= {spec.routed_experts})")
             elif 0 <= expert - first < spec.local_experts:
                 key = ("expert", expert - first, match.group(2), _field(match.group(3)))
-                found[key] = tensor
+                put(key, tensor, name)
         elif match := _SHARED.fullmatch(name):
             if spec.n_shared:
-                found[("shared", None, match.group(1), _field(match.group(2)))] = tensor
+                put(("shared", None, match.group(1), _field(match.group(2))), tensor, name)
             elif tensor.numel():  # transformers saves zero-width shared experts when there are none
                 problems.append(f"{prefix}{name}: unexpected (this layer has no shared experts)")
         else:
             problems.append(f"{prefix}{name}: unexpected")
     return found, problems
-
-
-def _split_fused(found: dict, name: str, fused: torch.Tensor) -> None:
-    """transformers' fused in-memory experts -> per-expert gate / up / down weights."""
-    for expert in range(fused.shape[0]):
-        if name.endswith("gate_up_proj"):
-            half = fused.shape[1] // 2
-            found[("expert", expert, "gate", "weight")] = fused[expert, :half]
-            found[("expert", expert, "up", "weight")] = fused[expert, half:]
-        else:
-            found[("expert", expert, "down", "weight")] = fused[expert]
 
 
 def _field(name: str) -> str:
