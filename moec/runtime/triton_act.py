@@ -13,8 +13,8 @@ QUANT "none"   out [M, I] in the model dtype, rounded once.
                place), then "tensor".
 LAYOUT "contiguous": the programs walk the assignments and take their rows from row_of (-1:
 none), so the layout's padding and unused tail cost no programs (DeepSeek-V3 at T=1024: 9216
-rows in use of 41728); "masked" skips rows at or past masked_m[e] of
-[E, max_m, 2I]; "dense" uses every row. Rows not reached are not written.
+rows in use of 41728); "masked" skips rows at or past masked_m[e] of [E, max_m, 2I]; "dense"
+uses every row. Rows not reached are not written.
 """
 
 import torch
@@ -38,7 +38,7 @@ def _act_quant_kernel(
     h_ptr,  # [M, 2I] model dtype: gate columns [0, I), up columns [I, 2I)
     out_ptr,  # [M, I] e4m3, or the model dtype for QUANT="none"
     scale_ptr,  # group: [M, ceil(I / G)] fp32 out; tensor: [1] fp32 in; amax: [1] fp32 in/out
-    index_ptr,  # contiguous: row_of [M] int32; masked: masked_m [E] int32
+    index_ptr,  # contiguous: row_of [A] int32; masked: masked_m [E] int32
     # dims
     M,  # rows (masked: E * max_m), or assignments (contiguous)
     N,  # I: out has N columns, h has 2N
@@ -119,8 +119,8 @@ def act_quant(
     """out = act(h[..., :I], h[..., I:]), optionally quantized; see the comment above.
 
     h [M, 2I] with row_of [T, K] int32 (the rows of the assignments, -1 none), or
-    [E, max_m, 2I] with masked_m [E] int32, or [M, 2I] with neither (every row). out [..., I] (model dtype for quant="none", else
-    e4m3). scale: "group" [..., ceil(I / G)] fp32 written; "tensor" [1] fp32 read, or computed
+    [E, max_m, 2I] with masked_m [E] int32, or [M, 2I] with neither (every row). out [..., I]
+    (model dtype for quant="none", else e4m3). scale: "group" [..., ceil(I / G)] fp32 written; "tensor" [1] fp32 read, or computed
     first with dynamic=True. Any strides. config: BLOCK_M, BLOCK_I (a multiple of group_size),
     num_warps. Returns out.
     """

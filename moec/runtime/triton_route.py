@@ -8,10 +8,11 @@ select_topk   one program per token: scores from fp32 logits (SCORING softmax | 
 route_layout  the rows of the grouped layout, in token order within each expert (the same
               indices on every run). One program per part of SPAN assignments places them at
               rows start[e] + (expert e's assignments in earlier parts) + (those earlier in
-              the part): a fixed amount of work per assignment, however many experts. Records programs write each expert's count,
-              start and padding rows. Up to ONE_PASS assignments every program counts all of
-              them itself (one launch); above, two launches first count each part (histograms,
-              exact) and prefix the counts over the parts.
+              the part): a fixed amount of work per assignment, however many experts. Records
+              programs write each expert's count, start and padding rows. Up to ONE_PASS
+              assignments every program counts all of them itself (one launch); above, two
+              launches first count each part (histograms, exact) and prefix the counts over
+              the parts.
               contiguous: each expert's rows padded to BLOCK_M (m_indices -1 on padding), the
               first records program writes num_rows and fills the unused tail; masked: expert
               e owns rows e * max_m .. + max_m. An id outside [0, E) (an expert-parallel rank's
