@@ -150,6 +150,7 @@ def _validate(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     from moec import explain
 
+    out = None if args.out == "-" else args.out  # -: standard output, as for init
     if args.matrix:
         ignored = [
             option
@@ -176,7 +177,7 @@ def _explain(args: argparse.Namespace) -> int:
                 "moec explain",
                 kind="usage",
             )
-        explain.write(explain.matrix_text(), None if args.out == "-" else args.out)
+        explain.write(explain.matrix_text(), out)
         return 0
     if not args.spec:
         raise MoecError([problem("SPEC", "is required unless --matrix is given")], kind="usage")
@@ -190,7 +191,7 @@ def _explain(args: argparse.Namespace) -> int:
         if value is not None
     }
     output = explain.explain(args.spec, args.overrides, args.tokens, args.format, ceilings)
-    explain.write(output, None if args.out == "-" else args.out)  # -: standard output
+    explain.write(output, out)
     return 0
 
 
@@ -290,10 +291,7 @@ def whole_number(option: str, text: str, low: int, high: int, command: str) -> i
 def positive_number(option: str, text: str, command: str) -> float:
     """The number from MIN_RATE to MAX_RATE an option's text writes; else a usage MoecError."""
     plain = re.fullmatch(r"([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", text.strip())  # ASCII
-    try:
-        value = float(text.strip()) if plain else math.nan
-    except ValueError:
-        value = math.nan
+    value = float(text.strip()) if plain else math.nan
     if not (math.isfinite(value) and MIN_RATE <= value <= MAX_RATE):
         raise MoecError(
             [
