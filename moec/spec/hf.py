@@ -229,9 +229,9 @@ def _quant_from(reader: ConfigReader) -> dict[str, Any]:
     written = {"activation_scheme": activation} if activation is not None else {}
     if method == "mxfp8":
         return {"scheme": "mxfp8", **written, "checkpoint": "quantized"}
+    # a written block, even [] (the spec's rules report it), or one --set gives
     if method == "fp8" and (block is not None or reader.overridden("quant.weight_block")):
-        block = [128, 128] if block is None else block  # the --set value replaces it; [] is
-        # reported by the spec's rules
+        block = [128, 128] if block is None else block  # the --set value replaces it
         return {"scheme": "fp8_block", "weight_block": block, **written, "checkpoint": "quantized"}
     if method == "fp8":
         return {"scheme": "fp8_per_tensor", **written, "checkpoint": "quantized"}

@@ -109,9 +109,13 @@ def _is_integer(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    if _is_integer(value):  # one too large for a float is not a number a config means
-        return abs(value) <= sys.float_info.max
-    return isinstance(value, float) and math.isfinite(value)
+    return (_is_integer(value) or isinstance(value, float)) and _finite(value)
+
+
+def _finite(value: int | float) -> bool:
+    """A finite float, or an integer a float can hold (a larger one is no number a config
+    means, and math.isfinite cannot take it)."""
+    return abs(value) <= sys.float_info.max if isinstance(value, int) else math.isfinite(value)
 
 
 def _is_bool(value: Any) -> bool:
@@ -134,10 +138,10 @@ def _json_type(value: Any) -> str:
     """The JSON name of a parsed value's type."""
     if isinstance(value, bool):
         return "boolean"
-    if isinstance(value, int):
-        return "number" if abs(value) <= sys.float_info.max else "number too large for a float"
-    if isinstance(value, float):
-        return "number" if math.isfinite(value) else "non-finite number"
+    if isinstance(value, (int, float)):
+        if _finite(value):
+            return "number"
+        return "number too large for a float" if isinstance(value, int) else "non-finite number"
     if isinstance(value, str):
         return "string"
     if isinstance(value, list):
