@@ -153,8 +153,7 @@ def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
     """Sort checkpoint tensors by what they are: {key: tensor} and the problems found."""
     found: dict[tuple, torch.Tensor] = {}
     problems: list[str] = []
-
-    twice: set[str] = set()
+    twice: set[str] = set()  # names already reported
 
     def put(key, tensor: torch.Tensor, name: str) -> None:
         if key in found and name not in twice:  # two names for one weight: which is meant?
@@ -175,14 +174,7 @@ def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
             else:
                 problems.append(f"{prefix}{name}: unexpected (this router has no correction bias)")
         elif name in ("experts.gate_up_proj", "experts.down_proj"):
-            fused = tensor[first : first + spec.local_experts]  # transformers, in memory
-            for expert in range(fused.shape[0]):
-                if name.endswith("gate_up_proj"):
-                    half = fused.shape[1] // 2
-                    put(("expert", expert, "gate", "weight"), fused[expert, :half], name)
-                    put(("expert", expert, "up", "weight"), fused[expert, half:], name)
-                else:
-                    put(("expert", expert, "down", "weight"), fused[expert], name)
+            _split_fused(put, name, tensor[first : first + spec.local_experts])
         elif match := _EXPERT.fullmatch(name):
             expert = int(match.group(1))
             if expert >= spec.routed_experts:
@@ -198,6 +190,17 @@ def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
         else:
             problems.append(f"{prefix}{name}: unexpected")
     return found, problems
+
+
+def _split_fused(put, name: str, fused: torch.Tensor) -> None:
+    """transformers' fused in-memory experts -> per-expert gate / up / down weights."""
+    for expert in range(fused.shape[0]):
+        if name.endswith("gate_up_proj"):
+            half = fused.shape[1] // 2
+            put(("expert", expert, "gate", "weight"), fused[expert, :half], name)
+            put(("expert", expert, "up", "weight"), fused[expert, half:], name)
+        else:
+            put(("expert", expert, "down", "weight"), fused[expert], name)
 
 
 def _field(name: str) -> str:
