@@ -48,10 +48,18 @@ def tune_spec(
     Progress goes to `stream` (default stderr)."""
     loaded = load_spec(path, [*overrides, "experts.gemm_backend=triton"])
     buckets = _token_list(tokens, loaded.spec.target.max_num_tokens)
-    if out is not None:
-        _check_output(out)  # before the measuring, which takes minutes
+    if out == "":
+        raise MoecError(
+            [problem("-o", "is empty", "a file path, e.g. -o h200.json", value="")],
+            "moec tune",
+            kind="usage",
+        )
     device_name = _local_gpu(loaded)
     gpu = gpu_name(device_name)
+    target = Path(out) if out is not None else user_tuning_dir() / f"{gpu}.json"
+    # a new file, or a table moec tune wrote (which it adds to): asked before the measuring,
+    # which takes minutes, and again by write_bytes when it writes
+    refuse_unless_moec_file(target, is_tuned_table)
     layer = plan_loaded(loaded).layer
     package = moec.load(loaded)
     search = default_search(layer, buckets, tma=torch.cuda.get_device_capability()[0] >= 9)
@@ -59,7 +67,6 @@ def tune_spec(
     progress.line(f"moec tune: {loaded.spec.name} on {device_name}, {len(buckets)} buckets")
     tuned = tune_layer(package, layer, search, "cuda", Timer("cuda"), progress)
     progress.finish()
-    target = Path(out) if out is not None else user_tuning_dir() / f"{gpu}.json"
     write_table(target, tuned)
     return (
         f"wrote {shown(target)}: {tuned.key}, {len(tuned.buckets)} bucket"
@@ -68,21 +75,9 @@ def tune_spec(
     )
 
 
-def _check_output(out: str) -> None:
-    """-o names a new file, or a table `moec tune` wrote (which it adds to)."""
-    if not out:
-        raise MoecError(
-            [problem("-o", "is empty", "a file path, e.g. -o h200.json", value="")],
-            "moec tune",
-            kind="usage",
-        )
-    refuse_unless_moec_file(Path(out), is_tuned_table)
-
-
 def write_table(path: Path, tuned: TunedLayer) -> None:
     """Put the layer's entries into the table at `path`, keeping its other entries; atomic,
     and only over a table `moec tune` wrote (codegen.write.write_bytes)."""
-    refuse_unless_moec_file(path, is_tuned_table)
     entries = read_table(path, shown(path)) if path.exists() else {}
     entries[tuned.key] = tuned.buckets
     entries[f"elementwise/{tuned.key}"] = tuned.elementwise
