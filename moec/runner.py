@@ -23,6 +23,7 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
     import torch
 
     import moec
+    from moec.runtime.self_check import needs_interpreter
 
     _check_whole("--tokens", tokens, 1, 2**31 - 1)
     _check_whole("--seed", seed, 0, MAX_SEED)
@@ -47,8 +48,7 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
         )
     _check_bound(loaded, tokens)
     package = moec.load(loaded)
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if device == "cpu" and "triton" in package.PLAN["choices"]["requires"] and not interpreted:
+    if needs_interpreter(device, package.PLAN):
         raise MoecError(
             [
                 problem(

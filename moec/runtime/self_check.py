@@ -55,6 +55,13 @@ def main(name: str, layer_class, plan: dict, torch_gated, argv=None) -> int:
     return 0
 
 
+def needs_interpreter(device: str, plan: dict) -> bool:
+    """Whether the layer of `plan` has Triton kernels to run on the CPU and the interpreter is
+    not on (TRITON_INTERPRET=1, set before Python starts)."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    return device == "cpu" and "triton" in plan["choices"]["requires"] and not interpreted
+
+
 def cannot_run(device: str, plan: dict) -> str:
     """Why the check cannot run here on `device` ("" when it can)."""
     dims = plan["choices"]["dims"]
@@ -69,8 +76,7 @@ def cannot_run(device: str, plan: dict) -> str:
             "--device cuda: no CUDA device here (torch.cuda.is_available() is False); run it on "
             "a GPU, or pass --device cpu"
         )
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if device == "cpu" and "triton" in plan["choices"]["requires"] and not interpreted:
+    if needs_interpreter(device, plan):
         return (
             "--device cpu: this layer's Triton kernels run on a CPU only interpreted: set "
             "TRITON_INTERPRET=1 in the environment (before Python starts)"
