@@ -21,38 +21,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import EXAMPLES
 
 from moec.cli import main
 
 SCRIPT = Path(__file__).with_name("hopper_compile.py")
-SPEC = """
-[model]
-hidden_size = 256
-moe_intermediate_size = 128
-n_routed_experts = 8
-num_experts_per_tok = 2
-n_shared_experts = 1
-[router]
-scoring_func = "sigmoid"
-topk_method = "noaux_tc"
-n_group = 2
-topk_group = 1
-norm_topk_prob = true
-routed_scaling_factor = 2.5
-[experts]
-gemm_backend = "triton"
-[target]
-device = "cpu"
-max_num_tokens = 512
-"""
+SPEC = EXAMPLES / "tiny-cpu-triton.toml"
+COMMON = ["target.max_num_tokens=512"]
 # (name, --set values, tokens): together they reach every kernel of moec/runtime/triton_*.py
 # but the TMA GEMM; 400 tokens are 1200 assignments, past the one-launch dispatch and route
 LAYERS = [
-    (
-        "fp8_block",
-        ["quant.scheme=fp8_block", "quant.checkpoint=bf16", "experts.layout=contiguous"],
-        "1,400",
-    ),
+    ("fp8_block", ["experts.layout=contiguous"], "1,400"),  # the example's scheme
     ("bf16_masked", ["quant.scheme=bf16", "experts.layout=masked"], "1,40"),
     (
         "mxfp4",
@@ -68,7 +47,6 @@ LAYERS = [
         "fp8_tensor_separate",
         [
             "quant.scheme=fp8_per_tensor",
-            "quant.checkpoint=bf16",
             "experts.shared_experts=separate",
             "activation.kind=oai_swiglu",
             "activation.limit=1.0",
@@ -95,12 +73,10 @@ def _env(tmp_path: Path, interpret: str) -> dict[str, str]:
 
 
 def test_every_launch_compiles_for_sm90(tmp_path):
-    spec = tmp_path / "spec.toml"
-    spec.write_text(SPEC)
     recorders = []
     for name, sets, tokens in LAYERS:
-        options = [item for value in sets for item in ("--set", value)]
-        args = ["build", str(spec), "-o", str(tmp_path), "--set", f"name=hc_{name}", *options]
+        options = [item for value in [*COMMON, *sets] for item in ("--set", value)]
+        args = ["build", str(SPEC), "-o", str(tmp_path), "--set", f"name=hc_{name}", *options]
         assert main(args) == 0
         launches = tmp_path / f"{name}.json"
         command = [sys.executable, str(SCRIPT), "record", f"hc_{name}", tokens, str(launches)]
