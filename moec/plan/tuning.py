@@ -120,7 +120,8 @@ def choose_tiles(plan: Plan) -> None:
         "programmatic dependent launch",
         "yes" if pdl else "no",
         f"{layer.arch} schedules each Triton kernel's programs while the previous kernel runs; "
-        "they wait there for its results: the launch gaps of the decode path are hidden"
+        "they wait there for its results: the launch gaps of the decode path are hidden "
+        "(all but the dispatch's row copy after its route launches: in order, it was 6-7 us faster)"
         if pdl
         else f"{layer.arch or layer.device} has no programmatic dependent launch (sm90 and newer)",
     )

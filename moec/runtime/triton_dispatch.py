@@ -26,6 +26,12 @@ from .triton_permute import (
 )
 from .triton_route import empty_contiguous, route_contiguous, route_masked
 
+COPY_PDL = False
+"""Whether the row copy after route_layout takes part in programmatic dependent launch. No: with
+it, the dispatch stage alone took 5.6-7.4 us longer on the H200 at T = 256 to 4096 than with
+the copy launched in order and releasing no successor early (the route's three launches keep
+PDL; benchmarks/RESULTS.md, run 47)."""
+
 
 @triton.jit
 def _dispatch_one_launch_kernel(
@@ -150,7 +156,7 @@ def dispatch(
         ue8m0=ue8m0,
         scale=scale,
         mn_major_scales=mn_major_scales,
-        pdl=pdl,
+        pdl=pdl and COPY_PDL,
     )
     return a, a_scale, routing
 

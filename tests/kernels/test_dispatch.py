@@ -89,3 +89,29 @@ def test_dispatch_masked_and_empty():
         one_launch=ONE_LAUNCH,
     )  # fmt: skip
     assert a.shape[0] == routing.token_of_row.numel() and routing.num_rows.item() == 0
+
+
+def test_row_copy_after_route_leaves_pdl(monkeypatch):
+    """Under PDL the route's launches take part and the row copy after them does not
+    (triton_dispatch.COPY_PDL, measured on the H200); the one-launch path keeps it."""
+    from moec.runtime import triton_dispatch
+
+    asked = {}
+
+    def recording(name, fn):
+        def run(*args, **kwargs):
+            asked[name] = kwargs["pdl"]
+            return fn(*args, **kwargs)
+
+        return run
+
+    for name in ("route_contiguous", "permute"):
+        monkeypatch.setattr(triton_dispatch, name, recording(name, getattr(triton_dispatch, name)))
+    want = route(15, 9, 20, 8, seed=15)  # 135 assignments: over ONE_LAUNCH
+    x = make_x(15, 256)
+    load().dispatch(
+        x, want.topk_ids.to(torch.int32), 20, layout="contiguous", config=CONFIG, block_m=8,
+        quant="group", one_launch=ONE_LAUNCH, pdl=True,
+    )  # fmt: skip
+    assert asked == {"route_contiguous": True, "permute": triton_dispatch.COPY_PDL}
+    assert triton_dispatch.COPY_PDL is False
