@@ -1,0 +1,99 @@
+"""The decode GEMMs under tiles `moec tune` does not try: each grouped GEMM of one forward at
+T tokens (default 1), replayed on its recorded arguments from a CUDA graph, with the bucket's
+config replaced by each candidate in turn (BLOCK_N, num_stages, num_warps, swap-AB). At T=1 a
+grid of 9 experts x N / BLOCK_N programs is about one wave of the H200's 132 SMs, and how many
+programs fit on an SM at once (shared memory: num_stages x the A and W tiles) decides whether
+the last of them run as a second, short wave. Prints each config's time beside the shipped
+one's; writes JSON.
+
+    python benchmarks/decode_gemm_tiles.py --packages bench_v3_fp8_triton,bench_v3_bf16_triton --out $OUT/decode_tiles.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+from common import dump, import_package
+from stage_times import recorded_calls, stage_us
+
+GEMMS = ("gemm_gate_up", "gemm_down")
+KEYS = {"gemm_gate_up": "gate_up", "gemm_down": "down"}
+
+
+def candidates(shipped: dict, fp8: bool) -> list[dict]:
+    """The shipped config and its neighbours: BLOCK_N 32-256, 2-6 stages, 4 warps (8 for the
+    wide tiles), plain and swap-AB; fp8 plain tiles promote every 128 K elements."""
+    configs = [shipped]
+    for block_n, stages, warps, swap in itertools.product(
+        (32, 64, 128, 256), (2, 3, 4, 6), (4, 8), (False, True)
+    ):
+        if warps == 8 and (block_n < 128 or stages == 6):
+            continue
+        config = {**shipped, "BLOCK_N": block_n, "num_stages": stages, "num_warps": warps}
+        config.pop("SWAP_AB", None)
+        if swap:
+            config["SWAP_AB"] = True
+        if fp8 and not swap:  # the tuner's fp8 candidates come with and without FP8_ACC
+            config["FP8_ACC"] = 128
+        if config != shipped:
+            configs.append(config)
+    return configs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--packages", default="bench_v3_fp8_triton,bench_v3_bf16_triton")
+    parser.add_argument("--tokens", default="1")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    rows = []
+    for name in args.packages.split(","):
+        package = import_package(name)
+        tiles = sys.modules[f"{package.__name__}.tiles"]
+        fp8 = package.PLAN["choices"]["dims"]["routed"]["scheme"].startswith("fp8")
+        layer = package.MoELayer(device="cuda").random_(0)
+        hidden = package.PLAN["choices"]["dims"]["hidden"]
+        for tokens in map(int, args.tokens.split(",")):
+            x = torch.randn(tokens, hidden, device="cuda").bfloat16()
+            calls = {stage: (fn, a) for stage, fn, a in recorded_calls(package, layer, x)}
+            bucket = tiles.bucket(tokens)
+            for stage in GEMMS:
+                fn, call_args = calls[stage]
+                used = call_args[2].row_of.flatten()  # the rows assignments fill (no padding)
+                used = used[used >= 0].long()
+                reference = fn(*call_args)[used]
+                shipped = getattr(bucket, KEYS[stage])
+                for config in candidates(shipped, fp8):
+                    patched = bucket._replace(**{KEYS[stage]: config})
+                    original = tiles.bucket
+                    tiles.bucket = lambda _tokens, patched=patched: patched
+                    try:
+                        out = fn(*call_args)[used]
+                        us = round(stage_us(fn, call_args), 2)
+                    except Exception as error:  # a tile that does not compile or fit: a row
+                        out, us = None, repr(error)[:120]
+                    finally:
+                        tiles.bucket = original
+                    same = out is not None and bool(
+                        torch.allclose(out.float(), reference.float(), rtol=2e-2, atol=1e-2)
+                    )
+                    row = {
+                        "package": name,
+                        "tokens": tokens,
+                        "stage": stage,
+                        "shipped": config is shipped,
+                        "config": config,
+                        "us": us,
+                        "close_to_shipped": same,
+                    }
+                    rows.append(row)
+                    print(row, flush=True)
+    dump(Path(args.out), {"device": torch.cuda.get_device_name(), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
