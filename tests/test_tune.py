@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,6 +132,10 @@ def test_candidates_fit_the_scheme_and_the_gpu():
     assert not any(c.get("TMA") for c in candidates.gemm_candidates(4096, 256, 8, "bf16", False))
     assert all(c["num_warps"] == 8 for c in fp8 if c.get("WARP_SPECIALIZE"))
     assert all(c["BLOCK_K"] == 128 for c in fp8)
+    decode = candidates.gemm_candidates(1, 256, 8, "fp8_block", tma=True)
+    late = [c for c in decode if c.get("FP8_ACC") == 128]
+    assert late and any(c.get("SWAP_AB") for c in decode)  # 16-row swap-AB: every 32 only
+    assert not any(c.get("SWAP_AB") and c["BLOCK_M"] < 32 for c in late)
     tiles = candidates.elementwise_candidates("combine")
     assert set(tiles[0]) == {"BLOCK_T", "BLOCK_H", "num_warps", "TERMS_AT_ONCE"}
     assert {"BLOCK_T": 1, "BLOCK_H": 512, "num_warps": 1, "TERMS_AT_ONCE": 4} in tiles
@@ -323,3 +328,20 @@ def test_progress_is_lines_in_a_log_and_a_bar_on_a_terminal():
     progress.step()
     assert "T=1: 4 candidates\n" in terminal.getvalue()
     assert terminal.getvalue().endswith("\r\033[K[#######.......................] 1/4 T=1 (0 s)")
+
+
+def test_shipped_tables_promote_swap_ab_tiles_of_16_rows_every_32():
+    """No shipped config sums 128 K elements in the fp8 tensor core on a 16-row swap-AB tile:
+    each one that did exceeded the fp32 bound in the H200 kernel suite (RESULTS.md, run 51)."""
+    shipped = Path(candidates.__file__).parents[1] / "plan" / "tuned"
+    for table in shipped.glob("*.json"):
+        for key, buckets in json.loads(table.read_text()).items():
+            if key.startswith(("elementwise/", "backends/")):
+                continue
+            for bucket in buckets:
+                for config in (bucket["gate_up"], bucket["down"]):
+                    assert candidates._may_promote_late(config) or "FP8_ACC" not in config, (
+                        table.name,
+                        key,
+                        bucket["max_tokens"],
+                    )
