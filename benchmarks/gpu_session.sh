@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One call on the GPU machine, from the repo root, with .whl (moec's own dependencies as wheels)
+# One call on the GPU machine, from the repo root, with .whl (moec's own dependencies as wheels,
+# and pytest-xdist with execnet, which make gpu-test runs its files in parallel with)
 # and, for the DeepGEMM / DeepEP steps, .deps carried. Logs and JSON go to /tmp/session, packed
 # into $RESULTS/session.tgz at the end (the device tool returns at most 8 files). The bench step
 # also records each layer's best time per T in $RESULTS/times.json (a tuned table's backends/<key>
