@@ -239,6 +239,19 @@ def with_gemm(**tiles):
     return {V3_KEY: buckets}
 
 
+def with_bucket(**fields):
+    """USER_BUCKETS with fields of the first bucket changed."""
+    buckets = json.loads(json.dumps(USER_BUCKETS))
+    buckets[0].update(fields)
+    return {V3_KEY: buckets}
+
+
+def unsorted_buckets():
+    """USER_BUCKETS with its first bucket twice: max_tokens not increasing."""
+    buckets = json.loads(json.dumps(USER_BUCKETS))
+    return {V3_KEY: [buckets[0], *buckets]}
+
+
 def with_elementwise(kernel, **tiles):
     """The user table with one elementwise kernel's tiles changed (None: key removed)."""
     elementwise = json.loads(json.dumps(USER_ELEMENTWISE))
@@ -257,6 +270,13 @@ def with_elementwise(kernel, **tiles):
             "bucket 0 of fp8_block/H7168/I2048/E256/K8, gate_up without num_stages",
         ),
         (with_gemm(BLOCK_N=48), "gate_up with BLOCK_N = 48, not a power of two"),
+        (with_gemm(BLOCK_N=2**40), "BLOCK_N = 1099511627776, not a power of two up to 65536"),
+        (with_bucket(block_m=0), "bucket 0 of fp8_block/H7168/I2048/E256/K8 with block_m = 0"),
+        (with_bucket(block_m=True), "with block_m = True, not the BLOCK_M both GEMMs take (16)"),
+        (with_bucket(max_tokens=0), "with max_tokens = 0, not an integer above the previous"),
+        (with_bucket(max_tokens=True), "with max_tokens = True, not an integer above"),
+        (with_bucket(max_tokens=-1), "with max_tokens = -1"),
+        (unsorted_buckets(), "bucket 1 of fp8_block/H7168/I2048/E256/K8 with max_tokens = 8, not"),
         (with_gemm(num_warps=0), "with num_warps = 0, not a power of two"),
         (with_gemm(num_stages="3"), "with num_stages = '3', not a positive integer"),
         (with_gemm(GROUP_SIZE_M=True), "with GROUP_SIZE_M = True, not a positive integer"),

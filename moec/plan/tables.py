@@ -242,9 +242,27 @@ def _checked_buckets(records: Any, where: str, key: str) -> list[dict[str, Any]]
             raise _table_error(where, f"has bucket {index} of {key} without {', '.join(wrong)}")
     if records[-1]["max_tokens"] is not None:
         raise _table_error(where, f'has a last bucket of {key} without "max_tokens": null')
+    limit = 0
     for index, record in enumerate(records):
+        bucket = f"bucket {index} of {key}"
+        tokens = record["max_tokens"]
+        if index < len(records) - 1 and not (_positive_int(tokens) and tokens > limit):
+            raise _table_error(
+                where,
+                f"has {bucket} with max_tokens = {tokens!r}, not an integer above the previous "
+                f"bucket's ({limit})",
+            )
+        limit = tokens
         for gemm in ("gate_up", "down"):
-            _check_tiles(record[gemm], GEMM_KEYS, where, f"bucket {index} of {key}, {gemm}")
+            _check_tiles(record[gemm], GEMM_KEYS, where, f"{bucket}, {gemm}")
+        block_m = record["block_m"]
+        rows = {record[gemm]["BLOCK_M"] for gemm in ("gate_up", "down")}
+        if isinstance(block_m, bool) or rows != {block_m}:
+            raise _table_error(
+                where,
+                f"has {bucket} with block_m = {block_m!r}, not the BLOCK_M both GEMMs take "
+                f"({' and '.join(map(str, sorted(rows)))})",
+            )
     return records
 
 
@@ -273,14 +291,25 @@ def _check_tiles(config: Any, required: tuple[str, ...], where: str, what: str) 
             raise _table_error(where, f"has {what} with {name} = {value!r}, not {kind}")
 
 
+MAX_TILE_VALUE = 1 << 16
+"""The largest tile value a table may hold: above any block shape, warp or stage count a GPU
+takes (a larger one would fail only when Triton compiles the kernel)."""
+
+
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _tile_count(value: Any) -> bool:
+    return _positive_int(value) and value <= MAX_TILE_VALUE
+
+
 _TILE_VALUE_OK = {
     "true or false": lambda value: isinstance(value, bool),
-    "a power of two": lambda value: _positive_int(value) and value & (value - 1) == 0,
-    "a positive integer": _positive_int,
+    f"a power of two up to {MAX_TILE_VALUE}": lambda value: (
+        _tile_count(value) and value & (value - 1) == 0
+    ),
+    f"a positive integer up to {MAX_TILE_VALUE}": _tile_count,
 }
 """What each kind of tile value accepts, by the words an error says it with."""
 
@@ -290,5 +319,5 @@ def _tile_kind(name: str) -> str | None:
     if name in FLAG_KEYS:
         return "true or false"
     if name in POWER_OF_TWO_KEYS:
-        return "a power of two"
-    return "a positive integer" if name in COUNT_KEYS else None
+        return f"a power of two up to {MAX_TILE_VALUE}"
+    return f"a positive integer up to {MAX_TILE_VALUE}" if name in COUNT_KEYS else None
