@@ -109,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_set(init)
 
     schema = commands.add_parser("schema", help="write the JSON Schema of spec files")
-    schema.add_argument("-o", "--out", default=None, help="default: schemas/moec-spec.schema.json")
+    schema.add_argument(
+        "-o", "--out", default=None, help="default: schemas/moec-spec.schema.json; - prints it"
+    )
     return parser
 
 
@@ -262,6 +264,9 @@ def _schema(args: argparse.Namespace) -> int:
     from moec.resources import schema_path
     from moec.spec.schema import is_moec_schema, schema_text
 
+    if args.out == "-":  # standard output, as for init and explain
+        print(schema_text(), end="")
+        return 0
     out = Path(args.out) if args.out else schema_path()
     write_text(out, schema_text(), is_moec_schema, make_parents=True)
     print(f"wrote {out}")

@@ -46,6 +46,14 @@ def test_schema_command_writes_the_same_text(tmp_path, capsys):
     assert out.read_text(encoding="utf-8") == schema_text()
 
 
+def test_schema_command_prints_for_a_dash(tmp_path, monkeypatch, capsys):
+    """-o - is standard output, as for init and explain: no file named "-"."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["schema", "-o", "-"]) == 0
+    assert capsys.readouterr().out == schema_text()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_schema_command_default_path(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["schema"]) == 0

@@ -55,6 +55,9 @@ def _session_cache(cache_dir, monkeypatch):
         ("pydot", "would shadow"),
         ("pynvml", "would shadow"),
         ("tempfile", "standard library"),
+        ("test", "standard library"),  # not in sys.stdlib_module_names
+        ("sitecustomize", "at every start"),  # imported by `site` when on the path
+        ("usercustomize", "at every start"),
         ("dataclasses", "standard library"),
         ("moec", "would shadow"),
         ("pytest", "installed here"),

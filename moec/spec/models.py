@@ -66,7 +66,11 @@ IMPORTED_BY_PACKAGES = frozenset(
 )
 """Modules a generated package imports, directly or through torch and triton."""
 
-SHADOWED = frozenset(sys.stdlib_module_names) | IMPORTED_BY_PACKAGES
+STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize", "test"})
+"""Modules Python imports or ships that sys.stdlib_module_names leaves out: `site` imports the
+first two at every interpreter start, and `test` is the standard library's test package."""
+
+SHADOWED = frozenset(sys.stdlib_module_names) | STARTUP_MODULES | IMPORTED_BY_PACKAGES
 """Module names a generated package must not take: it would shadow them where it is imported."""
 
 MAX_INT = 2**31 - 1
@@ -321,8 +325,10 @@ def package_name_problem(name: str) -> str:
             f"a dunder name is Python's, not importable as a package (e.g. {name.strip('_')}_moe)"
         )
     if name in SHADOWED or name in installed_modules():
-        if name in sys.stdlib_module_names:
+        if name in sys.stdlib_module_names or name == "test":
             whose = "standard library"
+        elif name in STARTUP_MODULES:
+            whose = "imported by Python's site module at every start"
         elif name in IMPORTED_BY_PACKAGES:
             whose = "imported by generated packages, directly or through torch"
         else:
