@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +42,12 @@ class Problem:
 
     def format(self, source: str = "") -> str:
         """`SPEC:LINE: key.path = value: message (hint)`."""
-        where = source or "<spec>"
+        where = _printable(source) or "<spec>"
         if self.line is not None:
             where = f"{where}:{self.line}"
         if self.origin:
             where = f"{where} ({self.origin})"
-        subject = self.path or ""
+        subject = _key(self.path)
         if self.has_value:
             subject = f"{subject} = {_show(self.value)}" if subject else _show(self.value)
         text = f"{where}: {subject}: {self.message}" if subject else f"{where}: {self.message}"
@@ -83,7 +84,10 @@ def _show(value: Any, depth: int = 0) -> str:
         if depth >= _SHOWN_DEPTH:
             return "[...]" if isinstance(value, (list, tuple)) else "{...}"
         if isinstance(value, dict):
-            items = [f"{k} = {_show(v, depth + 1)}" for k, v in list(value.items())[:_SHOWN_ITEMS]]
+            items = [
+                f"{_key(str(k))} = {_show(v, depth + 1)}"
+                for k, v in list(value.items())[:_SHOWN_ITEMS]
+            ]
         else:
             items = [_show(v, depth + 1) for v in value[:_SHOWN_ITEMS]]
         if len(value) > _SHOWN_ITEMS:
@@ -91,6 +95,21 @@ def _show(value: Any, depth: int = 0) -> str:
         opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
         return opening + ", ".join(items) + closing
     return _cut(str(value))
+
+
+def _printable(text: str) -> str:
+    """Text with its control characters written as hex escapes: a spec's key or a path reaches
+    the user's terminal, which would obey them."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _key(text: str) -> str:
+    """A key as a message shows it: moec's keys are ASCII, so anything else in one is written as
+    an escape (a look-alike letter, a zero-width space), and a long one cut."""
+    return _cut(_printable(text.encode("ascii", "backslashreplace").decode("ascii")))
 
 
 def _cut(text: str) -> str:

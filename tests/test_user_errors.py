@@ -482,3 +482,17 @@ def test_odd_option_values_are_refused_or_mean_what_they_say(capsys, tmp_path, m
     monkeypatch.chdir(tmp_path)
     code, out, _ = cli(capsys, "explain", spec, "--format", "json", "-o", "-")
     assert code == 0 and out.startswith('{\n  "moec_version"') and not (tmp_path / "-").exists()
+
+
+def test_keys_reach_the_terminal_escaped(tmp_path, capsys):
+    """A key with control characters (a terminal escape) or look-alike letters is shown
+    escaped: the terminal does not obey it, and the user sees which letter differs."""
+    spec = tmp_path / "escape.toml"
+    spec.write_text(
+        (EXAMPLES / "tiny-cpu.toml").read_text() + '\n["\\u001b]0;title\\u0007"]\nx = 1\n'
+    )
+    code, out, err = cli(capsys, "validate", str(spec))
+    assert code == 2 and "\x1b" not in err and "\x07" not in err
+    assert "\\x1b]0;title\\x07" in err
+    code, out, err = cli(capsys, "validate", TINY, "--set", "model.hidden_s\u0456ze=1")
+    assert code == 2 and "model.hidden_s\\u0456ze" in err and "did you mean hidden_size" in err
