@@ -389,6 +389,16 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "experts.layout",
     ),
     ("token_bound_applies", {"parallel.max_tokens_per_rank": 64}, "parallel.max_tokens_per_rank"),
+    (
+        "nic_bandwidth_needs_nodes",
+        {"parallel.nic_bandwidth_gbs": 50.0},
+        "parallel.nic_bandwidth_gbs",
+    ),
+    (
+        "checkpoint_format",
+        {"quant.scheme": "bf16", "quant.shared_scheme": "mxfp4", "model.n_shared_experts": 1},
+        "quant.shared_scheme",
+    ),
     ("arch_needs_cuda", {"target.arch": "sm100"}, "target.arch"),
     # DeepSeek-V3 experts 16 times wider: 367 GiB of bf16 weights, over the H200's 139.8 GiB
     (

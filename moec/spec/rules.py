@@ -276,8 +276,8 @@ def _groups_divide_intermediate(spec: Spec) -> Iterator[Problem]:
 
 @rule("checkpoint_format")
 def _checkpoint(spec: Spec) -> Iterator[Problem]:
-    """mxfp4 weights are not made from bf16 on load (the rounding loses too much); a static
-    activation scale only exists in a quantized checkpoint."""
+    """mxfp4 weights, routed or shared, are not made from bf16 on load (the rounding loses too
+    much); a static activation scale only exists in a quantized checkpoint."""
     quant = spec.quant
     if quant.scheme == "mxfp4" and quant.checkpoint == "bf16":
         yield problem(
@@ -286,6 +286,21 @@ def _checkpoint(spec: Spec) -> Iterator[Problem]:
             '"quantized"',
             value=quant.checkpoint,
         )
+    elif quant.shared_scheme == "mxfp4" and spec.model.n_shared_experts:
+        if quant.scheme == "bf16":  # a bf16 layer reads a bf16 checkpoint, shared experts too
+            yield problem(
+                "quant.shared_scheme",
+                "mxfp4 shared experts load from an mxfp4 checkpoint, and a bf16 layer's is bf16",
+                '"fp8_block", "fp8_per_tensor" or "mxfp8", quantized from bf16 on load',
+                value=quant.shared_scheme,
+            )
+        elif quant.checkpoint == "bf16":
+            yield problem(
+                "quant.checkpoint",
+                "mxfp4 shared experts load from an mxfp4 checkpoint, not quantized from bf16",
+                '"quantized", or another quant.shared_scheme',
+                value=quant.checkpoint,
+            )
     if (
         quant.activation_scheme == "static"
         and quant.scheme == "fp8_per_tensor"  # other schemes: reported by the rules above
@@ -646,6 +661,18 @@ def _token_bound(spec: Spec) -> Iterator[Problem]:
             "local dispatch exchanges no tokens",
             "remove it, or an expert-parallel dispatch",
             value=spec.parallel.max_tokens_per_rank,
+        )
+
+
+@rule("nic_bandwidth_needs_nodes")
+def _nic_bandwidth(spec: Spec) -> Iterator[Problem]:
+    """nic_bandwidth_gbs prices traffic between nodes: it applies from nodes = 2."""
+    if spec.parallel.nic_bandwidth_gbs is not None and spec.parallel.nodes == 1:
+        yield problem(
+            "parallel.nic_bandwidth_gbs",
+            "has no effect with nodes = 1: ranks of one node talk over NVLink, not the NIC",
+            "remove it, or set parallel.nodes",
+            value=spec.parallel.nic_bandwidth_gbs,
         )
 
 
