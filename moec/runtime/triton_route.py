@@ -66,6 +66,7 @@ def _select_topk_kernel(
     METHOD: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     N_GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # power of two >= N_GROUP (tl.arange takes powers of two)
     TOPK_GROUP: tl.constexpr,
     TOP_K: tl.constexpr,
     NORMALIZE: tl.constexpr,
@@ -107,7 +108,7 @@ def _select_topk_kernel(
         choice = choice + tl.load(bias_ptr + e, mask=valid, other=0.0)
     choice = tl.where(valid, choice, float("-inf"))
     if METHOD != "greedy" and N_GROUP > 1:
-        g = tl.arange(0, N_GROUP)
+        g = tl.arange(0, BLOCK_G)  # groups past N_GROUP score -inf: never kept
         if PER_GROUP:  # E == BLOCK_E: the groups as rows, every group's reductions at once
             grouped = tl.reshape(choice, (N_GROUP, PER_GROUP))
             group_scores = tl.max(grouped, axis=1)
@@ -118,8 +119,8 @@ def _select_topk_kernel(
                 group_scores = group_scores + tl.max(rest, axis=1)
         else:  # one group at a time
             per_group = E // N_GROUP
-            group = tl.where(valid, e // per_group, N_GROUP)
-            group_scores = tl.zeros((N_GROUP,), dtype=tl.float32)
+            group = tl.where(valid, e // per_group, BLOCK_G)
+            group_scores = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
             for index in tl.static_range(N_GROUP):
                 members = tl.where(group == index, choice, float("-inf"))
                 best = tl.max(members, axis=0)
@@ -127,7 +128,7 @@ def _select_topk_kernel(
                     first = tl.argmax(members, axis=0)
                     best = best + tl.max(tl.where(e == first, float("-inf"), members), axis=0)
                 group_scores = tl.where(g == index, best, group_scores)
-        kept = tl.zeros((N_GROUP,), dtype=tl.int1)
+        kept = tl.zeros((BLOCK_G,), dtype=tl.int1)
         for _ in tl.static_range(TOPK_GROUP):
             top = tl.argmax(tl.where(kept, float("-inf"), group_scores), axis=0)
             kept = kept | (g == top)
@@ -351,6 +352,7 @@ def select_topk(
             METHOD=topk_method,
             HAS_BIAS=bias is not None,
             N_GROUP=n_group,
+            BLOCK_G=triton.next_power_of_2(n_group),
             TOPK_GROUP=topk_group,
             TOP_K=top_k,
             NORMALIZE=norm_topk_prob,

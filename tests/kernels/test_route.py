@@ -84,6 +84,37 @@ def test_select_topk(scoring, method, n_group, topk_group, top_k, normalize, sca
     assert (ids[:, top_k] == experts).all() and (weights[:, top_k] == 1.0).all()  # fused shared
 
 
+@pytest.mark.parametrize(
+    "method, experts, n_group, topk_group",
+    [("noaux_tc", 96, 3, 2), ("group_limited_greedy", 96, 6, 4), ("noaux_tc", 160, 5, 3)],
+)
+def test_select_topk_groups_not_a_power_of_two(method, experts, n_group, topk_group):
+    """A group count that is not a power of two (tl.arange takes only those): the groups are
+    held in the next power of two, the extra ones never kept."""
+    kernels = load()
+    gen = torch.Generator().manual_seed(n_group)
+    logits = torch.randn(11, experts, generator=gen)
+    bias = 0.1 * torch.randn(experts, generator=gen)
+    options = (method, n_group, topk_group, 4, True, 2.5)
+    weights, ids = kernels.select_topk(
+        logits,
+        bias,
+        scoring_func="sigmoid",
+        topk_method=method,
+        n_group=n_group,
+        topk_group=topk_group,
+        top_k=4,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        fused_shared=0,
+    )
+    expected_w, expected_ids = torch_select(logits, bias, "sigmoid", *options)
+    assert torch.equal(ids.long().sort(-1).values, expected_ids.sort(-1).values)
+    order, expected_order = ids.long().argsort(-1), expected_ids.argsort(-1)
+    got, want = weights.gather(1, order), expected_w.gather(1, expected_order)
+    assert torch.allclose(got, want, rtol=8 * 2**-24, atol=0)
+
+
 @pytest.mark.parametrize("slices, fused_shared", [(3, 0), (9, 2), (28, 1)])
 def test_select_topk_partial_logits(slices, fused_shared):
     """Partial logits [S, T, E] of a split-K router are added in slice order (S beyond one
