@@ -181,8 +181,8 @@ def _explain(args: argparse.Namespace) -> int:
             )
         explain.write(explain.matrix_text(), out)
         return 0
-    if not args.spec:
-        raise MoecError([problem("SPEC", "is required unless --matrix is given")], kind="usage")
+    if args.spec is None:
+        raise MoecError([problem("", "is required unless --matrix is given")], "SPEC", kind="usage")
     ceilings = {
         key: positive_number(option, value, "moec explain")
         for key, option, value in (

@@ -496,3 +496,10 @@ def test_keys_reach_the_terminal_escaped(tmp_path, capsys):
     assert "\\x1b]0;title\\x07" in err
     code, out, err = cli(capsys, "validate", TINY, "--set", "model.hidden_s\u0456ze=1")
     assert code == 2 and "model.hidden_s\\u0456ze" in err and "did you mean hidden_size" in err
+
+
+@pytest.mark.parametrize("command", ["validate", "build", "explain"])
+def test_an_empty_spec_path_is_named_as_such(command, capsys):
+    """'' is not the current folder ("."): the message says the path is empty."""
+    code, out, err = cli(capsys, command, "")
+    assert code == 2 and err.startswith("SPEC: is an empty path") and "Traceback" not in err

@@ -300,7 +300,7 @@ def config_json(tmp_path_factory) -> Path:
 BAD_TEXT_OUT = {
     "missing parent": (lambda tmp: tmp / "nope" / "spec.toml", "no such folder"),
     "parent is a file": (lambda tmp: _file(tmp / "f") / "spec.toml", "is a file, not a folder"),
-    "a folder": (lambda tmp: tmp, "is a folder"),
+    "a folder": (lambda tmp: tmp, "is a folder (the path of a file to write"),
     "a user file": (lambda tmp: _file(tmp / "mine.toml"), "was not written by moec"),
     "a symlink": (lambda tmp: _link(tmp), "symbolic link"),
     "/proc": (lambda tmp: Path("/proc/moec.toml"), "/proc/moec.toml"),

@@ -325,8 +325,7 @@ def refuse_unless_moec_file(path: Path, written_by_moec: Callable[[bytes], bool]
     except FileNotFoundError:
         return
     if stat.S_ISDIR(mode):
-        reason = "is a folder"
-        hint = f"a file path, e.g. {path / 'spec.toml'}"
+        reason, hint = "is a folder", "the path of a file to write, not a folder"
     elif stat.S_ISLNK(mode):
         reason, hint = "is a symbolic link; moec does not write through it", "another path"
     elif not stat.S_ISREG(mode):

@@ -81,6 +81,10 @@ def read_user_text(path: Path) -> str:
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedSpec:
     """Read and check the spec file at `path`, with `--set KEY=VALUE` overrides."""
+    if not str(path):  # Path("") is the current folder
+        raise MoecError(
+            [problem("", "is an empty path", "the path of a TOML spec file")], "SPEC", kind="usage"
+        )
     path = Path(path)
     try:
         text = read_user_text(path)
