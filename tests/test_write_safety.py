@@ -143,6 +143,17 @@ def test_an_empty_folder_is_taken(tmp_path):
     assert (tmp_path / "tiny_cpu" / "plan.json").read_bytes() == b"{}\n"
 
 
+def test_the_folder_keeps_its_permissions(tmp_path):
+    """A private empty folder (or previous build) stays private: the build takes its mode."""
+    target = tmp_path / "tiny_cpu"
+    target.mkdir(mode=0o700)
+    target.chmod(0o700)  # whatever the umask
+    assert write_package(target, FILES)
+    assert target.stat().st_mode & 0o777 == 0o700
+    assert write_package(target, {**FILES, "plan.json": b"[]\n"})
+    assert target.stat().st_mode & 0o777 == 0o700 and (target / "plan.json").read_bytes() == b"[]\n"
+
+
 def test_leftovers_of_killed_builds_are_removed_and_nothing_else(tmp_path):
     staging = tmp_path / ".pkg.moec-0123abcd"  # killed while writing: marker, a file cut short
     staging.mkdir()

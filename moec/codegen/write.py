@@ -135,11 +135,15 @@ def _stage(target: Path, files: dict[str, bytes]) -> Path:
 def _swap_in(staging: Path, target: Path) -> None:
     """Put the staging folder at `target`; remove the previous build it replaces. Once the
     new build is in place the build has succeeded: a previous build that cannot be removed
-    (made read-only) stays as a leftover, which later builds try to remove again."""
+    (made read-only) stays as a leftover, which later builds try to remove again. The new
+    folder takes the permissions of the one it replaces (an empty folder of the user's, or a
+    previous build): a private folder stays private."""
     try:
         if not os.path.lexists(target):
             os.rename(staging, target)
-        elif _exchange(staging, target):
+            return
+        os.chmod(staging, stat.S_IMODE(os.lstat(target).st_mode))
+        if _exchange(staging, target):
             shutil.rmtree(staging, ignore_errors=True)  # now holds the previous package
         else:
             previous = target.with_name(_staging_name(target, "previous"))
