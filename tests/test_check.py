@@ -72,6 +72,15 @@ def test_the_reference_is_the_torch_layer(load_layer, variant):
     assert self_check.norm_error(layer(x), expected) <= bound
 
 
+def test_the_reference_takes_no_tokens(load_layer):
+    """Zero tokens: an empty output, as the layer gives (a view with -1 could not tell H)."""
+    package = load_layer(SPEC)
+    layer = package.MoELayer().random_(3)
+    x = torch.zeros(0, 256).bfloat16()
+    gated = package.gated_activation.torch_gated
+    assert reference.forward(layer, x, package.PLAN, gated).shape == layer(x).shape == (0, 256)
+
+
 def run_check(folder, package: str, *args: str, interpret: bool = False):
     env = {**os.environ, "TRITON_INTERPRET": "1" if interpret else "0"}
     return subprocess.run(

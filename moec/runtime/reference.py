@@ -28,7 +28,7 @@ def forward(layer, x: torch.Tensor, plan: dict, torch_gated) -> torch.Tensor:
     weights, ids = select(x, params, plan)  # [T, K] fp32, [T, K] int32
     tokens, top_k = ids.shape
     rows = expert_rows(x, ids, params, dims["routed"], dims["intermediate"], torch_gated)
-    rows = rows.view(tokens, top_k, -1)  # [T, K, H]
+    rows = rows.view(tokens, top_k, x.shape[1])  # [T, K, H] (-1 is ambiguous at T = 0)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for k in range(top_k):
         out += weights[:, k : k + 1] * rows[:, k].float()
