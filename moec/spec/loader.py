@@ -394,18 +394,19 @@ def _required_hint(loc: list[str]) -> str:
 
 
 def _type_hint(kind_of: str, item: dict[str, Any]) -> str:
+    """What the key accepts, said differently from pydantic's message (which names the type)."""
     if kind_of.startswith("int"):
-        return "an integer"
+        return "an integer, without quotes or a decimal point: e.g. 256"
     if kind_of.startswith("float"):
-        return "a number"
+        return "a number, without quotes: e.g. 2.5"
     if kind_of.startswith("bool"):
-        return "true or false"
+        return "true or false, without quotes"
     if kind_of.startswith("list"):
         return "an array, e.g. [128, 128]"
     if kind_of.startswith("string"):
-        return "a string"
+        return "a string, in quotes"
     if kind_of == "finite_number":
-        return "a finite number"
+        return "a finite number, not nan or inf"
     if kind_of in ("greater_than", "greater_than_equal"):
         return "a positive value" if item.get("ctx", {}).get("gt") == 0 else "a larger value"
     if kind_of in ("less_than", "less_than_equal"):
