@@ -1,9 +1,10 @@
 """Which launches gain from programmatic dependent launch: the whole layer, each variant captured
 in its own CUDA graph, as built, with no PDL at all, with one stage (or a set of them) at a
-time launched without it (its kernels in order, none releasing its successor early), and with the dispatch's row copy
-under PDL too (triton_dispatch.COPY_PDL). The variants are replayed in turn, ROUNDS times, and
-each reports the median of its rounds' medians: a layer's time drifts by more between processes
-and over a run than most of these differences. Prints one row per package and T; writes JSON.
+time launched without it (its kernels in order, none releasing its successor early), and with
+the dispatch's row copy under PDL too (the plan's Dispatch.copy_pdl, which the stage passes to
+triton_dispatch.dispatch). The variants are replayed in turn, ROUNDS times, and each reports
+the median of its rounds' medians: a layer's time drifts by more between processes and over a
+run than most of these differences. Prints one row per package and T; writes JSON.
 
     python benchmarks/pdl_stages.py --tokens 1,256,1024,4096 --out $OUT/pdl_stages.json
 """
@@ -47,12 +48,14 @@ def variants(package, layer, x, in_order: list[str]) -> dict:
         replays["no_pdl"] = graphed(lambda: layer(x))
     finally:
         tiles.PDL = True
-    built_copy = dispatch.COPY_PDL
-    dispatch.COPY_PDL = True
+    built_dispatch = dispatch.dispatch
+    dispatch.dispatch = lambda *args, **kwargs: built_dispatch(
+        *args, **{**kwargs, "copy_pdl": True}
+    )
     try:
         replays["copy_pdl"] = graphed(lambda: layer(x))
     finally:
-        dispatch.COPY_PDL = built_copy
+        dispatch.dispatch = built_dispatch
     for variant in in_order:
         built = {stage: getattr(stages, stage) for stage in variant.split("+")}
         for stage, fn in built.items():

@@ -387,3 +387,14 @@ def test_received_rows_pick_the_bucket_of_tokens_per_rank(overrides, expected):
         return
     assert got == pytest.approx(expected, abs=1e-4)
     assert any(d.what == "tile bucket of received rows" for d in plan.decisions)
+
+
+def test_the_dispatch_row_copy_leaves_pdl_where_the_layer_has_it():
+    """Under PDL (sm90) the plan launches the Triton dispatch's row copy in order, a decision
+    with its reason; a layer without PDL has nothing to decide."""
+    on_gpu = plan_of("deepseek-v3-fp8.toml")
+    assert on_gpu.tiles.pdl and on_gpu.stage("dispatch").copy_pdl is False
+    assert any(d.what == "dispatch row copy under PDL" for d in on_gpu.decisions)
+    on_cpu = plan_of("tiny-cpu-triton.toml")
+    assert not on_cpu.tiles.pdl and on_cpu.stage("dispatch").copy_pdl is True
+    assert not any(d.what == "dispatch row copy under PDL" for d in on_cpu.decisions)

@@ -120,6 +120,9 @@ class Dispatch(Stage):
     one_launch: int = 0
     """Assignments up to which a Triton dispatch writes the indices and the rows in one launch
     (contiguous, local); 0: never."""
+    copy_pdl: bool = True
+    """Whether a Triton dispatch's row copy after the route takes part in programmatic dependent
+    launch, where the layer launches with it (the tile pass decides)."""
 
 
 @dataclass(frozen=True, kw_only=True)

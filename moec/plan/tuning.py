@@ -120,11 +120,19 @@ def choose_tiles(plan: Plan) -> None:
         "programmatic dependent launch",
         "yes" if pdl else "no",
         f"{layer.arch} schedules each Triton kernel's programs while the previous kernel runs; "
-        "they wait there for its results: the launch gaps of the decode path are hidden "
-        "(all but the dispatch's row copy after its route launches: in order, it was 6-7 us faster)"
+        "they wait there for its results: the launch gaps of the decode path are hidden"
         if pdl
         else f"{layer.arch or layer.device} has no programmatic dependent launch (sm90 and newer)",
     )
+    if pdl and plan.has("dispatch") and plan.stage("dispatch").backend == "triton":
+        plan.update("dispatch", copy_pdl=False)
+        plan.decide(
+            "dispatch row copy under PDL",
+            "no, launched in order",
+            "launched early, its successor's programs wait on the SMs while the copy runs: the "
+            "stage took 5.6-7.4 us longer on the H200 at T = 256 to 4096 (benchmarks/RESULTS.md, "
+            "run 47); the route's launches and the one-launch decode dispatch keep PDL",
+        )
     if plan.has("shared_expert") and plan.stage("shared_expert").backend == "triton":
         plan.decide(
             "shared expert tiles",

@@ -26,12 +26,6 @@ from .triton_permute import (
 )
 from .triton_route import empty_contiguous, route_contiguous, route_masked
 
-COPY_PDL = False
-"""Whether the row copy after route_layout takes part in programmatic dependent launch. No: with
-it, the dispatch stage alone took 5.6-7.4 us longer on the H200 at T = 256 to 4096 than with
-the copy launched in order and releasing no successor early (the route's three launches keep
-PDL; benchmarks/RESULTS.md, run 47)."""
-
 
 @triton.jit
 def _dispatch_one_launch_kernel(
@@ -132,12 +126,15 @@ def dispatch(
     mn_major_scales=False,
     one_launch=0,
     pdl=False,
+    copy_pdl=True,
 ):
     """(a, a_scale, routing): x [T, H]'s rows in the `layout` ("contiguous", rows padded to
     block_m per expert; "masked") of topk_ids [T, K] int32 over `experts` experts, quantized as
     triton_permute.permute does (a_scale None for quant "none"), and the layout's indices
     (grouping.ContiguousRouting / MaskedRouting). config: the permute kernel's tiles;
-    one_launch: the most assignments a contiguous dispatch does in one launch (0: none)."""
+    one_launch: the most assignments a contiguous dispatch does in one launch (0: none); pdl:
+    programmatic dependent launch, which the row copy after route_layout takes part in only
+    with copy_pdl (the plan's choice, Dispatch.copy_pdl)."""
     assignments = topk_ids.numel()
     if layout == "masked":
         routing = route_masked(topk_ids, experts, pdl=pdl)
@@ -156,7 +153,7 @@ def dispatch(
         ue8m0=ue8m0,
         scale=scale,
         mn_major_scales=mn_major_scales,
-        pdl=pdl and COPY_PDL,
+        pdl=pdl and copy_pdl,
     )
     return a, a_scale, routing
 

@@ -95,6 +95,8 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
         layout_options = f", block_m={block_m}"
     if stage.one_launch:
         layout_options += f", one_launch={stage.one_launch}"
+    if not stage.copy_pdl:
+        layout_options += ", copy_pdl=False"
     fields = {
         "targets": dispatch_targets(stage),
         "experts": stage.experts,
