@@ -66,11 +66,12 @@ IMPORTED_BY_PACKAGES = frozenset(
 )
 """Modules a generated package imports, directly or through torch and triton."""
 
-STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize", "test"})
-"""Modules Python imports or ships that sys.stdlib_module_names leaves out: `site` imports the
-first two at every interpreter start, and `test` is the standard library's test package."""
+STANDARD_LIBRARY = frozenset(sys.stdlib_module_names) | {"test"}
+"""The standard library's modules; sys.stdlib_module_names leaves out its `test` package."""
+STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
+"""Modules `site` imports at every interpreter start, wherever they are on the path."""
 
-SHADOWED = frozenset(sys.stdlib_module_names) | STARTUP_MODULES | IMPORTED_BY_PACKAGES
+SHADOWED = STANDARD_LIBRARY | STARTUP_MODULES | IMPORTED_BY_PACKAGES
 """Module names a generated package must not take: it would shadow them where it is imported."""
 
 MAX_INT = 2**31 - 1
@@ -325,7 +326,7 @@ def package_name_problem(name: str) -> str:
             f"a dunder name is Python's, not importable as a package (e.g. {name.strip('_')}_moe)"
         )
     if name in SHADOWED or name in installed_modules():
-        if name in sys.stdlib_module_names or name == "test":
+        if name in STANDARD_LIBRARY:
             whose = "standard library"
         elif name in STARTUP_MODULES:
             whose = "imported by Python's site module at every start"
