@@ -47,50 +47,54 @@ SLICES_AT_ONCE = 8
 
 
 @triton.jit
-def _select_topk_kernel(
-    # pointers
-    logits_ptr,  # [S, T, E] fp32: S partial sums (split-K router) to add, in order
-    bias_ptr,  # [E] fp32 (HAS_BIAS)
-    ids_ptr,  # [T, TOP_K + FUSED_SHARED] int32 out
-    weights_ptr,  # [T, TOP_K + FUSED_SHARED] fp32 out
-    # dims
+def sum_partials(
+    logits_ptr,
     E,
     S,
-    # strides
     stride_ls,
-    stride_lt,
-    stride_it,
-    stride_wt,
-    # meta-parameters
+    BLOCK_E: tl.constexpr,
+    SLICES_AT_ONCE: tl.constexpr,
+    CACHE: tl.constexpr,
+):
+    """One token's logits [BLOCK_E] (-inf past E): the sum of its S partial rows (logits_ptr:
+    the token's row of slice 0), added in slice order; CACHE: the loads' cache modifier."""
+    e = tl.arange(0, BLOCK_E)
+    logits = tl.load(logits_ptr + e, mask=e < E, other=float("-inf"), cache_modifier=CACHE)
+    for s0 in range(1, S, SLICES_AT_ONCE):  # the slices in order; their loads issued together
+        for i in tl.static_range(SLICES_AT_ONCE):
+            slice_width = tl.where(s0 + i < S, E, 0)  # past S: masked, and x + 0.0 == x
+            logits += tl.load(
+                logits_ptr + (s0 + i) * stride_ls + e,
+                mask=e < slice_width,
+                other=0.0,
+                cache_modifier=CACHE,
+            )
+    return logits
+
+
+@triton.jit
+def select_row(
+    logits,
+    bias_ptr,
+    E,
     SCORING: tl.constexpr,
     METHOD: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     N_GROUP: tl.constexpr,
-    BLOCK_G: tl.constexpr,  # power of two >= N_GROUP (tl.arange takes powers of two)
+    BLOCK_G: tl.constexpr,
     TOPK_GROUP: tl.constexpr,
     TOP_K: tl.constexpr,
     NORMALIZE: tl.constexpr,
     ROUTED_SCALING: tl.constexpr,
     FUSED_SHARED: tl.constexpr,
-    BLOCK_E: tl.constexpr,  # power of two >= E
-    BLOCK_K: tl.constexpr,  # power of two >= TOP_K + FUSED_SHARED
-    PER_GROUP: tl.constexpr,  # E // N_GROUP where E == BLOCK_E (groups as rows), else 0
-    SLICES_AT_ONCE: tl.constexpr,  # partial logits loaded per step
-    PDL: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PER_GROUP: tl.constexpr,
 ):
-    wait_inputs(PDL)
-    t = tl.program_id(0).to(tl.int64)
+    """One token's choice from its logits [BLOCK_E]: (ids [BLOCK_K] int32, weights [BLOCK_K]
+    fp32), the first TOP_K + FUSED_SHARED of them used (see the comment at the top)."""
     e = tl.arange(0, BLOCK_E)
     valid = e < E
-    logits = tl.load(logits_ptr + t * stride_lt + e, mask=valid, other=float("-inf"))
-    for s0 in range(1, S, SLICES_AT_ONCE):  # the slices in order; their loads issued together
-        for i in tl.static_range(SLICES_AT_ONCE):
-            slice_width = tl.where(s0 + i < S, E, 0)  # past S: masked, and x + 0.0 == x
-            logits += tl.load(
-                logits_ptr + (s0 + i) * stride_ls + t * stride_lt + e,
-                mask=e < slice_width,
-                other=0.0,
-            )
     if SCORING == "softmax":
         shifted = tl.exp(logits - tl.max(logits, axis=0))
         scores = shifted / tl.sum(shifted, axis=0)
@@ -158,9 +162,62 @@ def _select_topk_kernel(
     shared = slot >= TOP_K  # the fused shared experts E.., weight 1
     top_ids = tl.where(shared, E + slot - TOP_K, top_ids)
     top_weights = tl.where(shared, 1.0, top_weights)
-    width = slot < TOP_K + FUSED_SHARED
-    tl.store(ids_ptr + t * stride_it + slot, top_ids, mask=width)
-    tl.store(weights_ptr + t * stride_wt + slot, top_weights, mask=width)
+    return top_ids, top_weights
+
+
+@triton.jit
+def store_choice(
+    ids_ptr, weights_ptr, top_ids, top_weights, WIDTH: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """Store one token's ids and weights (the first WIDTH of BLOCK_K) at ids_ptr, weights_ptr."""
+    slot = tl.arange(0, BLOCK_K)
+    tl.store(ids_ptr + slot, top_ids, mask=slot < WIDTH)
+    tl.store(weights_ptr + slot, top_weights, mask=slot < WIDTH)
+
+
+@triton.jit
+def _select_topk_kernel(
+    # pointers
+    logits_ptr,  # [S, T, E] fp32: S partial sums (split-K router) to add, in order
+    bias_ptr,  # [E] fp32 (HAS_BIAS)
+    ids_ptr,  # [T, TOP_K + FUSED_SHARED] int32 out
+    weights_ptr,  # [T, TOP_K + FUSED_SHARED] fp32 out
+    # dims
+    E,
+    S,
+    # strides
+    stride_ls,
+    stride_lt,
+    stride_it,
+    stride_wt,
+    # meta-parameters
+    SCORING: tl.constexpr,
+    METHOD: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    N_GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # power of two >= N_GROUP (tl.arange takes powers of two)
+    TOPK_GROUP: tl.constexpr,
+    TOP_K: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    ROUTED_SCALING: tl.constexpr,
+    FUSED_SHARED: tl.constexpr,
+    BLOCK_E: tl.constexpr,  # power of two >= E
+    BLOCK_K: tl.constexpr,  # power of two >= TOP_K + FUSED_SHARED
+    PER_GROUP: tl.constexpr,  # E // N_GROUP where E == BLOCK_E (groups as rows), else 0
+    SLICES_AT_ONCE: tl.constexpr,  # partial logits loaded per step
+    PDL: tl.constexpr,
+):
+    wait_inputs(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    logits = sum_partials(logits_ptr + t * stride_lt, E, S, stride_ls, BLOCK_E, SLICES_AT_ONCE, "")
+    top_ids, top_weights = select_row(
+        logits, bias_ptr, E, SCORING, METHOD, HAS_BIAS, N_GROUP, BLOCK_G, TOPK_GROUP, TOP_K,
+        NORMALIZE, ROUTED_SCALING, FUSED_SHARED, BLOCK_E, BLOCK_K, PER_GROUP,
+    )  # fmt: skip
+    store_choice(
+        ids_ptr + t * stride_it, weights_ptr + t * stride_wt, top_ids, top_weights,
+        TOP_K + FUSED_SHARED, BLOCK_K,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -329,7 +386,6 @@ def select_topk(
         logits = logits.unsqueeze(0)
     _, tokens, experts = logits.shape
     width = top_k + fused_shared
-    block_e = triton.next_power_of_2(experts)
     ids = torch.empty((tokens, width), dtype=torch.int32, device=logits.device)
     weights = torch.empty((tokens, width), dtype=torch.float32, device=logits.device)
     if tokens:
@@ -348,24 +404,55 @@ def select_topk(
             ids.stride(0),
             weights.stride(0),
             # meta-parameters
-            SCORING=scoring_func,
-            METHOD=topk_method,
-            HAS_BIAS=bias is not None,
-            N_GROUP=n_group,
-            BLOCK_G=triton.next_power_of_2(n_group),
-            TOPK_GROUP=topk_group,
-            TOP_K=top_k,
-            NORMALIZE=norm_topk_prob,
-            ROUTED_SCALING=routed_scaling_factor,
-            FUSED_SHARED=fused_shared,
-            BLOCK_E=block_e,
-            BLOCK_K=triton.next_power_of_2(width),
-            PER_GROUP=experts // n_group if experts == block_e and n_group > 1 else 0,
+            **choice_meta(
+                experts,
+                has_bias=bias is not None,
+                scoring_func=scoring_func,
+                topk_method=topk_method,
+                n_group=n_group,
+                topk_group=topk_group,
+                top_k=top_k,
+                norm_topk_prob=norm_topk_prob,
+                routed_scaling_factor=routed_scaling_factor,
+                fused_shared=fused_shared,
+            ),
             SLICES_AT_ONCE=SLICES_AT_ONCE,
             num_warps=num_warps,
             **launch_options(pdl),
         )
     return weights, ids
+
+
+def choice_meta(
+    experts,
+    *,
+    has_bias,
+    scoring_func,
+    topk_method,
+    n_group,
+    topk_group,
+    top_k,
+    norm_topk_prob,
+    routed_scaling_factor,
+    fused_shared,
+) -> dict:
+    """The meta-parameters of select_row (and store_choice's BLOCK_K) for these options."""
+    block_e = triton.next_power_of_2(experts)
+    return {
+        "SCORING": scoring_func,
+        "METHOD": topk_method,
+        "HAS_BIAS": has_bias,
+        "N_GROUP": n_group,
+        "BLOCK_G": triton.next_power_of_2(n_group),
+        "TOPK_GROUP": topk_group,
+        "TOP_K": top_k,
+        "NORMALIZE": norm_topk_prob,
+        "ROUTED_SCALING": routed_scaling_factor,
+        "FUSED_SHARED": fused_shared,
+        "BLOCK_E": block_e,
+        "BLOCK_K": triton.next_power_of_2(top_k + fused_shared),
+        "PER_GROUP": experts // n_group if experts == block_e and n_group > 1 else 0,
+    }
 
 
 def route_layout(

@@ -22,6 +22,68 @@ PARTS = tl.constexpr(3)  # bf16 parts of the fp32 weight (quant.split_bf16x3)
 
 
 @triton.jit
+def partial_logits(
+    x_ptr,
+    parts_ptr,
+    T,
+    E,
+    H,
+    K_SLICE,
+    stride_xt,
+    stride_xh,
+    stride_pp,
+    stride_pe,
+    stride_ph,
+    UPCAST: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """This program's tile of partial logits [BLOCK_T, BLOCK_E] fp32: tokens program_id(0),
+    experts program_id(1), hidden elements of K slice program_id(2)."""
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+    k_start = tl.program_id(2) * K_SLICE
+    for k0 in range(k_start, tl.minimum(k_start + K_SLICE, H), BLOCK_K):
+        k = k0 + offs_k
+        x_ptrs = x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + k[None, :] * stride_xh
+        x = tl.load(x_ptrs, mask=(offs_t < T)[:, None] & (k < H)[None, :], other=0.0)
+        w_mask = (k < H)[:, None] & (offs_e < E)[None, :]
+        for part in tl.static_range(PARTS):
+            w_ptrs = (
+                parts_ptr + part * stride_pp + offs_e[None, :] * stride_pe + k[:, None] * stride_ph
+            )
+            w = tl.load(w_ptrs, mask=w_mask, other=0.0)  # [BLOCK_K, BLOCK_E]
+            if UPCAST:
+                acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, w, acc)
+    return acc
+
+
+@triton.jit
+def store_partial_logits(
+    out_ptr,
+    acc,
+    T,
+    E,
+    stride_os,
+    stride_ot,
+    stride_oe,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    """Store a tile of partial_logits at slice program_id(2) of out [S, T, E]."""
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    out_ptr += tl.program_id(2) * stride_os
+    out_ptrs = out_ptr + offs_t[:, None].to(tl.int64) * stride_ot + offs_e[None, :] * stride_oe
+    tl.store(out_ptrs, acc, mask=(offs_t < T)[:, None] & (offs_e < E)[None, :])
+
+
+@triton.jit
 def _router_kernel(
     # pointers
     x_ptr,  # [T, H] bf16
@@ -49,28 +111,11 @@ def _router_kernel(
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
-    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
-    k_start = tl.program_id(2) * K_SLICE
-    for k0 in range(k_start, tl.minimum(k_start + K_SLICE, H), BLOCK_K):
-        k = k0 + offs_k
-        x_ptrs = x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + k[None, :] * stride_xh
-        x = tl.load(x_ptrs, mask=(offs_t < T)[:, None] & (k < H)[None, :], other=0.0)
-        w_mask = (k < H)[:, None] & (offs_e < E)[None, :]
-        for part in tl.static_range(PARTS):
-            w_ptrs = (
-                parts_ptr + part * stride_pp + offs_e[None, :] * stride_pe + k[:, None] * stride_ph
-            )
-            w = tl.load(w_ptrs, mask=w_mask, other=0.0)  # [BLOCK_K, BLOCK_E]
-            if UPCAST:
-                acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, w, acc)
-    out_ptr += tl.program_id(2) * stride_os
-    out_ptrs = out_ptr + offs_t[:, None].to(tl.int64) * stride_ot + offs_e[None, :] * stride_oe
-    tl.store(out_ptrs, acc, mask=(offs_t < T)[:, None] & (offs_e < E)[None, :])
+    acc = partial_logits(
+        x_ptr, parts_ptr, T, E, H, K_SLICE, stride_xt, stride_xh, stride_pp, stride_pe,
+        stride_ph, UPCAST, BLOCK_T, BLOCK_E, BLOCK_K,
+    )  # fmt: skip
+    store_partial_logits(out_ptr, acc, T, E, stride_os, stride_ot, stride_oe, BLOCK_T, BLOCK_E)
 
 
 def router_logits(x, parts, *, config, pdl=False):
@@ -78,19 +123,10 @@ def router_logits(x, parts, *, config, pdl=False):
     x W^T). config: BLOCK_T, BLOCK_E, BLOCK_K, PROGRAMS, num_warps, num_stages."""
     tokens, hidden = x.shape
     experts = parts.shape[1]
-    tiles = triton.cdiv(tokens, config["BLOCK_T"]) * triton.cdiv(experts, config["BLOCK_E"])
-    k_blocks = triton.cdiv(hidden, config["BLOCK_K"])
-    slices = max(1, min(k_blocks, config["PROGRAMS"] // max(tiles, 1)))
-    k_slice = triton.cdiv(k_blocks, slices) * config["BLOCK_K"]
-    slices = triton.cdiv(hidden, k_slice)  # no empty slice
-    out = torch.empty((slices, tokens, experts), dtype=torch.float32, device=x.device)
+    grid, k_slice = split_k(tokens, experts, hidden, config)
+    out = torch.empty((grid[2], tokens, experts), dtype=torch.float32, device=x.device)
     if tokens == 0:
         return out
-    grid = (
-        triton.cdiv(tokens, config["BLOCK_T"]),
-        triton.cdiv(experts, config["BLOCK_E"]),
-        slices,
-    )
     _router_kernel[grid](
         # pointers
         x,
@@ -120,3 +156,18 @@ def router_logits(x, parts, *, config, pdl=False):
         **launch_options(pdl),
     )
     return out
+
+
+def split_k(tokens: int, experts: int, hidden: int, config) -> tuple[tuple[int, int, int], int]:
+    """The router's grid (token tiles, expert tiles, K slices) and the hidden elements per slice:
+    as many slices as fill about config["PROGRAMS"] programs, none of them empty."""
+    tiles = triton.cdiv(tokens, config["BLOCK_T"]) * triton.cdiv(experts, config["BLOCK_E"])
+    k_blocks = triton.cdiv(hidden, config["BLOCK_K"])
+    slices = max(1, min(k_blocks, config["PROGRAMS"] // max(tiles, 1)))
+    k_slice = triton.cdiv(k_blocks, slices) * config["BLOCK_K"]
+    grid = (
+        triton.cdiv(tokens, config["BLOCK_T"]),
+        triton.cdiv(experts, config["BLOCK_E"]),
+        triton.cdiv(hidden, k_slice),  # no empty slice
+    )
+    return grid, k_slice

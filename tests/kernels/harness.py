@@ -36,6 +36,7 @@ from moec.runtime import (  # noqa: E402  (after TRITON_INTERPRET is set)
     triton_act,
     triton_combine,
     triton_dispatch,
+    triton_gate,
     triton_gemm,
     triton_permute,
     triton_route,
@@ -52,6 +53,7 @@ LAUNCHERS = {
     "dispatch": triton_dispatch.dispatch,
     "combine": triton_combine.combine,
     "router_logits": triton_router.router_logits,
+    "gate": triton_gate.gate,
 }
 
 
