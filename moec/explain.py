@@ -178,6 +178,14 @@ def _stage_lines(stages: list[dict[str, Any]]) -> list[str]:
             lines.append(f"        out  {item['tensor']:<13} {item['type']['label']}")
         for item in stage["weights"]:
             lines.append(f"        w    {item['tensor']:<13} {item['type']['label']}")
+        for item in stage["scratch"]:
+            lines.append(
+                f"        tmp  {item['tensor']:<13} {item['type']['label']}  (within the stage)"
+            )
+        for item in stage["workspace"]:
+            lines.append(
+                f"        buf  {item['tensor']:<13} {item['type']['label']}  (kept zeroed)"
+            )
         if stage["note"]:
             lines.append(f"        note {stage['note']}")
     return lines

@@ -60,7 +60,7 @@ def test_text_shows_stages_types_decisions_and_cost(capsys):
     assert [(n, k, b) for n, k, b, _ in listed] == [
         (s["name"], s["kind"], s["backend"]) for s in data["stages"]
     ]
-    assert [n for n, *_ in listed][:3] == ["input", "router", "select"]
+    assert [n for n, *_ in listed][:3] == ["input", "select", "dispatch"]  # the router fused in
     for (_, _, _, flags), stage in zip(listed, data["stages"], strict=True):
         assert ("syncs host" if stage["syncs_host"] else "no host sync") in flags
         assert ("graph-safe" if stage["graph_safe"] else "not graph-safe") in flags
@@ -140,6 +140,8 @@ STAGE_KEYS = {
     "inputs",
     "outputs",
     "weights",
+    "scratch",
+    "workspace",
     "choices",
     "fused",
     "syncs_host",
@@ -197,7 +199,7 @@ def test_json_structure_is_pinned(capsys, name):
             assert set(item) == {"tensor", "from", "as", "type"}
             assert item["from"] in names
             _check_type(item["type"])
-        for item in stage["outputs"] + stage["weights"]:
+        for item in stage["outputs"] + stage["weights"] + stage["scratch"] + stage["workspace"]:
             assert set(item) == {"tensor", "type"}
             _check_type(item["type"])
 
@@ -352,7 +354,7 @@ def test_dot_is_well_formed(capsys, monkeypatch, name, env):
     for source, target, _ in edges:
         assert source in nodes and target in nodes
     # node labels break lines with DOT's \n escape (not a literal backslash)
-    assert '[label="router\\nrouter / triton"]' in text
+    assert '[label="select\\nselect / triton"]' in text
     assert "\\\\n" not in text
     if env is FULL and name == "deepseek-v3-fp8.toml":
         assert any("fp32 MN-major TMA-aligned" in label for *_, label in edges)

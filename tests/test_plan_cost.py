@@ -58,11 +58,14 @@ def hand_costs(tokens: int) -> dict[str, tuple[float, float, float]]:
     S = ROUTER_SLICES[tokens]
     hit = E * (1 - (1 - K / E) ** T)
     return {
-        # x in, S partial fp32 logits out, the fp32 gate weight as three bf16 parts [3, E, H]:
-        # three bf16 GEMMs (moec/runtime/triton_router.py)
-        "router": (T * H * 2 + S * T * E * 4 + 3 * E * H * 2, 3 * 2 * T * H * E, BF16),
-        # partial logits in; weights (fp32) and ids (int32) out; correction bias [E]
-        "select": (S * T * E * 4 + T * K * 4 * 2 + E * 4, 0, 0),
+        # the router fused into select (moec/runtime/triton_gate.py): x in, the fp32 gate weight
+        # as three bf16 parts [3, E, H] (three bf16 GEMMs), S partial fp32 logits written and
+        # read back, weights (fp32) and ids (int32) out, correction bias [E]
+        "select": (
+            T * H * 2 + 3 * E * H * 2 + 2 * S * T * E * 4 + T * K * 4 * 2 + E * 4,
+            3 * 2 * T * H * E,
+            BF16,
+        ),
         # x and ids in; e4m3 rows + fp32 1x128 scales + m_indices out
         "dispatch": (T * H * 2 + T * K * 4 + rows * (H + g(H) * 4) + rows * 4, 0, 0),
         # x in, out; all of its fp8 weights and their 128x128 scales
@@ -200,7 +203,7 @@ def test_bf16_plan_computes_at_the_bf16_rate():
     computes = {s.stage: s.compute for s in result.stages}
     assert computes["gemm_gate_up"] == computes["gemm_down"] == "bf16"
     assert computes["shared_expert"] == "bf16"
-    assert computes["router"] == "bf16"  # the three-part router beside Triton kernels
+    assert computes["select"] == "bf16"  # the three-part router (fused in) beside Triton kernels
     torch = {s.stage: s.compute for s in cost_of(plan_of("tiny-cpu-bf16.toml"), 64).stages}
     assert torch["router"] == "fp32"
     fp8 = {s.stage: s.compute for s in cost_of(plan_of("deepseek-v3-fp8.toml"), 1).stages}

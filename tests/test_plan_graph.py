@@ -136,9 +136,14 @@ def test_grouped_layout_types_of_the_deepseek_v3_fp8_plan():
     weights = plan.stage("gemm_gate_up").weights
     assert weights["w13"] == TensorType(DType.e4m3, ("E", "2I", "H"))
     assert weights["w13_scale"] == TensorType(DType.float32, ("E", "2I/128", "H/128"))
-    # the Triton router's partial logits of S hidden-dim slices, added by select
-    assert plan.stage("router").outputs["logits"] == TensorType(DType.float32, ("S", "T", "E"))
-    assert plan.stage("select").outputs["topk_ids"] == TensorType(DType.int32, ("T", "K"))
+    # the Triton router, fused into select: its partial logits of S hidden-dim slices pass
+    # through memory within the stage; the layer keeps one arrival counter per token
+    select = plan.stage("select")
+    assert "router" in select.fused and select.one_launch == 1
+    assert select.scratch == {"logits": TensorType(DType.float32, ("S", "T", "E"))}
+    assert select.workspace == {"gate_counters": TensorType(DType.int32, ("1",))}
+    assert list(select.weights) == ["gate_parts", "gate_bias"]
+    assert select.outputs["topk_ids"] == TensorType(DType.int32, ("T", "K"))
 
 
 def test_masked_layout_types():

@@ -354,8 +354,10 @@ def test_router_slices_are_what_the_kernel_makes(load_layer, tokens):
     package = load_layer(str(example))
     layer = package.MoELayer().random_(0)
     x = torch.randn(tokens, layer.gate_parts.shape[2]).bfloat16()
-    stages = sys.modules[f"{package.__name__}.stages"]
-    partials = stages.router(x, layer.gate_parts)
+    # the router is fused into select: its launcher, with the tiles the stage passes it
+    router = sys.modules[f"{package.__name__}.triton_router"]
+    tiles = sys.modules[f"{package.__name__}.tiles"]
+    partials = router.router_logits(x, layer.gate_parts, config=tiles.router(tokens))
     assert partials.shape[1:] == (tokens, layer.gate_parts.shape[1])
     assert partials.shape[0] == router_slices(make_plan(load_spec(example).spec).layer, tokens)
 

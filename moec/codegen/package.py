@@ -141,6 +141,7 @@ def _layer_fields(plan: Plan, calls: list[str]) -> dict[str, Any]:
         "world_doc": f"{kind}-parallel ranks" if world > 1 else "one rank",
         "empty_returns_early": layer.ep == 1,
         "side_stream": bool(side_stream_stages(plan)),
+        "workspace": bool(workspace(plan)),
         "calls": calls,
         "forward_doc": f"Route each token to its top-{layer.top_k} experts and return the "
         f"weighted sum{shared}.",
@@ -171,7 +172,7 @@ def _weight_fields(plan: Plan) -> dict[str, Any]:
         ("tp", layer.tp),
         ("ep", layer.ep),
         ("has_bias", select.has_bias),
-        ("router_parts", plan.stage("router").precision == "bf16x3"),
+        ("router_parts", any("gate_parts" in stage.weights for stage in plan.order())),
         ("fused_shared", layer.fused_shared),
     ]
     rows = [(key, literal(value)) for key, value in values]
@@ -179,6 +180,7 @@ def _weight_fields(plan: Plan) -> dict[str, Any]:
     rows.append(("shared", _weight_format(layer.shared, dtype) if layer.n_shared else "None"))
     return {
         "parameters": parameters(plan),
+        "workspace": workspace(plan),
         "layer_weights": rows,
         "doc": _weights_doc(plan),
     }
@@ -212,6 +214,17 @@ def parameters(plan: Plan) -> list[dict[str, Any]]:
             shape = tuple(dim(d, table) for d in tensor_type.shape)
             rows.append({"name": name, "shape": shape, "dtype": tensor_type.dtype.torch})
     return rows
+
+
+def workspace(plan: Plan) -> list[dict[str, Any]]:
+    """(name, shape, dtype) of every buffer the stages keep between calls."""
+    table = symbols(plan.layer, 0)
+    return [
+        {"name": name, "shape": tuple(dim(d, table) for d in tensor_type.shape),
+         "dtype": tensor_type.dtype.torch}
+        for stage in plan.order()
+        for name, tensor_type in stage.workspace.items()
+    ]  # fmt: skip
 
 
 def _activation_module(jinja, plan: Plan, common: dict[str, Any], modules: set[str]) -> str:

@@ -80,13 +80,13 @@ def _with_scale(name: str, tensor_type: TensorType) -> list[tuple[str, str]]:
 
 def signature(plan: Plan, stage: Stage) -> Signature:
     """The signature of `stage`: its inputs (and their scales) in the plan's input order, then
-    its weights, then the process group where its backend communicates."""
+    its weights and its workspace, then the process group where its backend communicates."""
     params: list[tuple[str, str]] = []
     args: list[str] = []
     for _, edge in plan.inputs(stage.name):
         params += _with_scale(edge.input, edge.type)
         args += [name for name, _ in _with_scale(edge.tensor, edge.type)]
-    for weight in stage.weights:
+    for weight in (*stage.weights, *stage.workspace):
         params.append((weight, TENSOR))
         args.append(f"self.{weight}")
     if takes_group(stage):

@@ -53,6 +53,7 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     build_stages(plan, spec)  # the unfused stage graph
     if plan.backends.gemm in ("triton", "deep_gemm"):
         choose_tiles(plan)  # Triton tile configs, tuned or default
+    fuse.fuse_router_select(plan)
     fuse.fuse_activation_quant(plan)
     fuse.fuse_routed_scaling(plan)
     fuse.fuse_quantize_dispatch(plan)

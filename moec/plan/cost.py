@@ -102,6 +102,7 @@ def _io_bytes(plan: Plan, stage: Stage, table: dict[str, int], rows: int) -> flo
     size = _scale_only_bytes if stage.kind == "convert" else tensor_bytes
     moved = sum(size(edge.type, table, rows) for _, edge in plan.inputs(stage.name))
     moved += sum(size(t, table, rows) for t in stage.outputs.values())
+    moved += sum(2 * tensor_bytes(t, table, rows) for t in stage.scratch.values())  # out, in
     return moved
 
 
@@ -122,8 +123,8 @@ def _flops(stage: Stage, layer: Layer, tokens: int, rows: int) -> tuple[float, s
     hidden = layer.hidden
     kind = stage.kind
     compute = "fp8" if layer.routed.quantized else "bf16"
-    if kind == "router":
-        parts = 3 if stage.precision == "bf16x3" else 1
+    if kind == "router" or "router" in stage.fused:  # only the bf16x3 router is fused
+        parts = 3 if getattr(stage, "precision", "bf16x3") == "bf16x3" else 1
         flops = 2.0 * parts * tokens * hidden * layer.routed_experts
         return flops, "bf16" if parts == 3 else "fp32"
     if kind == "gemm":
@@ -177,6 +178,8 @@ def peak_bytes(plan: Plan, tokens: int) -> float:
                 lifetimes.append((index[name] + 1, last, size))
             else:
                 lifetimes.append((index[name], last, size))
+        for tensor_type in stage.scratch.values():  # alive while the stage runs
+            lifetimes.append((index[name], index[name], tensor_bytes(tensor_type, table, None)))
     return max(
         (
             sum(size for start, end, size in lifetimes if start <= step <= end)

@@ -8,10 +8,12 @@ Top-level keys (pinned by tests/test_explain.py):
     device        {name, bandwidth_gbs, bf16_tflops, fp8_tflops, fp32_tflops, memory_gib,
                    measured, link_gbs, nic_gbs}
     choices       what the plan chose for the whole layer, and the per-rank dims
-    stages        [{name, kind, backend, inputs, outputs, weights, choices, fused, syncs_host,
-                    graph_safe, note}]; choices: the stage kind's own fields; inputs:
-                    [{tensor, from, as, type}], outputs/weights: [{tensor, type}], type:
-                    {dtype, shape, layout, scale?, record?, label}
+    stages        [{name, kind, backend, inputs, outputs, weights, scratch, workspace, choices,
+                    fused, syncs_host, graph_safe, note}]; choices: the stage kind's own
+                    fields; inputs: [{tensor, from, as, type}], outputs / weights / scratch
+                    (written and read back within the stage) / workspace (buffers the layer
+                    keeps zeroed between calls): [{tensor, type}], type: {dtype, shape,
+                    layout, scale?, record?, label}
     decisions     [{what, choice, reason}]
     cost          [{tokens, bytes, flops, floor_ms, peak_bytes, experts_hit,
                     stages: [{stage, bytes, flops, compute, floor_ms, link_bytes,
@@ -81,6 +83,8 @@ def _stages(plan: Plan) -> list[dict[str, Any]]:
                 ],
                 "outputs": [{"tensor": n, "type": _type(t)} for n, t in stage.outputs.items()],
                 "weights": [{"tensor": n, "type": _type(t)} for n, t in stage.weights.items()],
+                "scratch": [{"tensor": n, "type": _type(t)} for n, t in stage.scratch.items()],
+                "workspace": [{"tensor": n, "type": _type(t)} for n, t in stage.workspace.items()],
                 "choices": dict(sorted(choices(stage).items())),
                 "fused": list(stage.fused),
                 "syncs_host": stage.syncs_host,

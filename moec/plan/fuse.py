@@ -1,5 +1,6 @@
 """Passes: fuse neighbouring stages where one kernel can do both, each fusion a decision.
 
+- the Triton router + the selection: one launch for a few tokens (decode);
 - activation + the quantization of its output (the intermediate never reaches memory);
 - the routed scaling factor into the top-k weights (combine multiplies by them anyway);
 - activation quantization into the dispatch permute, for Triton (one pass over the tokens);
@@ -10,6 +11,37 @@
 from __future__ import annotations
 
 from moec.plan.graph import Plan
+from moec.plan.types import DType, TensorType
+
+GATE_ONE_LAUNCH = 1
+"""Tokens up to which the fused Triton router and selection are one launch
+(moec/runtime/triton_gate.py): its last program selects the tile's tokens one after another,
+about 4.5 us each on the H200, so already at 2 tokens two launches are faster (the stage
+alone, DeepSeek-V3: 13.6 against 9.0 us; benchmarks/RESULTS.md, run 54)."""
+
+
+def fuse_router_select(plan: Plan) -> None:
+    router, select = plan.stage("router"), plan.stage("select")
+    if router.backend != "triton" or select.backend != "triton":
+        return
+    counters = TensorType(DType.int32, (str(GATE_ONE_LAUNCH),))
+    plan.absorb(
+        "select",
+        "router",
+        one_launch=GATE_ONE_LAUNCH,
+        scratch=router.outputs,  # the partial logits: the router's programs write, select reads
+        workspace={"gate_counters": counters},
+    )
+    plan.update("select", weights={**router.weights, **select.weights})  # the router's first
+    plan.decide(
+        "fuse router + select",
+        f"one launch up to {GATE_ONE_LAUNCH} token{'s' if GATE_ONE_LAUNCH > 1 else ''}",
+        "the router's last program to finish for a token tile selects its tokens (the layer "
+        "keeps a counter per tile): select's launch and its wait on the router are gone at "
+        "decode (H200, DeepSeek-V3 fp8_block T=1: 0.1271 against 0.1313 ms, bf16 and V2-Lite "
+        "level, benchmarks/RESULTS.md run 54); above, that program would select the tokens "
+        "one after another, so the router and the selection stay two launches",
+    )
 
 
 def fuse_activation_quant(plan: Plan) -> None:

@@ -35,6 +35,12 @@ class Stage:
     """Type this stage needs on each input (by input name); absent = takes what it gets."""
     weights: dict[str, TensorType] = field(default_factory=dict)
     """Parameters of the layer this stage reads, by attribute name."""
+    scratch: dict[str, TensorType] = field(default_factory=dict)
+    """Tensors its kernels write and read back within the stage (a fused stage's former edges
+    that still pass through memory), by name: the cost model counts them."""
+    workspace: dict[str, TensorType] = field(default_factory=dict)
+    """Buffers of the layer its kernels keep between calls, by attribute name: zeros when the
+    layer is made, in no checkpoint, left as found by every call."""
     fused: tuple[str, ...] = ()
     """Stage kinds folded into this one by the fuse pass."""
     syncs_host: bool = False
@@ -82,6 +88,9 @@ class Select(Stage):
     """Folded into the weights by the fuse pass (1.0 until then)."""
     fused_shared: int = 0
     """Shared experts appended to every token's choice with weight 1."""
+    one_launch: int = 0
+    """With the (bf16x3 Triton) router fused in: the most tokens whose router logits and
+    selection are one launch; 0: the router is a stage of its own."""
 
     @property
     def has_bias(self) -> bool:

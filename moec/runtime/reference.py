@@ -38,10 +38,23 @@ def forward(layer, x: torch.Tensor, plan: dict, torch_gated) -> torch.Tensor:
     return out.to(x.dtype)
 
 
+SELECT_OPTIONS = (
+    "scoring_func",
+    "topk_method",
+    "n_group",
+    "topk_group",
+    "top_k",
+    "norm_topk_prob",
+    "routed_scaling_factor",
+    "fused_shared",
+)
+"""The select stage's choices (plan.json) that torch_select.select_topk takes."""
+
+
 def select(x: torch.Tensor, params: dict, plan: dict):
     """(topk_weights [T, K] fp32, topk_ids [T, K] int32) from fp32 router logits [T, E]."""
     (options,) = [s["choices"] for s in plan["stages"] if s["kind"] == "select"]
-    options = {key: value for key, value in options.items() if key != "experts"}
+    options = {key: options[key] for key in SELECT_OPTIONS}
     if "gate_weight" in params:
         gate = params["gate_weight"]  # [E, H] fp32
     else:  # the three bf16 parts of the fp32 weight (the bf16 x 3 router)

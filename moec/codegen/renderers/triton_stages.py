@@ -52,8 +52,18 @@ def router(plan, stage) -> StageCode:
     )
 
 
+def _with_router(stage: Select) -> bool:
+    return "router" in stage.fused
+
+
 @register(
-    "select", "triton", "stages/select.py.j2", runtime=("triton_route", "tiles"), requires=TRITON
+    "select",
+    "triton",
+    lambda stage: "stages/triton/gate.py.j2" if _with_router(stage) else "stages/select.py.j2",
+    runtime=lambda stage: (
+        ("triton_gate", "tiles") if _with_router(stage) else ("triton_route", "tiles")
+    ),
+    requires=TRITON,
 )
 def select(plan, stage: Select) -> StageCode:
     fields = {
@@ -61,7 +71,18 @@ def select(plan, stage: Select) -> StageCode:
         "bias": "gate_bias" if stage.has_bias else "None",
         "options": select_options(stage) + ", pdl=tiles.PDL",
     }
-    return StageCode(select_doc(stage)[:-1] + "; one Triton program per token.", fields)
+    if not _with_router(stage):
+        return StageCode(select_doc(stage)[:-1] + "; one Triton program per token.", fields)
+    fields["one_launch"] = stage.one_launch
+    tokens = "1 token" if stage.one_launch == 1 else f"up to {stage.one_launch} tokens"
+    choice = select_doc(stage)
+    return StageCode(
+        "Router logits of x in fp32 (the fp32 weight's three bf16 parts on the tensor cores, "
+        f"summed in fp32), then {choice[0].lower()}{choice[1:-1]}; one Triton launch at "
+        f"{tokens} (the router's last program to finish selects), above the router's launch "
+        "then one program per token.",
+        fields,
+    )
 
 
 @register(

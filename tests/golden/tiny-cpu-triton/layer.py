@@ -2,7 +2,7 @@
 # Do not edit: change the spec and run `moec build` again.
 """MoELayer: the tiny_cpu_triton Mixture-of-Experts layer as one torch module.
 
-    router -> select -> dispatch -> gemm_gate_up -> activation -> gemm_down -> combine
+    select -> dispatch -> gemm_gate_up -> activation -> gemm_down -> combine
 
 Shapes: T tokens, H = 256 hidden, I = 128 intermediate, E = 9 experts, K = 3 top-k,
 E x max_m rows of the grouped layout (masked).
@@ -40,6 +40,9 @@ class MoELayer(nn.Module):
         for name, (shape, param_dtype) in weights.PARAMETERS.items():
             tensor = torch.empty(shape, dtype=param_dtype, device=device)
             self.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
+        for name, (shape, buffer_dtype) in weights.WORKSPACE.items():
+            buffer = torch.zeros(shape, dtype=buffer_dtype, device=device)
+            self.register_buffer(name, buffer, persistent=False)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,8 +56,9 @@ class MoELayer(nn.Module):
             raise ValueError(f"{NAME}: x is on {x.device}, the weights on {weights_on}")
         if x.shape[0] == 0:
             return torch.empty_like(x)
-        logits = stages.router(x, self.gate_parts)
-        topk_weights, topk_ids = stages.select(logits, self.gate_bias)
+        topk_weights, topk_ids = stages.select(
+            x, self.gate_parts, self.gate_bias, self.gate_counters
+        )
         a, a_scale, routing = stages.dispatch(x, topk_ids)
         h = stages.gemm_gate_up(a, a_scale, routing, self.w13, self.w13_scale)
         hq, hq_scale = stages.activation(h, routing)

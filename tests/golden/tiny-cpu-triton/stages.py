@@ -2,7 +2,7 @@
 # Do not edit: change the spec and run `moec build` again.
 """Stages of the tiny_cpu_triton MoE layer, in the order the forward runs them.
 
-    router -> select -> dispatch -> gemm_gate_up -> activation -> gemm_down -> combine
+    select -> dispatch -> gemm_gate_up -> activation -> gemm_down -> combine
 
 Shapes: T tokens, H = 256 hidden, I = 128 intermediate, E = 9 experts, K = 3 top-k,
 E x max_m rows of the grouped layout (masked).
@@ -17,28 +17,27 @@ from . import (
     triton_act,
     triton_combine,
     triton_dispatch,
+    triton_gate,
     triton_gemm,
-    triton_route,
-    triton_router,
 )
 
 DTYPE = torch.bfloat16
 
 
-def router(x: torch.Tensor, gate_parts: torch.Tensor) -> torch.Tensor:
-    """Router logits [T, E] in fp32: x times the fp32 weight's three bf16 parts on the tensor cores, summed in fp32 (the fp32 GEMM's values up to summation order)."""
-    return triton_router.router_logits(
-        x, gate_parts, config=tiles.router(x.shape[0]), pdl=tiles.PDL
-    )
-
-
 def select(
-    logits: torch.Tensor, gate_bias: torch.Tensor
+    x: torch.Tensor,
+    gate_parts: torch.Tensor,
+    gate_bias: torch.Tensor,
+    gate_counters: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-2 of 8 experts: sigmoid scores, choice biased by e_score_correction_bias, 1 of 2 groups kept, weights renormalized, x2.5, then the 1 fused shared experts with weight 1; one Triton program per token."""
-    return triton_route.select_topk(
-        logits,
+    """Router logits of x in fp32 (the fp32 weight's three bf16 parts on the tensor cores, summed in fp32), then top-2 of 8 experts: sigmoid scores, choice biased by e_score_correction_bias, 1 of 2 groups kept, weights renormalized, x2.5, then the 1 fused shared experts with weight 1; one Triton launch at 1 token (the router's last program to finish selects), above the router's launch then one program per token."""
+    return triton_gate.gate(
+        x,
+        gate_parts,
         gate_bias,
+        gate_counters,
+        config=tiles.router(x.shape[0]),
+        one_launch=1,
         scoring_func="sigmoid",
         topk_method="noaux_tc",
         n_group=2,

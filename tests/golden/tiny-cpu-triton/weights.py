@@ -24,6 +24,12 @@ PARAMETERS = {
     "w2_scale": ((9, 2, 1), torch.float32),
 }
 
+# name -> (shape, dtype) of every buffer of MoELayer its kernels keep between calls: zeros when
+# the layer is made, in no checkpoint, left zero by every call.
+WORKSPACE = {
+    "gate_counters": ((1,), torch.int32),
+}
+
 LAYER_WEIGHTS = LayerWeights(
     hidden=256,
     intermediate=128,
