@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from moec.runtime import cuda_graph, self_check
+from moec.runtime.reference import SELECT_OPTIONS
 
 PACKAGES = Path(
     os.environ.get("MOEC_BENCH_PACKAGES", Path(__file__).resolve().parent / ".packages")
@@ -83,17 +84,35 @@ def apply_elementwise(package, elementwise: dict) -> None:
     tiles.COMBINE = elementwise["combine"]
 
 
+def plan_stage(package, name: str) -> dict:
+    """The stage `name` of the package's plan (plan.json's form)."""
+    return next(s for s in package.PLAN["stages"] if s["name"] == name)
+
+
+def route(package, layer, x) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights, topk_ids) of x, by the layer's own stages: the router then select, or
+    select alone where the router is fused into it."""
+    stages = stages_of(package)
+    select = plan_stage(package, "select")
+    held = [getattr(layer, item["tensor"]) for item in select["weights"] + select["workspace"]]
+    if "router" in select["fused"]:
+        return stages.select(x, *held)
+    router = plan_stage(package, "router")
+    logits = stages.router(x, *[getattr(layer, item["tensor"]) for item in router["weights"]])
+    return stages.select(logits, *held)
+
+
+def select_options(package) -> dict:
+    """The select stage's options, as triton_route.select_topk takes them."""
+    choices = plan_stage(package, "select")["choices"]
+    return {key: choices[key] for key in SELECT_OPTIONS}
+
+
 def chosen_experts(package, layer, x) -> torch.Tensor:
     """[T, K] the routed experts the layer's router and select choose for x, sorted per token
     (fused shared experts, numbered after the routed ones, left out)."""
-    stages = stages_of(package)
-    router_weight = getattr(layer, "gate_weight", None)
-    if router_weight is None:  # the bf16 x 3 router: its parts
-        router_weight = layer.gate_parts
-    logits = stages.router(x, router_weight)
-    args = (logits, layer.gate_bias) if hasattr(layer, "gate_bias") else (logits,)
     top_k = package.PLAN["choices"]["dims"]["top_k"]
-    return stages.select(*args)[1].sort(dim=1).values[:, :top_k]
+    return route(package, layer, x)[1].sort(dim=1).values[:, :top_k]
 
 
 def design_floor_ms(

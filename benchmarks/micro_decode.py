@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from common import dump, import_package, per_call_us
+from common import dump, import_package, per_call_us, select_options
 
 LAUNCHES = 20
 
@@ -51,20 +51,7 @@ def main() -> None:
                 }
             )
         logits = router.router_logits(x, layer.gate_parts, config=base)
-        select = next(s for s in package.PLAN["stages"] if s["name"] == "select")["choices"]
-        options = {
-            k: select[k]
-            for k in (
-                "scoring_func",
-                "topk_method",
-                "n_group",
-                "topk_group",
-                "top_k",
-                "norm_topk_prob",
-                "routed_scaling_factor",
-                "fused_shared",
-            )
-        }
+        options = select_options(package)
         for warps in (1, 2, 4, 8):
             call = partial(route.select_topk, logits, layer.gate_bias, num_warps=warps, **options)
             rows.append(

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from common import dump, graphed, import_package, median_ms, stages_of
 
-STAGES = ("router", "select", "dispatch", "gemm_gate_up", "activation", "gemm_down", "combine")
+STAGES = ("select", "dispatch", "gemm_gate_up", "activation", "gemm_down", "combine")
+"""The stages of the Triton layers (the router fused into select)."""
 ROUNDS = 3
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-from common import dump, graphed, import_package, median_ms
+from common import dump, graphed, import_package, median_ms, route
 
 SIDE = None  # the second stream, made in main
 LINE_ASM = {
@@ -72,8 +72,7 @@ def forward(package, layer, x, prefetch, join: str):
     SIDE.wait_stream(main_stream)
     with torch.cuda.stream(SIDE):
         prefetch()
-    logits = stages.router(x, layer.gate_parts)
-    topk_weights, topk_ids = stages.select(logits, layer.gate_bias)
+    topk_weights, topk_ids = route(package, layer, x)
     a, a_scale, routing = stages.dispatch(x, topk_ids)
     if join == "gemm":
         main_stream.wait_stream(SIDE)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from common import dump, import_package, per_call_us, stages_of
+from common import route as route_of
 from profile_decode import kernel_rows
 
 
@@ -33,7 +34,7 @@ def time_tokens(args, package, stages, route, tiles, layer, tokens) -> list[dict
     built = route.route_layout
     rows = []
     x = torch.randn(tokens, layer.w13.shape[2], device="cuda").bfloat16()
-    _, topk_ids = stages.select(stages.router(x, layer.gate_parts), layer.gate_bias)
+    _, topk_ids = route_of(package, layer, x)
     block_m = tiles.bucket(tokens).block_m
     reference = stages.dispatch(x, topk_ids)[2]
     dispatch = sys.modules[f"{package.__name__}.triton_dispatch"]
@@ -73,10 +74,10 @@ def time_tokens(args, package, stages, route, tiles, layer, tokens) -> list[dict
     return rows
 
 
-def profile(stages, layer, tokens: int) -> list[dict]:
+def profile(package, stages, layer, tokens: int) -> list[dict]:
     """Each kernel of one dispatch of `tokens` random tokens, median duration."""
     x = torch.randn(tokens, layer.w13.shape[2], device="cuda").bfloat16()
-    _, topk_ids = stages.select(stages.router(x, layer.gate_parts), layer.gate_bias)
+    _, topk_ids = route_of(package, layer, x)
     return kernel_rows(partial(stages.dispatch, x, topk_ids))
 
 
@@ -107,7 +108,9 @@ def main() -> None:
                 for row in time_tokens(args, package, stages, route, tiles, layer, tokens):
                     rows.append({**row, "pdl": pdl})
                 if args.profile and pdl == "off":
-                    profiles.append({"tokens": tokens, "kernels": profile(stages, layer, tokens)})
+                    profiles.append(
+                        {"tokens": tokens, "kernels": profile(package, stages, layer, tokens)}
+                    )
                     print(profiles[-1], flush=True)
         finally:
             for name, fn in built.items():

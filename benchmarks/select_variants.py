@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from common import dump, graphed, import_package, median_ms
+from common import dump, graphed, import_package, median_ms, select_options
 from micro_decode import per_launch_us
 
 
@@ -30,7 +30,7 @@ def main() -> None:
     router = sys.modules[f"{package.__name__}.triton_router"]
     route = sys.modules[f"{package.__name__}.triton_route"]
     tiles = sys.modules[f"{package.__name__}.tiles"]
-    stages = sys.modules[f"{package.__name__}.stages"]
+    options = select_options(package)
     layer = package.MoELayer(device="cuda").random_(0)
     built = (tiles.ROUTER_DECODE["PROGRAMS"], route.SLICES_AT_ONCE)
     rows = []
@@ -41,7 +41,8 @@ def main() -> None:
             tiles.ROUTER_DECODE["PROGRAMS"] = programs
             route.SLICES_AT_ONCE = at_once
             logits = router.router_logits(x, layer.gate_parts, config=tiles.router(tokens))
-            select_us = per_launch_us(partial(stages.select, logits, layer.gate_bias))
+            select = partial(route.select_topk, logits, layer.gate_bias, pdl=tiles.PDL, **options)
+            select_us = per_launch_us(select)
             replay = graphed(partial(layer, x))
             layer_ms = min(median_ms(replay, warmup=5, repeats=50) for _ in range(2))
             row = {
