@@ -1,7 +1,7 @@
 """gate: router logits and top-k selection, in one launch for a few tokens.
 
 Up to `one_launch` tokens one kernel does both. Its programs are the split-K router's
-(triton_router: token tiles x expert tiles x K slices), each storing its partial logits; then
+(triton_router: expert tiles x token tiles x K slices), each storing its partial logits; then
 each counts itself in its token tile's arrival counter. The program that arrives last has
 every partial of the tile in memory: it resets the counter (for the next launch) and selects
 the tile's tokens one after the other, adding their partials in slice order, as select_topk
@@ -87,9 +87,9 @@ def _gate_kernel(
     # Every thread's stores are done (the barrier) before one thread counts the program in with
     # release semantics; the last to arrive acquires, so the others' partials are visible to it.
     tl.debug_barrier()
-    tile = tl.program_id(0)
+    tile = tl.program_id(1)
     arrived = tl.atomic_add(counters_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == tl.num_programs(1) * tl.num_programs(2) - 1:
+    if arrived == tl.num_programs(0) * tl.num_programs(2) - 1:
         tl.store(counters_ptr + tile, 0)
         S = tl.num_programs(2)
         for t in range(tile * ROUTER_T, tl.minimum(tile * ROUTER_T + ROUTER_T, T)):
@@ -120,8 +120,8 @@ def gate(x, parts, bias, counters, *, config, one_launch, pdl=False, **choice):
         return select_topk(logits, bias, pdl=pdl, **choice)
     experts = parts.shape[1]
     grid, k_slice = split_k(tokens, experts, hidden, config)
-    if grid[0] > counters.numel():
-        raise ValueError(f"{grid[0]} token tiles need as many counters, got {counters.numel()}")
+    if grid[1] > counters.numel():
+        raise ValueError(f"{grid[1]} token tiles need as many counters, got {counters.numel()}")
     width = choice["top_k"] + choice["fused_shared"]
     partials = torch.empty((grid[2], tokens, experts), dtype=torch.float32, device=x.device)
     ids = torch.empty((tokens, width), dtype=torch.int32, device=x.device)

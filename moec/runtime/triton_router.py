@@ -39,10 +39,12 @@ def partial_logits(
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """This program's tile of partial logits [BLOCK_T, BLOCK_E] fp32: tokens program_id(0),
-    experts program_id(1), hidden elements of K slice program_id(2)."""
-    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    """This program's tile of partial logits [BLOCK_T, BLOCK_E] fp32: experts program_id(0),
+    tokens program_id(1), hidden elements of K slice program_id(2). The expert tiles of a
+    token tile are neighbouring programs, which run together: its rows of x are read from
+    memory once, then from L2."""
+    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
     k_start = tl.program_id(2) * K_SLICE
@@ -76,8 +78,8 @@ def store_partial_logits(
     BLOCK_E: tl.constexpr,
 ):
     """Store a tile of partial_logits at slice program_id(2) of out [S, T, E]."""
-    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     out_ptr += tl.program_id(2) * stride_os
     out_ptrs = out_ptr + offs_t[:, None].to(tl.int64) * stride_ot + offs_e[None, :] * stride_oe
     tl.store(out_ptrs, acc, mask=(offs_t < T)[:, None] & (offs_e < E)[None, :])
@@ -159,15 +161,15 @@ def router_logits(x, parts, *, config, pdl=False):
 
 
 def split_k(tokens: int, experts: int, hidden: int, config) -> tuple[tuple[int, int, int], int]:
-    """The router's grid (token tiles, expert tiles, K slices) and the hidden elements per slice:
+    """The router's grid (expert tiles, token tiles, K slices) and the hidden elements per slice:
     as many slices as fill about config["PROGRAMS"] programs, none of them empty."""
     tiles = triton.cdiv(tokens, config["BLOCK_T"]) * triton.cdiv(experts, config["BLOCK_E"])
     k_blocks = triton.cdiv(hidden, config["BLOCK_K"])
     slices = max(1, min(k_blocks, config["PROGRAMS"] // max(tiles, 1)))
     k_slice = triton.cdiv(k_blocks, slices) * config["BLOCK_K"]
     grid = (
-        triton.cdiv(tokens, config["BLOCK_T"]),
         triton.cdiv(experts, config["BLOCK_E"]),
+        triton.cdiv(tokens, config["BLOCK_T"]),
         triton.cdiv(hidden, k_slice),  # no empty slice
     )
     return grid, k_slice
