@@ -46,8 +46,8 @@ W2_BYTES = H * I + g(H) * g(I) * 4
 # Slices of the router's hidden dim (its partial logits [S, T, E]): at most 64 tokens, tiles of
 # 16 tokens x 32 experts and 128-column K blocks aim at 264 programs: T = 1 has 8 tiles, so 33
 # slices wanted, of 2 blocks each (56 blocks): 28; T = 64 has 32 tiles, 8 slices of 7 blocks.
-# Beyond 64 tokens, 128 x 64 tiles aim at 132 programs: T = 4096 has 128 tiles, one slice.
-ROUTER_SLICES = {1: 28, 64: 8, 4096: 1}
+# Beyond 64 tokens, 128 x 128 tiles aim at 132 programs: T = 4096 has 64 tiles, two slices.
+ROUTER_SLICES = {1: 28, 64: 8, 4096: 2}
 
 
 def hand_costs(tokens: int) -> dict[str, tuple[float, float, float]]:

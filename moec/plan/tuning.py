@@ -171,13 +171,14 @@ def router_configs(layer: Layer) -> tuple[dict[str, int], dict[str, int]]:
     PROGRAMS programs, so a few tokens still spread the weight over every SM. Measured on the
     H200 at DeepSeek-V3 dims (benchmarks/RESULTS.md, run 9): decode 29.7 us unsplit, 4.2 us
     with two programs per SM (264); T=1024 72.7 us unsplit, 21.0 us with one per SM (132),
-    24.2 with 264; T=4096 is best unsplit (77 us), which 132 gives.
+    24.2 with 264. Above decode the tiles are 128 experts wide (run 57: T=16384 325 us against
+    384 with 64, T=4096 82 against 88, T=1024 level).
     Interpreted: small tiles, a few slices (the split path is tested)."""
     if layer.device == "cpu":
         small = {"BLOCK_T": 16, "BLOCK_E": 64, "BLOCK_K": 64, "PROGRAMS": 4}
         small |= {"num_warps": 4, "num_stages": 1}
         return small, dict(small)
-    large = {"BLOCK_T": 128, "BLOCK_E": 64, "BLOCK_K": 64, "PROGRAMS": 132}
+    large = {"BLOCK_T": 128, "BLOCK_E": 128, "BLOCK_K": 64, "PROGRAMS": 132}
     large |= {"num_warps": 8, "num_stages": 3}
     decode = {"BLOCK_T": 16, "BLOCK_E": 32, "BLOCK_K": 128, "PROGRAMS": 264}
     decode |= {"num_warps": 4, "num_stages": 3}
