@@ -35,12 +35,15 @@ def fuse_router_select(plan: Plan) -> None:
     plan.update("select", weights={**router.weights, **select.weights})  # the router's first
     plan.decide(
         "fuse router + select",
-        f"one launch up to {GATE_ONE_LAUNCH} token{'s' if GATE_ONE_LAUNCH > 1 else ''}",
+        "one launch at 1 token"
+        if GATE_ONE_LAUNCH == 1
+        else f"one launch up to {GATE_ONE_LAUNCH} tokens",
         "the router's last program to finish for a token tile selects its tokens (the layer "
         "keeps a counter per tile): select's launch and its wait on the router are gone at "
-        "decode (H200, DeepSeek-V3 fp8_block T=1: 0.1271 against 0.1313 ms, bf16 and V2-Lite "
-        "level, benchmarks/RESULTS.md run 54); above, that program would select the tokens "
-        "one after another, so the router and the selection stay two launches",
+        "decode (H200, DeepSeek-V3 fp8_block T=1: 0.1271 and 0.1266 against 0.1313 and 0.1303 "
+        "ms; bf16 and V2-Lite within the spread between runs, benchmarks/RESULTS.md runs "
+        "54-55); above, that program would select the tokens one after another, so the router "
+        "and the selection stay two launches",
     )
 
 
