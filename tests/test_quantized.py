@@ -41,7 +41,7 @@ SCHEMES = {
     "fp8_block": (["quant.checkpoint=bf16"], 128, False),
     "fp8_block_ue8m0": (["quant.checkpoint=bf16", "quant.scale_dtype=ue8m0"], 128, True),
     "mxfp8": (["quant.checkpoint=bf16"], 32, True),
-    "mxfp4": (["quant.shared_scheme=mxfp8", "quant.checkpoint=quantized"], 32, True),
+    "mxfp4": (["quant.checkpoint=quantized"], 32, True),
 }
 
 

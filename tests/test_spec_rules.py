@@ -182,6 +182,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("noaux_tc_scoring", {"router.topk_method": "noaux_tc"}, "router.scoring_func"),
     (
+        "shared_scheme_without_shared_experts",
+        {"quant.shared_scheme": "fp8_block", "model.n_shared_experts": 0},
+        "quant.shared_scheme",
+    ),
+    (
         "overlapped_shared_experts",
         {"experts.shared_experts": "overlapped", "model.n_shared_experts": 0},
         "experts.shared_experts",

@@ -55,8 +55,10 @@ SCHEMES = {
     "fp8_per_tensor": ["quant.checkpoint=bf16"],
     "fp8_block": ["quant.checkpoint=bf16"],
     "mxfp8": ["quant.checkpoint=bf16"],
-    "mxfp4": ["quant.checkpoint=quantized", "quant.shared_scheme=mxfp4"],
+    "mxfp4": ["quant.checkpoint=quantized"],
 }
+SHARED_SCHEME = {"mxfp4": ["quant.shared_scheme=mxfp4"]}
+"""Where there are shared experts: mxfp4 ones too (their default would be fp8_block)."""
 SHARED = {
     "separate": ["experts.shared_experts=separate"],
     "fused": ["experts.shared_experts=fused"],
@@ -74,6 +76,7 @@ def overrides_of(scheme, layout, shared, backend, dispatch, tp) -> list[str]:
         *SCHEMES[scheme],
         f"experts.layout={layout}",
         *SHARED[shared],
+        *(SHARED_SCHEME.get(scheme, []) if shared != "none" else []),
         f"experts.gemm_backend={backend}",
         *DISPATCH[dispatch],
         f"parallel.tp_size={tp}",

@@ -22,7 +22,7 @@ def normalize(spec: Spec) -> Spec:
         quant_update["weight_block"] = list(BLOCK_DEFAULTS[quant.scheme])
     if quant.scale_dtype is None and quant.scheme != "bf16":
         quant_update["scale_dtype"] = "ue8m0" if _ue8m0_scales(spec) else "fp32"
-    if quant.shared_scheme is None:
+    if quant.shared_scheme is None and spec.model.n_shared_experts:  # none: nothing to quantize
         quant_update["shared_scheme"] = "fp8_block" if quant.scheme == "mxfp4" else quant.scheme
     if quant.scheme == "bf16" and quant.checkpoint != "bf16":
         quant_update["checkpoint"] = "bf16"

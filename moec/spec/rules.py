@@ -393,6 +393,18 @@ def _noaux(spec: Spec) -> Iterator[Problem]:
 # --- experts and backends -----------------------------------------------------------------
 
 
+@rule("shared_scheme_without_shared_experts")
+def _shared_scheme_without_shared(spec: Spec) -> Iterator[Problem]:
+    """A shared-expert scheme needs shared experts to quantize (left out, none is filled in)."""
+    if spec.quant.shared_scheme is not None and spec.model.n_shared_experts == 0:
+        yield problem(
+            "quant.shared_scheme",
+            "there are no shared experts to quantize (model.n_shared_experts = 0)",
+            "leave quant.shared_scheme out, or set model.n_shared_experts",
+            value=spec.quant.shared_scheme,
+        )
+
+
 @rule("overlapped_shared_experts")
 def _overlapped_shared(spec: Spec) -> Iterator[Problem]:
     """Overlapped shared experts need shared experts to run."""
