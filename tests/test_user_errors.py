@@ -319,9 +319,15 @@ HUGE = "9" * 5000  # more digits than Python converts to an int (4300)
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
-        (["validate", "SPEC"], "a TOML value moec cannot read"),
-        (["validate", TINY, "--set", f"model.hidden_size={HUGE}"], "is not one TOML value"),
-        (["init", "--from-hf", "CONFIG"], "cannot read: Exceeds the limit"),
+        (["validate", "SPEC"], "big.toml:3: model.hidden_size: is a number of 5,000 digits"),
+        (
+            ["validate", TINY, "--set", f"model.hidden_size={HUGE}"],
+            "(--set): model.hidden_size: is a number of 5,000 digits",
+        ),
+        (
+            ["init", "--from-hf", "CONFIG"],
+            "not JSON moec can read: a number of 5,000 digits at line 1",
+        ),
     ],
     ids=["spec", "set", "config"],
 )

@@ -17,6 +17,7 @@ from moec.errors import MoecError, problem
 from moec.resources import shipped_schema_path
 from moec.spec.hf_values import ConfigReader
 from moec.spec.loader import apply_overrides, check_raw, read_user_text
+from moec.spec.locate import long_number
 
 _KNOWN_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 INIT_MARK = "# Written by `moec init --from-hf`"
@@ -89,19 +90,29 @@ def _read_json(config_path: Path) -> Any:
         )
 
     try:
-        return json.loads(read_user_text(config_path), object_pairs_hook=_no_twice)
+        text = read_user_text(config_path)
     except OSError as error:
         raise fail(f"cannot read: {error.strerror or error}") from None
     except UnicodeDecodeError as error:
         raise fail(f"not UTF-8 text: {error.reason}") from None
+    except ValueError as error:  # not a regular file, or too large
+        raise fail(f"cannot read: {error}") from None
+    try:
+        return json.loads(text, object_pairs_hook=_no_twice)
     except json.JSONDecodeError as error:
         raise fail(f"not JSON: {error.msg} at line {error.lineno}") from None
     except RecursionError:
         raise fail("not JSON moec can read: nested too deeply") from None
     except _DuplicateKey as error:
         raise fail(f"not a config: the key {json.dumps(error.key)} appears twice") from None
-    except ValueError as error:  # not a regular file, too large, an integer of too many digits
-        raise fail(f"cannot read: {error}") from None
+    except ValueError as error:  # an integer of more digits than Python converts
+        found = long_number(text)
+        if found is None:
+            raise fail(f"not JSON moec can read: {error}") from None
+        line, digits = found
+        raise fail(
+            f"not JSON moec can read: a number of {digits:,} digits at line {line}"
+        ) from None
 
 
 class _DuplicateKey(ValueError):

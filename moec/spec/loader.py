@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from moec.errors import MoecError, Problem, problem
 from moec.spec import models, rules
-from moec.spec.locate import key_lines, line_of
+from moec.spec.locate import key_lines, line_of, long_number
 from moec.spec.normalize import normalize
 from moec.spec.presets import PRESETS, apply_preset
 
@@ -141,16 +141,24 @@ def parse_spec(
             source,
         ) from None
     except ValueError as error:  # e.g. an integer of more digits than Python converts
-        raise MoecError(
-            [problem("", f"a TOML value moec cannot read: {error}", "numbers of a few digits")],
-            source,
-        ) from None
+        raise MoecError([_unreadable_value(text, error)], source) from None
     lines = key_lines(text)
     raw, set_paths = apply_overrides(raw, overrides, source)
     return check_raw(raw, source, text, lines, set_paths, tuple(overrides))
 
 
 _TOO_DEEP = "TOML nested too deeply to read (arrays or tables inside each other)"
+
+
+def _unreadable_value(text: str, error: ValueError) -> Problem:
+    """A value tomli parsed but Python could not convert: an integer of thousands of digits,
+    placed at its key and line where the text shows one."""
+    found = long_number(text)
+    if found is None:
+        return problem("", f"a TOML value moec cannot read: {error}", "numbers of a few digits")
+    line, digits = found
+    key = max((path for path, at in key_lines(text).items() if at == line), key=len, default="")
+    return Problem(key, f"is a number of {digits:,} digits", "numbers of a few digits", line=line)
 
 
 def check_raw(
@@ -238,16 +246,17 @@ def parse_override(item: str) -> tuple[str, Any]:
     try:
         document = tomli.loads(f"value = {text}")
     except RecursionError:
-        raise MoecError(
-            [problem("--set", f"the value of {key}: {_TOO_DEEP}", "one TOML value", value=key)],
-            kind="usage",
-        ) from None
+        raise MoecError([problem(key, _TOO_DEEP, "one TOML value")], kind="usage") from None
     except tomli.TOMLDecodeError as error:
         if text[:1] not in ('"', "'", "[", "{") and "\n" not in text:
             return key, text
         reason = error.msg if hasattr(error, "msg") else str(error)
-    except ValueError as error:  # e.g. an integer of more digits than Python converts
-        reason = str(error)
+    except ValueError:  # an integer of more digits than Python converts
+        digits = sum(c.isdigit() for c in text)
+        raise MoecError(
+            [problem(key, f"is a number of {digits:,} digits", "numbers of a few digits")],
+            kind="usage",
+        ) from None
     else:
         if list(document) == ["value"]:
             return key, document["value"]
@@ -255,10 +264,10 @@ def parse_override(item: str) -> tuple[str, Any]:
     raise MoecError(
         [
             problem(
-                "--set",
-                f"the value of {key} is not one TOML value: {reason}",
+                key,
+                f"is not one TOML value: {reason}",
                 'e.g. --set description="two words" or --set quant.weight_block=[128, 128]',
-                value=item,
+                value=text,
             )
         ],
         kind="usage",
@@ -271,8 +280,9 @@ def apply_overrides(raw: dict[str, Any], overrides, source: str) -> tuple[dict[s
     for item in overrides:
         try:
             key, value = parse_override(item)
-        except MoecError as error:
-            raise MoecError(error.problems, source, kind=error.kind) from None
+        except MoecError as error:  # the value's problems are the --set's, not the file's
+            located = [p if p.path == "--set" else p.located(None, "--set") for p in error.problems]
+            raise MoecError(located, source, kind=error.kind) from None
         parts = key.split(".")
         node = raw
         for part in parts[:-1]:

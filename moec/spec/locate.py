@@ -43,6 +43,18 @@ def key_lines(text: str) -> dict[str, int]:
     return lines
 
 
+_LONG_NUMBER = re.compile(r"[0-9][0-9_]{4000,}")
+"""Digits near what Python converts to an int at most (4,300 by default), underscores allowed."""
+
+
+def long_number(text: str) -> tuple[int, int] | None:
+    """(line, digits) of the first number in `text` too long for Python to convert, or None."""
+    found = _LONG_NUMBER.search(text)
+    if found is None:
+        return None
+    return text.count("\n", 0, found.start()) + 1, sum(c.isdigit() for c in found.group())
+
+
 def line_of(lines: dict[str, int], path: str) -> int | None:
     """Line of `path`, or of its nearest written ancestor; None if nothing is written."""
     parts = path.split(".") if path else []
