@@ -509,3 +509,25 @@ def test_an_empty_spec_path_is_named_as_such(command, capsys):
     """'' is not the current folder ("."): the message says the path is empty."""
     code, out, err = cli(capsys, command, "")
     assert code == 2 and err.startswith("SPEC: is an empty path") and "Traceback" not in err
+
+
+# --- a backend that cannot take the layer: one problem per cause, in a user's words -------
+
+
+@pytest.mark.parametrize(
+    ("spec", "sets", "why"),
+    [
+        ("deepseek-v3-fp8.toml", ["target.arch=sm100"], "fp8 grouped GEMMs on sm90"),
+        ("mxfp8-sm100.toml", [], "not mxfp8"),
+    ],
+)
+def test_a_refused_gemm_backend_is_one_problem(spec, sets, why, capsys):
+    """Both GEMMs refused for one reason are named in one message, by what they are; the
+    scale converters that would feed them (DeepGEMM's layout) are not problems of their own."""
+    args = [a for s in ["experts.gemm_backend=deep_gemm", *sets] for a in ("--set", s)]
+    code, out, err = cli(capsys, "validate", str(EXAMPLES / spec), *args)
+    assert_refused(
+        code, out, err, 'experts.gemm_backend = "deep_gemm": the gate/up GEMM and the down GEMM '
+        "would run on deep_gemm: ", why,
+    )  # fmt: skip
+    assert "convert" not in err and "gemm_gate_up" not in err

@@ -22,20 +22,28 @@ def check_renderers(plan: Plan, spec: Spec) -> None:
     the spec keys whose values led to that stage."""
     from moec.codegen.registry import refusal
 
-    found: list[Problem] = []
-    for stage in plan.order():
-        if stage.kind in ("input", "output"):
-            continue
-        why = refusal(plan, stage)
-        if why is None:
+    refused = {
+        stage.name: why
+        for stage in plan.order()
+        if stage.kind not in ("input", "output") and (why := refusal(plan, stage)) is not None
+    }
+    # One problem per cause: stages refused for the same reason by the same backend are named
+    # together; a converter that only feeds a refused stage goes with that stage's backend.
+    causes: dict[tuple, list[str]] = {}
+    for name, why in refused.items():
+        stage = plan.stage(name)
+        if stage.kind == "convert" and all(c in refused for c, _ in plan.consumers(name)):
             continue
         keys = stage.origin or ("experts.gemm_backend",)
-        also = f"; also chosen by {', '.join(keys[1:])}" if len(keys) > 1 else ""
         hint = _WHAT_WORKS.get(stage.kind, 'experts.gemm_backend = "torch"')
+        causes.setdefault((keys, stage.backend, why, hint), []).append(_described(plan, stage))
+    found: list[Problem] = []
+    for (keys, backend, why, hint), stages in causes.items():
+        also = f"; also chosen by {', '.join(keys[1:])}" if len(keys) > 1 else ""
         found.append(
             problem(
                 keys[0],
-                f"the {stage.name} stage would run on {stage.backend}: {why}{also}",
+                f"{' and '.join(stages)} would run on {backend}: {why}{also}",
                 hint,
                 value=_value_at(spec, keys[0]),
                 rule="renderer",
@@ -43,6 +51,16 @@ def check_renderers(plan: Plan, spec: Spec) -> None:
         )
     if found:
         raise MoecError(found, kind="spec")
+
+
+def _described(plan: Plan, stage) -> str:
+    """A stage in a user's words (the plan's stage names are for the generated code)."""
+    if stage.kind == "gemm":
+        return f"the {stage.role.replace('_', '/')} GEMM"
+    if stage.kind == "convert":
+        consumers = [_described(plan, plan.stage(c)) for c, _ in plan.consumers(stage.name)]
+        return f"the scale conversion for {' and '.join(consumers)}"
+    return f"the {stage.name.replace('_', ' ')}"
 
 
 def _value_at(spec: Spec, path: str):
