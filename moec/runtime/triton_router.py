@@ -9,7 +9,8 @@ bf16 rate (three bf16 GEMMs cost less than one fp32 GEMM on CUDA cores).
 Split K: few tokens make few output tiles (256 experts in tiles of 32 are 8 programs at decode),
 so the hidden dim is cut into S slices that run as programs of their own, each writing its
 partial logits; the result is [S, T, E] and select_topk adds the S partials in fp32, in order.
-S is chosen so that the grid holds about config["PROGRAMS"] programs.
+S is chosen so that the grid holds about config["PROGRAMS"] programs. partial_logits and
+store_partial_logits are the program's work, which triton_gate's kernel shares.
 """
 
 import torch
