@@ -361,23 +361,11 @@ def _route_layout_kernel(
                     tl.store(m_indices_ptr + tail, -1, mask=tail < M)
 
 
-def select_topk(
-    logits,
-    bias,
-    *,
-    scoring_func,
-    topk_method,
-    n_group,
-    topk_group,
-    top_k,
-    norm_topk_prob,
-    routed_scaling_factor,
-    fused_shared,
-    pdl=False,
-    num_warps=1,
-):
+def select_topk(logits, bias, *, pdl=False, num_warps=1, **choice):
     """Top-k selection for every token of logits [T, E] fp32, or of the sum of partial logits
-    [S, T, E] (the split-K router's), with bias [E] fp32 or None, as torch_select.select_topk:
+    [S, T, E] (the split-K router's), with bias [E] fp32 or None, as torch_select.select_topk
+    with the same keywords (`choice`: scoring_func, topk_method, n_group, topk_group, top_k,
+    norm_topk_prob, routed_scaling_factor, fused_shared; choice_meta names them):
     returns (weights [T, K'] fp32, ids [T, K'] int32), K' = top_k + fused_shared; see the
     comment above. One warp per token by default: its reductions over E need no shared-memory
     barriers (H200, 256 experts: 9.2 us at T=1 and 39 us at T=4096, against 10.7 and 64 us
@@ -385,7 +373,7 @@ def select_topk(
     if logits.dim() == 2:
         logits = logits.unsqueeze(0)
     _, tokens, experts = logits.shape
-    width = top_k + fused_shared
+    width = choice["top_k"] + choice["fused_shared"]
     ids = torch.empty((tokens, width), dtype=torch.int32, device=logits.device)
     weights = torch.empty((tokens, width), dtype=torch.float32, device=logits.device)
     if tokens:
@@ -404,18 +392,7 @@ def select_topk(
             ids.stride(0),
             weights.stride(0),
             # meta-parameters
-            **choice_meta(
-                experts,
-                has_bias=bias is not None,
-                scoring_func=scoring_func,
-                topk_method=topk_method,
-                n_group=n_group,
-                topk_group=topk_group,
-                top_k=top_k,
-                norm_topk_prob=norm_topk_prob,
-                routed_scaling_factor=routed_scaling_factor,
-                fused_shared=fused_shared,
-            ),
+            **choice_meta(experts, has_bias=bias is not None, **choice),
             SLICES_AT_ONCE=SLICES_AT_ONCE,
             num_warps=num_warps,
             **launch_options(pdl),
