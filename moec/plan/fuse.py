@@ -32,7 +32,6 @@ def fuse_router_select(plan: Plan) -> None:
         scratch=router.outputs,  # the partial logits: the router's programs write, select reads
         workspace={"gate_counters": counters},
     )
-    plan.update("select", weights={**router.weights, **select.weights})  # the router's first
     plan.decide(
         "fuse router + select",
         "one launch at 1 token"

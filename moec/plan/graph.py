@@ -183,9 +183,10 @@ class Plan:
 
     def absorb(self, keep: str, gone: str, **changes: Any) -> Stage:
         """Fold stage `gone` into its neighbour `keep`: the new record of `keep` takes over
-        `gone`'s other inputs, its outputs and weights, plus `changes`; the tensors that passed
-        between the two disappear."""
+        `gone`'s other inputs, its outputs and weights (the upstream stage's weights first, in
+        pipeline order), plus `changes`; the tensors that passed between the two disappear."""
         kept, dropped = self.stage(keep), self.stage(gone)
+        upstream = self.graph.has_edge(gone, keep)
         internal = set()
         for producer, edge in self.inputs(gone):
             if producer == keep:
@@ -203,7 +204,9 @@ class Plan:
         return self.update(
             keep,
             outputs=outputs,
-            weights={**kept.weights, **dropped.weights},
+            weights={**dropped.weights, **kept.weights}
+            if upstream
+            else {**kept.weights, **dropped.weights},
             fused=(*kept.fused, dropped.kind),
             origin=tuple(dict.fromkeys(kept.origin + dropped.origin)),
             **changes,
