@@ -123,8 +123,9 @@ def _flops(stage: Stage, layer: Layer, tokens: int, rows: int) -> tuple[float, s
     hidden = layer.hidden
     kind = stage.kind
     compute = "fp8" if layer.routed.quantized else "bf16"
-    if kind == "router" or "router" in stage.fused:  # only the bf16x3 router is fused
-        parts = 3 if getattr(stage, "precision", "bf16x3") == "bf16x3" else 1
+    if kind == "router" or "router" in stage.fused:
+        # the fused router is the Triton one, which is always the bf16x3 split
+        parts = 3 if kind != "router" or stage.precision == "bf16x3" else 1
         flops = 2.0 * parts * tokens * hidden * layer.routed_experts
         return flops, "bf16" if parts == 3 else "fp32"
     if kind == "gemm":
