@@ -89,16 +89,21 @@ def plan_stage(package, name: str) -> dict:
     return next(s for s in package.PLAN["stages"] if s["name"] == name)
 
 
+def held_by(layer, stage: dict) -> list[torch.Tensor]:
+    """The layer's tensors a stage's function takes after its inputs: weights, then workspace."""
+    return [getattr(layer, item["tensor"]) for item in stage["weights"] + stage["workspace"]]
+
+
 def route(package, layer, x) -> tuple[torch.Tensor, torch.Tensor]:
     """(topk_weights, topk_ids) of x, by the layer's own stages: the router then select, or
     select alone where the router is fused into it."""
     stages = stages_of(package)
     select = plan_stage(package, "select")
-    held = [getattr(layer, item["tensor"]) for item in select["weights"] + select["workspace"]]
+    held = held_by(layer, select)
     if "router" in select["fused"]:
         return stages.select(x, *held)
     router = plan_stage(package, "router")
-    logits = stages.router(x, *[getattr(layer, item["tensor"]) for item in router["weights"]])
+    logits = stages.router(x, *held_by(layer, router))
     return stages.select(logits, *held)
 
 

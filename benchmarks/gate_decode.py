@@ -18,7 +18,16 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from common import dump, graphed, import_package, median_ms, per_call_us, plan_stage, stages_of
+from common import (
+    dump,
+    graphed,
+    held_by,
+    import_package,
+    median_ms,
+    per_call_us,
+    plan_stage,
+    stages_of,
+)
 
 ROUNDS = 3
 ALWAYS = 1 << 30  # one_launch past any T
@@ -48,7 +57,7 @@ def main() -> None:
         built = gate.gate
         select = plan_stage(package, "select")
         layer = package.MoELayer(device="cuda").random_(0)
-        held = [getattr(layer, item["tensor"]) for item in select["weights"] + select["workspace"]]
+        held = held_by(layer, select)
         hidden = package.PLAN["choices"]["dims"]["hidden"]
         variants = {"built": None, "two_launches": 0, "one_launch": ALWAYS}
         for tokens in map(int, args.tokens.split(",")):
