@@ -32,13 +32,14 @@ def main() -> None:
     tiles = sys.modules[f"{package.__name__}.tiles"]
     options = select_options(package)
     layer = package.MoELayer(device="cuda").random_(0)
-    built = (tiles.ROUTER_DECODE["PROGRAMS"], route.SLICES_AT_ONCE)
+    decode = tiles.router(1)  # the decode bucket's tiles, changed in place
+    built = (decode["PROGRAMS"], route.SLICES_AT_ONCE)
     rows = []
     for tokens in map(int, args.tokens.split(",")):
         x = torch.randn(tokens, layer.gate_parts.shape[2], device="cuda").bfloat16()
         reference = layer(x)
         for programs, at_once in itertools.product((132, 264), (8, 16)):
-            tiles.ROUTER_DECODE["PROGRAMS"] = programs
+            decode["PROGRAMS"] = programs
             route.SLICES_AT_ONCE = at_once
             logits = router.router_logits(x, layer.gate_parts, config=tiles.router(tokens))
             select = partial(route.select_topk, logits, layer.gate_bias, pdl=tiles.PDL, **options)
@@ -56,7 +57,7 @@ def main() -> None:
             }
             rows.append(row)
             print(row, flush=True)
-    tiles.ROUTER_DECODE["PROGRAMS"] = built[0]
+    decode["PROGRAMS"] = built[0]
     route.SLICES_AT_ONCE = built[1]
     dump(Path(args.out), {"device": torch.cuda.get_device_name(), "rows": rows})
 

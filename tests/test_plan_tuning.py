@@ -15,7 +15,7 @@ from moec.cli import main
 from moec.errors import MoecError
 from moec.plan import Environment, make_plan, tables
 from moec.plan.tables import SHIPPED_TABLES, gpu_name
-from moec.plan.tuning import TUNED_DIR, router_slices, table_key
+from moec.plan.tuning import TUNED_DIR, router_slices, router_tiles, table_key
 from moec.spec import load_spec
 
 TRITON = Environment(frozenset({"triton"}))
@@ -360,6 +360,21 @@ def test_router_slices_are_what_the_kernel_makes(load_layer, tokens):
     partials = router.router_logits(x, layer.gate_parts, config=tiles.router(tokens))
     assert partials.shape[1:] == (tokens, layer.gate_parts.shape[1])
     assert partials.shape[0] == router_slices(make_plan(load_spec(example).spec).layer, tokens)
+
+
+@pytest.mark.parametrize(
+    "tokens, block_t, block_e, slices",
+    [(1, 16, 32, 28), (64, 16, 32, 8), (65, 128, 64, 28), (1024, 128, 64, 4), (2048, 128, 64, 2)]
+    + [(2049, 128, 128, 3), (4096, 128, 128, 2), (16384, 128, 128, 1)],
+)
+def test_router_tiles_per_token_bucket(tokens, block_t, block_e, slices):
+    """The H200's router buckets at DeepSeek-V3 dims: decode tiles, then 64 experts wide up to
+    2048 tokens (at T=1024 wider tiles need 8 slices, and the selection sums them all), then
+    128 wide; the K slices follow from the grid."""
+    layer = plan_of("deepseek-v3-fp8.toml").layer
+    tiles = router_tiles(layer, tokens)
+    assert (tiles["BLOCK_T"], tiles["BLOCK_E"]) == (block_t, block_e)
+    assert router_slices(layer, tokens) == slices
 
 
 @pytest.mark.parametrize(

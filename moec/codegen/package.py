@@ -17,7 +17,7 @@ from moec.codegen.render import environment, literal, render
 from moec.plan.activations import lower
 from moec.plan.graph import Plan
 from moec.plan.sizes import dim, symbols
-from moec.plan.tuning import COMBINE_DECODE_ROWS, ROUTER_DECODE_TOKENS
+from moec.plan.tuning import COMBINE_DECODE_ROWS
 from moec.version import __version__
 
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
@@ -273,9 +273,7 @@ def _tile_fields(plan: Plan) -> dict[str, Any]:
         "combine": tiles.combine,
         "combine_decode": tiles.combine_decode,
         "combine_decode_rows": COMBINE_DECODE_ROWS,
-        "router": tiles.router,
-        "router_decode": tiles.router_decode,
-        "decode_tokens": ROUTER_DECODE_TOKENS,
+        "routers": tiles.routers,
         "pdl": tiles.pdl,
         "received_per_token": tiles.received_per_token,
     }

@@ -57,10 +57,9 @@ class Tiles:
     """combine of at most COMBINE_DECODE_ROWS rows (+ TERMS_AT_ONCE)."""
     source: str
     """Where the table came from."""
-    router: dict[str, int]
-    """The Triton router for many tokens: BLOCK_T, BLOCK_E, BLOCK_K, num_warps, num_stages."""
-    router_decode: dict[str, int]
-    """The Triton router for at most DECODE_TOKENS tokens."""
+    routers: tuple[tuple[int | None, dict[str, int]], ...]
+    """The Triton router's tiles per token bucket: (most tokens, or None for any more; BLOCK_T,
+    BLOCK_E, BLOCK_K, PROGRAMS, num_warps, num_stages)."""
     pdl: bool
     """Launch the kernels with programmatic dependent launch (Hopper and newer)."""
     received_per_token: float | None = None
@@ -80,7 +79,6 @@ def choose_tiles(plan: Plan) -> None:
     elementwise = elementwise_configs(layer, found)
     pdl = layer.device == "cuda" and layer.arch in PDL_ARCHS
     received = received_per_token(layer) if layer.exchanges_rows else None
-    router, router_decode = router_configs(layer)
     plan.tiles = Tiles(
         buckets=tuple(
             TileBucket(b["max_tokens"], b["block_m"], b["gate_up"], b["down"]) for b in buckets
@@ -90,8 +88,7 @@ def choose_tiles(plan: Plan) -> None:
         combine=elementwise["combine"],
         combine_decode=combine_decode_config(layer, elementwise["combine"]),
         source=source,
-        router=router,
-        router_decode=router_decode,
+        routers=router_configs(layer),
         pdl=pdl,
         received_per_token=received,
     )
@@ -164,25 +161,38 @@ def _buckets_up_to(buckets: list[dict], tokens: int) -> list[dict]:
 ROUTER_DECODE_TOKENS = 64
 """The router uses its decode tiles up to this many tokens."""
 
+ROUTER_NARROW_TOKENS = 2048
+"""Above decode, the router's tiles are 64 experts wide up to this many tokens, 128 above."""
 
-def router_configs(layer: Layer) -> tuple[dict[str, int], dict[str, int]]:
-    """Router tiles (untuned): wide T tiles that read the weight once per 128 tokens, and
-    16-token tiles at decode; the hidden dim is split into slices until the grid holds about
-    PROGRAMS programs, so a few tokens still spread the weight over every SM. Measured on the
-    H200 at DeepSeek-V3 dims (benchmarks/RESULTS.md, run 9): decode 29.7 us unsplit, 4.2 us
-    with two programs per SM (264); T=1024 72.7 us unsplit, 21.0 us with one per SM (132),
-    24.2 with 264. Above decode the tiles are 128 experts wide (run 57: T=16384 325 us against
-    384 with 64, T=4096 82 against 88, T=1024 level).
-    Interpreted: small tiles, a few slices (the split path is tested)."""
+
+def router_configs(layer: Layer) -> tuple[tuple[int | None, dict[str, int]], ...]:
+    """Router tiles per token bucket (untuned): 16-token tiles at decode, 128-token tiles that
+    read the weight once per 128 tokens above; the hidden dim is split into slices until the
+    grid holds about PROGRAMS programs, so a few tokens still spread the weight over every SM.
+    Measured on the H200 at DeepSeek-V3 dims (benchmarks/RESULTS.md): decode 29.7 us unsplit,
+    4.2 us with two programs per SM (264); T=1024 72.7 us unsplit, 21.0 us with one per SM
+    (132), 24.2 with 264 (run 9). Tiles 128 experts wide need twice the slices of 64 for the same
+    grid, and the selection then sums twice the partial logits: router + select at T=1024
+    31.0 us against 28.1 with 64, at T=4096 89.3 against 97.7, at T=16384 342 against 396
+    (runs 57-58). Interpreted: small tiles, a few slices (the split path is tested)."""
     if layer.device == "cpu":
         small = {"BLOCK_T": 16, "BLOCK_E": 64, "BLOCK_K": 64, "PROGRAMS": 4}
-        small |= {"num_warps": 4, "num_stages": 1}
-        return small, dict(small)
-    large = {"BLOCK_T": 128, "BLOCK_E": 128, "BLOCK_K": 64, "PROGRAMS": 132}
-    large |= {"num_warps": 8, "num_stages": 3}
+        return ((None, small | {"num_warps": 4, "num_stages": 1}),)
     decode = {"BLOCK_T": 16, "BLOCK_E": 32, "BLOCK_K": 128, "PROGRAMS": 264}
     decode |= {"num_warps": 4, "num_stages": 3}
-    return large, decode
+    narrow = {"BLOCK_T": 128, "BLOCK_E": 64, "BLOCK_K": 64, "PROGRAMS": 132}
+    narrow |= {"num_warps": 8, "num_stages": 3}
+    return (
+        (ROUTER_DECODE_TOKENS, decode),
+        (ROUTER_NARROW_TOKENS, narrow),
+        (None, narrow | {"BLOCK_E": 128}),
+    )
+
+
+def router_tiles(layer: Layer, tokens: int) -> dict[str, int]:
+    """The router's tiles at `tokens` tokens: the first bucket that holds them."""
+    buckets = router_configs(layer)
+    return next(c for most, c in buckets if most is None or tokens <= most)
 
 
 COMBINE_DECODE_ROWS = 32
@@ -268,8 +278,7 @@ not): DeepSeek-V3's on the H200."""
 def router_slices(layer: Layer, tokens: int) -> int:
     """K slices of the Triton router at `tokens` tokens (the S of its partial logits [S, T, E]):
     what moec/runtime/triton_router.py computes from the tiles the plan gives it."""
-    large, decode = router_configs(layer)
-    config = decode if tokens <= ROUTER_DECODE_TOKENS else large
+    config = router_tiles(layer, tokens)
     tiles = -(-tokens // config["BLOCK_T"]) * -(-layer.routed_experts // config["BLOCK_E"])
     k_blocks = -(-layer.hidden // config["BLOCK_K"])
     slices = max(1, min(k_blocks, config["PROGRAMS"] // max(tiles, 1)))

@@ -59,29 +59,25 @@ COMBINE_DECODE = {
     "num_warps": 4,
 }  # combine of at most COMBINE_DECODE_ROWS rows
 COMBINE_DECODE_ROWS = 32
-ROUTER = {
-    "BLOCK_T": 16,
-    "BLOCK_E": 64,
-    "BLOCK_K": 64,
-    "PROGRAMS": 4,
-    "num_warps": 4,
-    "num_stages": 1,
-}  # router: BLOCK_T, BLOCK_E, BLOCK_K, warps, stages
-ROUTER_DECODE = {
-    "BLOCK_T": 16,
-    "BLOCK_E": 64,
-    "BLOCK_K": 64,
-    "PROGRAMS": 4,
-    "num_warps": 4,
-    "num_stages": 1,
-}  # the router for at most DECODE_TOKENS tokens
-DECODE_TOKENS = 64
+ROUTERS = (  # (most tokens, None: any more; router tiles: BLOCK_T, BLOCK_E, BLOCK_K, ...)
+    (
+        None,
+        {
+            "BLOCK_T": 16,
+            "BLOCK_E": 64,
+            "BLOCK_K": 64,
+            "PROGRAMS": 4,
+            "num_warps": 4,
+            "num_stages": 1,
+        },
+    ),
+)
 PDL = False  # programmatic dependent launch of every kernel
 
 
 def router(tokens: int) -> dict:
-    """The router's tiles for T tokens."""
-    return ROUTER_DECODE if tokens <= DECODE_TOKENS else ROUTER
+    """The router's tiles for T tokens: the first bucket that holds them."""
+    return next(config for most, config in ROUTERS if most is None or tokens <= most)
 
 
 def combine(rows: int) -> dict:
