@@ -10,6 +10,10 @@ expert's first assignment writes the expert's padding rows, and one more program
 counts, starts, num_rows and the unused tail.
 Above, or for the masked layout, route_layout then permute_quant (two launches at most 1024
 assignments, four above).
+
+With `gather` (contiguous) no row is copied: the tokens stay in token order, quantized once
+each, and the gate/up GEMM reads each layout row's token through token_of_row. The one launch
+then quantizes token t in the programs of assignment t.
 """
 
 import triton
@@ -21,6 +25,7 @@ from .triton_permute import (
     dynamic_scale,
     empty_rows,
     permute,
+    quantize_rows,
     quantize_tile,
     store_rows,
 )
@@ -38,10 +43,11 @@ def _dispatch_one_launch_kernel(
     counts_ptr,  # [E] int32 out
     starts_ptr,  # [E] int64 out
     num_rows_ptr,  # [1] int32 out
-    out_ptr,  # [M, H] e4m3, or x's dtype for QUANT "none"
-    scale_ptr,  # "group": [M, ceil(H / G)] fp32 out; "tensor": [1] fp32 in
+    out_ptr,  # [M, H] e4m3, or x's dtype for QUANT "none"; GATHER: [T, H]
+    scale_ptr,  # "group": [M (GATHER: T), ceil(H / G)] fp32 out; "tensor": [1] fp32 in
     # dims
     A,
+    T,
     K,
     E,
     M,  # rows of the layout (the worst case)
@@ -62,6 +68,7 @@ def _dispatch_one_launch_kernel(
     BLOCK_A: tl.constexpr,  # power of two >= A
     BLOCK_E: tl.constexpr,  # power of two > E
     BLOCK_H: tl.constexpr,  # columns per program (program_id(1))
+    GATHER: tl.constexpr,  # write x's rows in token order, not in the layout
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
@@ -101,14 +108,18 @@ def _dispatch_one_launch_kernel(
                     rows = r0 + offs
                     tl.store(token_of_row_ptr + rows, -1, mask=rows < end)
                     tl.store(m_indices_ptr + rows, -1, mask=rows < end)
-        offs_h = h0 + tl.arange(0, BLOCK_H)
-        x_ptrs = x_ptr + token.to(tl.int64) * stride_xt + offs_h[None, :] * stride_xh
-        x = tl.load(x_ptrs, mask=(offs_h < H)[None, :], other=0.0)
-        value, scale = quantize_tile(x, scale_ptr, QUANT, GROUP_SIZE, UE8M0, SOFT_ROUND)
-        store_rows(
-            out_ptr, scale_ptr, row + tl.zeros((1,), dtype=tl.int32), h0, H, value, scale,
-            stride_om, stride_oh, stride_sm, stride_sg, QUANT, GROUP_SIZE,
-        )  # fmt: skip
+        source, target = token, row  # the token row this program copies, and where to
+        if GATHER:  # the programs of assignment t quantize token t, in place of a copy
+            source, target = a, a
+        if not GATHER or (a < T and QUANT != "none"):  # gathered bf16 rows are x's own
+            offs_h = h0 + tl.arange(0, BLOCK_H)
+            x_ptrs = x_ptr + source.to(tl.int64) * stride_xt + offs_h[None, :] * stride_xh
+            x = tl.load(x_ptrs, mask=(offs_h < H)[None, :], other=0.0)
+            value, scale = quantize_tile(x, scale_ptr, QUANT, GROUP_SIZE, UE8M0, SOFT_ROUND)
+            store_rows(
+                out_ptr, scale_ptr, target + tl.zeros((1,), dtype=tl.int32), h0, H, value, scale,
+                stride_om, stride_oh, stride_sm, stride_sg, QUANT, GROUP_SIZE,
+            )  # fmt: skip
 
 
 def dispatch(
@@ -125,24 +136,42 @@ def dispatch(
     scale=None,
     mn_major_scales=False,
     one_launch=0,
+    gather=False,
     pdl=False,
     copy_pdl=True,
 ):
     """(a, a_scale, routing): x [T, H]'s rows in the `layout` ("contiguous", rows padded to
     block_m per expert; "masked") of topk_ids [T, K] int32 over `experts` experts, quantized as
     triton_permute.permute does (a_scale None for quant "none"), and the layout's indices
-    (grouping.ContiguousRouting / MaskedRouting). config: the permute kernel's tiles;
-    one_launch: the most assignments a contiguous dispatch does in one launch (0: none); pdl:
-    programmatic dependent launch, which the row copy after route_layout takes part in only
-    with copy_pdl (the plan's choice, Dispatch.copy_pdl)."""
+    (grouping.ContiguousRouting / MaskedRouting). gather (contiguous): a is x's rows in token
+    order [T, H], quantized (or x itself for quant "none"), for a GEMM that reads them through
+    routing.token_of_row. config: the permute kernel's tiles; one_launch: the most assignments
+    a contiguous dispatch does in one launch (0: none); pdl: programmatic dependent launch,
+    which the row copy (or quantization) after route_layout takes part in only with copy_pdl
+    (the plan's choice, Dispatch.copy_pdl)."""
     assignments = topk_ids.numel()
+    if gather and (layout != "contiguous" or mn_major_scales):
+        raise ValueError("gather is for the contiguous layout with K-major scales")
+    quantized = (quant, group_size, ue8m0, scale, mn_major_scales)
     if layout == "masked":
         routing = route_masked(topk_ids, experts, pdl=pdl)
     elif assignments > one_launch or assignments == 0:
         routing = route_contiguous(topk_ids, experts, block_m, pdl=pdl)
     else:
-        quantized = (quant, group_size, ue8m0, scale, mn_major_scales)
-        return _one_launch(x, topk_ids, experts, block_m, config, *quantized, pdl)
+        return _one_launch(x, topk_ids, experts, block_m, config, *quantized, gather, pdl)
+    if gather and quant == "none":
+        return x, None, routing
+    if gather:
+        a, a_scale = quantize_rows(
+            x,
+            config=config,
+            quant=quant,
+            group_size=group_size,
+            ue8m0=ue8m0,
+            scale=scale,
+            pdl=pdl and copy_pdl,
+        )
+        return a, a_scale, routing
     a, a_scale = permute(
         x,
         routing,
@@ -159,11 +188,12 @@ def dispatch(
 
 
 def _one_launch(
-    x, topk_ids, experts, block_m, config, quant, group_size, ue8m0, scale, mn_major, pdl
+    x, topk_ids, experts, block_m, config, quant, group_size, ue8m0, scale, mn_major, gather, pdl
 ):
     routing = empty_contiguous(topk_ids, experts, block_m)
-    leading = rows_shape(routing, experts)
-    out, empty_scale = empty_rows(x, leading, quant, group_size, mn_major)
+    copies = not (gather and quant == "none")  # else the GEMM reads x's rows themselves
+    leading = (x.shape[0],) if gather else rows_shape(routing, experts)
+    out, empty_scale = empty_rows(x, leading, quant, group_size, mn_major) if copies else (x, None)
     if quant != "tensor" or scale is None:
         scale = empty_scale
     hidden = x.shape[1]
@@ -174,7 +204,8 @@ def _one_launch(
         dynamic_scale(x, scale, config=config, ue8m0=ue8m0, pdl=pdl)
     strides_s = scale.view(-1, scale.shape[-1]).stride() if quant == "group" else (0, 0)
     assignments = topk_ids.numel()
-    _dispatch_one_launch_kernel[(assignments + 1, triton.cdiv(hidden, block_h))](
+    column_programs = triton.cdiv(hidden, block_h) if copies else 1
+    _dispatch_one_launch_kernel[(assignments + 1, column_programs)](
         # pointers
         x,
         topk_ids,
@@ -188,6 +219,7 @@ def _one_launch(
         scale if scale is not None else out,
         # dims
         assignments,
+        x.shape[0],
         topk_ids.shape[1],
         experts,
         routing.token_of_row.numel(),
@@ -207,6 +239,7 @@ def _one_launch(
         BLOCK_A=max(triton.next_power_of_2(assignments), 16),
         BLOCK_E=triton.next_power_of_2(experts + 1),
         BLOCK_H=block_h,
+        GATHER=gather,
         num_warps=config["num_warps"],
         **launch_options(pdl),
     )

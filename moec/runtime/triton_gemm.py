@@ -10,6 +10,8 @@ SCHEME "bf16"        A [M, K], W [E, N, K] in the model dtype.
                      mx tiles are dequantized in registers (exact in bf16), then one bf16 dot.
 LAYOUT "contiguous"  m_indices[M]: each BLOCK_M block is one expert's rows (+ its -1 padding)
                      or all padding; rows with -1, or at or past num_rows[0], are not written.
+                     With a_rows[M] (GATHER), A is the tokens' rows [T, K] and layout row r
+                     reads A[a_rows[r]] (and its scales): no copy of A into the layout.
        "masked"      A [E, max_m, K], masked_m[E]; rows at or past masked_m[e] are neither read
                      nor written.
        "dense"       every row is expert 0's (a dense MLP, e.g. the shared experts): no index
@@ -48,6 +50,7 @@ def _grouped_gemm_kernel(
     out_ptr,  # [M, N] bf16 / fp16 / fp32
     index_ptr,  # contiguous: m_indices [M] int32; masked: masked_m [E] int32; dense: unused
     num_rows_ptr,  # contiguous with HAS_NUM_ROWS: [1] int32, rows in use
+    a_rows_ptr,  # contiguous with GATHER: [M] int32, the row of A each layout row reads
     # dims
     M,  # rows of A (masked: max_m, rows per expert)
     N,
@@ -70,6 +73,7 @@ def _grouped_gemm_kernel(
     SCHEME: tl.constexpr,
     LAYOUT: tl.constexpr,
     HAS_NUM_ROWS: tl.constexpr,
+    GATHER: tl.constexpr,
     UPCAST: tl.constexpr,  # interpreter: dot on fp32 tiles (its bf16 dot is wrong)
     SOFT_ROUND: tl.constexpr,  # interpreter: round to bf16 in software (its cast truncates)
     BLOCK_M: tl.constexpr,
@@ -118,6 +122,9 @@ def _grouped_gemm_kernel(
             return
         valid = expert_of_row >= 0
         rows = rows.to(tl.int64)
+    a_rows = rows  # the rows of A (and of its scales) this block reads
+    if GATHER:
+        a_rows = tl.load(a_rows_ptr + rows, mask=valid, other=0).to(tl.int64)
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -134,18 +141,18 @@ def _grouped_gemm_kernel(
         if SWAP_AB:  # A^T tile [BLOCK_K, BLOCK_M]
             a_mask = (k < K)[:, None] & valid[None, :]
             a = tl.load(
-                a_ptr + rows[None, :] * stride_am + k[:, None] * stride_ak, mask=a_mask, other=0.0
+                a_ptr + a_rows[None, :] * stride_am + k[:, None] * stride_ak, mask=a_mask, other=0.0
             )
         else:
             a_mask = valid[:, None] & (k < K)[None, :]
             a = tl.load(
-                a_ptr + rows[:, None] * stride_am + k[None, :] * stride_ak, mask=a_mask, other=0.0
+                a_ptr + a_rows[:, None] * stride_am + k[None, :] * stride_ak, mask=a_mask, other=0.0
             )
         if SCHEME == "mxfp8" or SCHEME == "mxfp4":
             # Dequantize both tiles with their 1 x 32 scales: value x 2**e is exact in bf16, and
             # so is each product in fp32. W is handled as [BLOCK_N, BLOCK_K] and transposed.
             g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            a_s_ptrs = a_scale_ptr + rows[:, None] * stride_asm + g[None, :] * stride_ask
+            a_s_ptrs = a_scale_ptr + a_rows[:, None] * stride_asm + g[None, :] * stride_ask
             a_s = tl.load(a_s_ptrs, mask=valid[:, None] & (g * 32 < K)[None, :], other=0.0)
             w_s_ptrs = ws_expert + offs_n[:, None] * stride_wsn + g[None, :] * stride_wsk
             w_s = tl.load(w_s_ptrs, mask=(offs_n < N)[:, None] & (g * 32 < K)[None, :], other=0.0)
@@ -179,7 +186,7 @@ def _grouped_gemm_kernel(
             elif SCHEME == "fp8_per_tensor":  # promoted to fp32 per K block, see below
                 acc += tl.dot(w, a, max_num_imprecise_acc=FP8_ACC) * tensor_scale
             else:  # "fp8_block"
-                a_s_ptrs = a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask
+                a_s_ptrs = a_scale_ptr + a_rows * stride_asm + (k0 // 128) * stride_ask
                 a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
                 if 128 % BLOCK_N == 0:  # the tile lies in one 128-row weight block: one scale
                     w_s = tl.load(
@@ -204,7 +211,7 @@ def _grouped_gemm_kernel(
                 # is narrower than fp32 (measured over the bound on the H200 without it).
                 acc += tl.dot(a, w, max_num_imprecise_acc=FP8_ACC) * tensor_scale
             else:  # "fp8_block": scale each BLOCK_K partial product
-                a_s_ptrs = a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask
+                a_s_ptrs = a_scale_ptr + a_rows * stride_asm + (k0 // 128) * stride_ask
                 a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
                 if 128 % BLOCK_N == 0:  # one weight scale for the tile: fold it into a_s
                     w_s = tl.load(
@@ -235,12 +242,14 @@ def grouped_gemm(
     m_indices=None,
     masked_m=None,
     num_rows=None,
+    a_rows=None,
     pdl=False,
 ):
     """out = A @ W[e]^T per row's expert; see the comment above for each scheme's tensors.
 
     Contiguous layout (pass m_indices [M] int32, optionally num_rows [1] int32 on the device):
-    a [M, K], out [M, N]. Masked layout (pass masked_m [E] int32): a [E, max_m, K], out
+    a [M, K], out [M, N]; with a_rows [M] int32, a is [T, K] and row r of the layout reads
+    a[a_rows[r]] (not with TMA tiles, which load whole blocks of rows). Masked layout (pass masked_m [E] int32): a [E, max_m, K], out
     [E, max_m, N] (each viewable as 2-D). Dense (pass neither): a [M, K], out [M, N], every row
     expert 0's. Any strides. config: BLOCK_M (dividing the layout's
     row alignment), BLOCK_N, BLOCK_K (dividing 128 for fp8_block, a multiple of 32 for mx),
@@ -252,6 +261,8 @@ def grouped_gemm(
     if m_indices is not None and masked_m is not None:
         raise ValueError("pass m_indices (contiguous), masked_m (masked), or neither (dense)")
     layout = "masked" if masked_m is not None else "dense" if m_indices is None else "contiguous"
+    if a_rows is not None and (layout != "contiguous" or config.get("TMA")):
+        raise ValueError("a_rows gathers rows of the contiguous layout, without TMA tiles")
     if scheme not in ("bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"):
         raise ValueError(f"unknown scheme {scheme!r}")
     if scheme != "bf16" and (a_scale is None or w_scale is None):
@@ -267,7 +278,7 @@ def grouped_gemm(
         )
     a2 = a.view(-1, k)
     out2 = out.view(-1, n)
-    rows = a.shape[1] if masked_m is not None else a.shape[0]
+    rows = a.shape[1] if masked_m is not None else a.shape[0] if a_rows is None else a_rows.numel()
     if scheme == "bf16":
         a_scale = w_scale = a
     stride_as = (0, 0) if a_scale.dim() < 2 else (a_scale.view(-1, a_scale.shape[-1]).stride())
@@ -307,6 +318,7 @@ def grouped_gemm(
         out2,
         {"contiguous": m_indices, "masked": masked_m, "dense": a2}[layout],
         num_rows if num_rows is not None else a2,
+        a_rows if a_rows is not None else a2,
         # dims
         rows,
         n,
@@ -326,6 +338,7 @@ def grouped_gemm(
         SCHEME=scheme,
         LAYOUT=layout,
         HAS_NUM_ROWS=num_rows is not None,
+        GATHER=a_rows is not None,
         UPCAST=interpret,
         SOFT_ROUND=interpret,
         BLOCK_M=config["BLOCK_M"],
@@ -347,11 +360,13 @@ def fp8_accumulation(config) -> int:
 
 
 def grouped_gemm_contiguous(
-    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False
+    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, gather=False, pdl=False
 ):
-    """The grouped GEMM over a contiguous layout a [M, K] (routing: grouping.ContiguousRouting):
+    """The grouped GEMM over a contiguous layout a [M, K] (routing: grouping.ContiguousRouting),
+    or with `gather` over the tokens' rows a [T, K], each layout row reading its token's:
     returns [M, N] in out_dtype; padding rows and rows past num_rows are not written."""
-    out = torch.empty((a.shape[0], w.shape[1]), dtype=out_dtype, device=a.device)
+    layout_rows = routing.token_of_row.shape[0]
+    out = torch.empty((layout_rows, w.shape[1]), dtype=out_dtype, device=a.device)
     return grouped_gemm(
         a,
         a_scale,
@@ -362,6 +377,7 @@ def grouped_gemm_contiguous(
         config=config,
         m_indices=routing.m_indices,
         num_rows=routing.num_rows,
+        a_rows=routing.token_of_row if gather else None,
         pdl=pdl,
     )
 

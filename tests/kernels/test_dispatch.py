@@ -72,6 +72,47 @@ def test_dispatch_contiguous(tokens, top_k, experts, block_m, hidden, quant):
     assert same_bytes(a[valid], q[tokens_of_valid])
 
 
+@pytest.mark.parametrize(
+    "tokens, top_k, experts, block_m, hidden",
+    [
+        (1, 9, 33, 16, 384),  # decode: one launch, nine assignments of one token
+        (14, 9, 20, 8, 256),  # 126 assignments: one launch, more assignments than tokens
+        (15, 9, 20, 8, 256),  # 135: route_layout, then the tokens quantized row by row
+    ],
+)
+@pytest.mark.parametrize("quant", ["group", "tensor", "none"])
+def test_dispatch_gathered(tokens, top_k, experts, block_m, hidden, quant):
+    """gather: the same indices, and the tokens' rows in token order, each quantized once (the
+    gate/up GEMM reads them through token_of_row); unquantized, x itself."""
+    kernels = load()
+    want = route(tokens, top_k, experts, block_m, seed=tokens)
+    x = make_x(tokens, hidden)
+    a, a_scale, routing = kernels.dispatch(
+        x, want.topk_ids.to(torch.int32), experts, layout="contiguous", config=CONFIG,
+        block_m=block_m, quant=quant, group_size=128, one_launch=ONE_LAUNCH, gather=True,
+    )  # fmt: skip
+    assert torch.equal(routing.row_of.cpu(), want.row_of)
+    assert torch.equal(routing.token_of_row.cpu(), want.token_of_row)
+    assert torch.equal(routing.m_indices.cpu(), want.m_indices)
+    if quant == "none":
+        assert torch.equal(a, x) and a_scale is None
+        return
+    q, scale = quant_group(x.float(), 128, False) if quant == "group" else quant_tensor(x.float())
+    assert a.shape == x.shape and same_bytes(a, q)
+    assert torch.equal(a_scale.reshape(scale.shape), scale)
+
+
+def test_dispatch_gathered_takes_the_contiguous_layout_only():
+    kernels = load()
+    ids = route(2, 2, 4, 16, seed=2).topk_ids.to(torch.int32)
+    for layout, mn_major in (("masked", False), ("contiguous", True)):
+        with pytest.raises(ValueError, match="gather is for the contiguous layout"):
+            kernels.dispatch(
+                make_x(2, 128), ids, 4, layout=layout, config=CONFIG, block_m=16,
+                quant="group", mn_major_scales=mn_major, gather=True,
+            )  # fmt: skip
+
+
 def test_dispatch_masked_and_empty():
     """The masked layout and zero tokens take the two-launch path: the same routing."""
     kernels = load()

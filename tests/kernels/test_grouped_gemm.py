@@ -251,6 +251,53 @@ def test_swap_ab(scheme):
     run_contiguous(scheme, config=dict(CONFIG, SWAP_AB=True), num_rows=40)
 
 
+GATHER_CASES = [(s, CONFIG) for s in SCHEMES] + [
+    (s, dict(CONFIG, SWAP_AB=True, BLOCK_M=16)) for s in ("bf16", "fp8_per_tensor", "fp8_block")
+]
+
+
+@pytest.mark.parametrize(("scheme", "config"), GATHER_CASES, ids=lambda v: str(v)[:30])
+def test_gathered_rows(scheme, config):
+    """a_rows: each layout row reads its token's row of A [T, K] (and its scales): the same
+    output, bit for bit, as the GEMM over the rows copied into the layout."""
+    kernels = load()
+    tokens, n, k = 16, 256, 256
+    routing = route(tokens=tokens, topk=2, experts=4, block_m=config["BLOCK_M"])
+    rows = len(routing.m_indices)
+    a, a_scale, w, w_scale, a_deq, w_deq = operands(scheme, tokens, n, k, 4, torch.bfloat16)
+    valid = routing.m_indices >= 0
+    source = routing.token_of_row.clamp(min=0).long()  # padding rows: any token, never read
+    copied = a[source]
+    copied_scale = a_scale[source] if a_scale is not None and a_scale.dim() == 2 else a_scale
+    outs = []
+    for operand, scale, a_rows in (
+        (copied, copied_scale, None),
+        (a, a_scale, routing.token_of_row),
+    ):
+        out = poison(torch.empty(rows, n, dtype=torch.bfloat16))
+        kernels.grouped_gemm(
+            operand, scale, w, w_scale, out, scheme=scheme, config=config,
+            m_indices=routing.m_indices, a_rows=a_rows,
+        )  # fmt: skip
+        outs.append(out)
+    check(outs[1], a_deq[source], w_deq, routing.m_indices.long(), valid, k, config["BLOCK_K"])
+    assert torch.equal(outs[0][valid], outs[1][valid])
+
+
+def test_gathered_rows_need_the_contiguous_layout_without_tma():
+    kernels = load()
+    routing = route(tokens=4, topk=2, experts=4, block_m=32)
+    a, a_scale, w, w_scale, *_ = operands("fp8_block", 4, 128, 128, 4, torch.bfloat16)
+    out = torch.empty(len(routing.m_indices), 128, dtype=torch.bfloat16)
+    for layout in ({"m_indices": routing.m_indices}, {"masked_m": routing.masked_m}):
+        config = TMA_CONFIG if "m_indices" in layout else CONFIG
+        with pytest.raises(ValueError, match="a_rows gathers rows of the contiguous layout"):
+            kernels.grouped_gemm(
+                a, a_scale, w, w_scale, out, scheme="fp8_block", config=config,
+                a_rows=routing.token_of_row, **layout,
+            )  # fmt: skip
+
+
 def test_tma_warp_specialized():
     """The warp-specialized K loop (a GPU schedule) computes the same GEMM."""
     run_contiguous("fp8_block", config=dict(TMA_CONFIG, WARP_SPECIALIZE=True, num_warps=8))
