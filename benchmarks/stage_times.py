@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -72,9 +73,18 @@ def main() -> None:
         metavar="TABLE:KEY",
         help="take the permute, act and combine tiles of a tuned table's layer KEY instead",
     )
+    parser.add_argument(
+        "--router",
+        metavar="JSON",
+        help="router tile changes for every bucket above decode, e.g. '{\"BLOCK_E\": 128}'",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     package = import_package(args.package)
+    if args.router:
+        routers = sys.modules[f"{package.__name__}.tiles"].ROUTERS
+        for _, config in routers[1:]:
+            config.update(json.loads(args.router))
     if args.elementwise:
         table, key = args.elementwise.split(":", 1)
         tiles = json.loads(Path(table).read_text())[f"elementwise/{key}"]

@@ -82,7 +82,8 @@ def test_text_shows_stages_types_decisions_and_cost(capsys):
                 text,
                 re.M,
             )
-    assert "e4m3[M, H] contiguous-grouped + scale(1x128 fp32 K-major)" in text
+    assert "out  a             e4m3[T, H] + scale(1x128 fp32 K-major)" in text  # copy-free
+    assert "e4m3[M, I] contiguous-grouped + scale(1x128 fp32 K-major)" in text
 
     # every decision with its reason
     for decision in data["decisions"]:
@@ -103,7 +104,7 @@ def test_text_shows_stages_types_decisions_and_cost(capsys):
                 re.M,
             ), stage
     assert text.count("stage        ") == 3
-    assert "T = 1: 408.15 MB" in text  # 9 experts of 44 MB (the shared one fused) + 11 MB router
+    assert "T = 1: 408.03 MB" in text  # 9 experts of 44 MB (the shared one fused) + 11 MB router
     assert "9.0 experts hit" in text  # 8 routed + the fused shared expert
 
 

@@ -118,11 +118,13 @@ def test_every_output_is_consumed(name, env):
 def test_grouped_layout_types_of_the_deepseek_v3_fp8_plan():
     plan = plan_of("deepseek-v3-fp8.toml")
     assert plan.backends.layout == "contiguous"
+    # the tokens' rows, quantized once each: the gate/up GEMM gathers them (copy-free dispatch)
     a = plan.stage("dispatch").outputs["a"]
     assert a.dtype is DType.e4m3
-    assert a.shape == ("M", "H")
-    assert a.layout is Layout.contiguous
+    assert a.shape == ("T", "H")
+    assert a.layout is Layout.row_major
     assert a.scale == ScaleType("1x128", DType.float32, "K", False, False)
+    assert plan.stage("gemm_gate_up").accepts["a"] == a
     assert plan.stage("dispatch").outputs["routing"] == TensorType(
         DType.int32, ("M",), Layout.contiguous, record="ContiguousRouting"
     )

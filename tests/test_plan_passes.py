@@ -568,6 +568,44 @@ def test_quantize_fused_into_dispatch_for_triton_local(name, overrides, env, fus
     assert (plan.decision("fuse quantize + dispatch") is not None) == fused
 
 
+@pytest.mark.parametrize(
+    ("name", "overrides", "env", "gather"),
+    [
+        ("deepseek-v3-fp8.toml", [], PLAIN, "yes"),  # Triton GEMMs, no TMA tiles
+        ("tiny-cpu-triton.toml", ["experts.layout=contiguous"], PLAIN, "yes"),
+        (
+            "tiny-cpu-triton.toml",
+            ["quant.scheme=bf16"] + ["experts.layout=contiguous"],
+            PLAIN,
+            "yes",
+        ),
+        ("deepseek-v3-bf16.toml", ["experts.layout=contiguous"], PLAIN, "no"),  # TMA tiles
+        ("tiny-cpu-triton.toml", [], PLAIN, None),  # masked: rows per expert, no gather
+        ("deepseek-v3-fp8.toml", ["experts.gemm_backend=deep_gemm"], FULL, None),
+        ("deepseek-v3-ep2-all2all.toml", [], PLAIN, None),  # rows exchanged between ranks
+        ("tiny-cpu.toml", ["experts.layout=contiguous"], PLAIN, None),  # torch
+    ],
+)
+def test_copy_free_dispatch(name, overrides, env, gather):
+    """A local Triton dispatch before a Triton gate/up GEMM without TMA tiles hands it the
+    tokens' rows [T, H] (quantized once each), which the GEMM gathers by token_of_row."""
+    plan = plan_of(name, *overrides, env=env)
+    decision = plan.decision("copy-free dispatch")
+    assert (decision.choice.split(":")[0] if decision else None) == gather
+    dispatch, gemm = plan.stage("dispatch"), plan.stage("gemm_gate_up")
+    assert dispatch.gather == gemm.gather == (gather == "yes")
+    (edge,) = [e for p, e in plan.inputs("gemm_gate_up") if e.input == "a"]
+    rows = ("T", "H") if gather == "yes" else ("M", "H")
+    if dispatch.layout == "masked":
+        rows = ("E", "max_m", "H")
+    assert edge.type.shape == dispatch.outputs["a"].shape == rows
+    assert edge.type == gemm.accepts["a"] or gather != "yes"
+    if gather == "yes":  # the decisions about the dispatch speak of no row copy
+        for what in ("dispatch at decode", "fuse quantize + dispatch"):
+            if plan.decision(what):
+                assert "copy" not in plan.decision(what).reason
+
+
 # --- CUDA graph safety --------------------------------------------------------------------
 
 

@@ -57,6 +57,7 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     fuse.fuse_activation_quant(plan)
     fuse.fuse_routed_scaling(plan)
     fuse.fuse_quantize_dispatch(plan)
+    fuse.gather_token_rows(plan)
     fuse.fuse_finalize_combine(plan)
     insert_converters(plan)  # scale-layout converters where types disagree
     fuse.fuse_scale_layout(plan)  # ... unless a Triton quantizer can write that layout itself

@@ -4,6 +4,8 @@
 - activation + the quantization of its output (the intermediate never reaches memory);
 - the routed scaling factor into the top-k weights (combine multiplies by them anyway);
 - activation quantization into the dispatch permute, for Triton (one pass over the tokens);
+- the dispatch's row copy into the gate/up GEMM's loads, for Triton: the GEMM gathers each
+  row's token, and the dispatch only quantizes the tokens;
 - the finalize step (shared-expert add) into combine, unless finalize also all-reduces across
   tensor-parallel ranks, which stays its own stage.
 """
@@ -86,6 +88,75 @@ def fuse_quantize_dispatch(plan: Plan) -> None:
         "yes",
         "the permute kernel quantizes each token row as it copies it: one read of x, one write",
     )
+
+
+def gather_token_rows(plan: Plan) -> None:
+    """A Triton gate/up GEMM after a local Triton dispatch reads each row of the contiguous
+    layout from its token, through the routing's token_of_row: the dispatch writes no rows."""
+    if not plan.has("dispatch"):
+        return
+    dispatch, gemm = plan.stage("dispatch"), plan.stage("gemm_gate_up")
+    triton = dispatch.backend == "triton" and gemm.backend == "triton"
+    if not (triton and dispatch.mode == "local" and dispatch.layout == "contiguous"):
+        return
+    buckets = plan.tiles.buckets
+    tma = [i for i, b in enumerate(buckets) if b.gate_up.get("TMA")]
+    if tma:
+        first = tma[0]
+        most = "any count" if first == 0 else f"more than {buckets[first - 1].max_tokens} tokens"
+        plan.decide(
+            "copy-free dispatch",
+            "no: the dispatch copies each token to its experts' rows",
+            f"the gate/up GEMM's tiles for {most} load A with TMA, in whole blocks of rows, "
+            "which cannot gather rows",
+        )
+        return
+    given, accepted = dispatch.outputs["a"], gemm.accepts["a"]
+    plan.retype("dispatch", "a", TensorType(given.dtype, ("T", "H"), scale=given.scale))
+    plan.update("dispatch", gather=True)
+    tokens = TensorType(accepted.dtype, ("T", "H"), scale=accepted.scale)
+    plan.update("gemm_gate_up", gather=True, accepts={**gemm.accepts, "a": tokens})
+    what = "quantizes each token once" if dispatch.quantize else "passes x on"
+    plan.decide(
+        "copy-free dispatch",
+        "yes: the gate/up GEMM gathers its rows",
+        f"the dispatch {what} and writes only the layout's indices; the gate/up GEMM loads "
+        "each row of the layout from its token through token_of_row. No [M, H] copy is "
+        "written and read back, and the GEMM's A is K times smaller (H200, DeepSeek-V3 "
+        "fp8_block, one package both ways: dispatch + gate/up 2005 against 2023 us at T=1024, "
+        "3972 against 4035 at 4096, 12866 against 13152 at 16384, level at T=1 and 256; the "
+        "same output bit for bit; benchmarks/RESULTS.md run 59)",
+    )
+    _restate_for_gather(plan, dispatch)
+
+
+def _restate_for_gather(plan: Plan, dispatch) -> None:
+    """The dispatch decisions made before this pass, as they read without the row copy."""
+    if plan.decision("fuse quantize + dispatch"):
+        plan.revise(
+            "fuse quantize + dispatch",
+            "yes",
+            "the dispatch quantizes each token row once as it reads it: one read of x, one "
+            "write of [T, H]",
+        )
+    if dispatch.one_launch:
+        plan.revise(
+            "dispatch at decode",
+            f"one launch up to {dispatch.one_launch} assignments",
+            "its programs find each assignment's row from the histogram of all assignments and "
+            "write the indices; the programs of assignment t also quantize token t, where the "
+            "scheme quantizes; above, the indices, then one pass over the tokens",
+        )
+    if plan.decision("dispatch row copy under PDL"):
+        plan.revise(
+            "dispatch row copy under PDL",
+            "no, launched in order",
+            "the pass over the tokens after the route (a row copy before the copy-free "
+            "dispatch) launched early keeps its successor's programs waiting on the SMs while "
+            "it runs: the stage took 5.6-7.4 us longer on the H200 at T = 256 to 4096 with the "
+            "copy (benchmarks/RESULTS.md, run 47); the route's launches and the one-launch "
+            "decode dispatch keep PDL",
+        )
 
 
 LAYOUT_STEPS = {"transpose scales to MN-major", "pad scale columns to 16-byte TMA alignment"}

@@ -175,8 +175,23 @@ class Plan:
         tensor_type = self.stage(producer).outputs[tensor]
         self._add_edge(producer, consumer, Edge(tensor, tensor_type, input_name or tensor))
 
+    def retype(self, producer: str, tensor: str, tensor_type: TensorType) -> None:
+        """`producer`'s output `tensor` becomes `tensor_type`, on every edge that carries it."""
+        outputs = {**self.stage(producer).outputs, tensor: tensor_type}
+        self.update(producer, outputs=outputs)
+        for consumer in self.graph.successors(producer):
+            tensors = self.graph.edges[producer, consumer]["tensors"]
+            tensors[:] = [
+                replace(e, type=tensor_type) if e.tensor == tensor else e for e in tensors
+            ]
+
     def decide(self, what: str, choice: str, reason: str) -> None:
         self.decisions.append(Decision(what, choice, reason))
+
+    def revise(self, what: str, choice: str, reason: str) -> None:
+        """Restate the decision `what` where a later pass changed what it describes."""
+        index = next(i for i, d in enumerate(self.decisions) if d.what == what)
+        self.decisions[index] = Decision(what, choice, reason)
 
     def decision(self, what: str) -> Decision | None:
         return next((d for d in self.decisions if d.what == what), None)

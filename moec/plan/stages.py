@@ -132,6 +132,9 @@ class Dispatch(Stage):
     copy_pdl: bool = True
     """Whether a Triton dispatch's row copy after the route takes part in programmatic dependent
     launch, where the layer launches with it (the tile pass decides)."""
+    gather: bool = False
+    """No row copy: the tokens stay in token order (quantized once each) and the gate/up GEMM
+    reads each layout row's token through the routing's token_of_row (the gather pass)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +152,8 @@ class Gemm(Stage):
     k_value: int
     torch_kernel: str | None = None
     """The torch backend's way: loop, grouped_mm or bmm (None for other backends)."""
+    gather: bool = False
+    """A is the tokens' rows [T, k], each layout row reading its token's (Dispatch.gather)."""
 
     @property
     def weight(self) -> str:

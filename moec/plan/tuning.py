@@ -173,8 +173,8 @@ def router_configs(layer: Layer) -> tuple[tuple[int | None, dict[str, int]], ...
     4.2 us with two programs per SM (264); T=1024 72.7 us unsplit, 21.0 us with one per SM
     (132), 24.2 with 264 (run 9). Tiles 128 experts wide need twice the slices of 64 for the same
     grid, and the selection then sums twice the partial logits: router + select at T=1024
-    31.0 us against 28.1 with 64, at T=4096 89.3 against 97.7, at T=16384 342 against 396
-    (runs 57-58). Interpreted: small tiles, a few slices (the split path is tested)."""
+    31.0 us against 28.1 with 64, at T=2048 51.4 against 48.9, at T=4096 89.3 against 97.7, at
+    T=16384 342 against 396 (runs 57-59). Interpreted: small tiles, a few slices (the split path is tested)."""
     if layer.device == "cpu":
         small = {"BLOCK_T": 16, "BLOCK_E": 64, "BLOCK_K": 64, "PROGRAMS": 4}
         return ((None, small | {"num_warps": 4, "num_stages": 1}),)

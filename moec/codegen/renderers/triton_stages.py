@@ -118,6 +118,8 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
         layout_options += f", one_launch={stage.one_launch}"
     if not stage.copy_pdl:
         layout_options += ", copy_pdl=False"
+    if stage.gather:
+        layout_options += ", gather=True"
     fields = {
         "targets": dispatch_targets(stage),
         "experts": stage.experts,
@@ -129,7 +131,17 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
     }
     quantized = " (quantized)" if stage.quantize else ""
     indices = f"one Triton launch up to {ONE_LAUNCH_ROUTE} assignments, three above"
-    if stage.one_launch:
+    if stage.gather:
+        rows = " and the token rows quantized once each" if stage.quantize else ""
+        then = ", then one pass that quantizes each token row" if stage.quantize else ""
+        launches = f"The {stage.layout} layout's indices ({indices}){then}."
+        if stage.one_launch:
+            launches = (
+                f"The {stage.layout} layout's indices{rows} in one Triton launch up to "
+                f"{stage.one_launch} assignments (decode); above, the indices ({indices}){then}."
+            )
+        launches += " No row is copied: the gate/up GEMM reads each row's token (token_of_row)."
+    elif stage.one_launch:
         launches = (
             f"The {stage.layout} layout's indices and the token rows{quantized} in it in one "
             f"Triton launch up to {stage.one_launch} assignments (decode); above, the indices "
@@ -161,12 +173,19 @@ def gemm(plan, stage: Gemm) -> StageCode:
         "scheme": stage.format.scheme,
         "role": stage.role,
         "bucket": bucket_function(plan),
+        "gather": stage.gather,
     }
     rows = shape_doc(stage)
     doc = (
         f"[{rows}, {stage.k}] x [E, {stage.n}, {stage.k}] -> [{rows}, {stage.n}] in one Triton "
         "launch; padding rows and empty experts cost no work."
     )
+    if stage.gather:
+        doc = (
+            f"[M, {stage.k}] x [E, {stage.n}, {stage.k}] -> [M, {stage.n}] in one Triton launch, "
+            f"row r of the layout read from a [T, {stage.k}] at routing.token_of_row[r] (no "
+            "copy of the tokens into the layout); padding rows and empty experts cost no work."
+        )
     return StageCode(doc, fields)
 
 
