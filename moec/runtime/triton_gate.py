@@ -5,8 +5,10 @@ Up to `one_launch` tokens one kernel does both. Its programs are the split-K rou
 each counts itself in its token tile's arrival counter. The program that arrives last has
 every partial of the tile in memory: it resets the counter (for the next launch) and selects
 the tile's tokens one after the other, adding their partials in slice order, as select_topk
-does (so the two paths choose the same experts with the same weights, bit for bit; with
-softmax scores up to the order of the denominator's sum, which follows the program's warps).
+does, and finding each token's groups and experts by one top-k sort where select_topk takes
+repeated argmax (with the router's 4 warps the sort is faster; on select_topk's one warp it is
+slower). The two paths choose the same experts with the same weights, bit for bit; with softmax
+scores up to the order of the denominator's sum, which follows the program's warps.
 At decode this saves select's launch and its wait on the router; above, selecting a whole tile
 in one program would serialize what select_topk runs as one program per token, so the router
 and select_topk run as two launches.
@@ -74,6 +76,7 @@ def _gate_kernel(
     FUSED_SHARED: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    BLOCK_TOP: tl.constexpr,
     PER_GROUP: tl.constexpr,
     SLICES_AT_ONCE: tl.constexpr,
     PDL: tl.constexpr,
@@ -97,9 +100,10 @@ def _gate_kernel(
             logits = sum_partials(
                 partials_ptr + t * stride_lt, E, S, stride_ls, BLOCK_E, SLICES_AT_ONCE, ".cg"
             )
-            top_ids, top_weights = select_row(
+            top_ids, top_weights = select_row(  # by sort: on 4 warps, faster than argmax
                 logits, bias_ptr, E, SCORING, METHOD, HAS_BIAS, N_GROUP, BLOCK_G, TOPK_GROUP,
-                TOP_K, NORMALIZE, ROUTED_SCALING, FUSED_SHARED, BLOCK_E, BLOCK_K, PER_GROUP,
+                TOP_K, NORMALIZE, ROUTED_SCALING, FUSED_SHARED, BLOCK_E, BLOCK_K, BLOCK_TOP,
+                PER_GROUP, True,
             )  # fmt: skip
             store_choice(
                 ids_ptr + t * stride_it, weights_ptr + t * stride_wt, top_ids, top_weights,

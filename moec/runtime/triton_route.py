@@ -2,9 +2,13 @@
 
 select_topk   one program per token: scores from fp32 logits (SCORING softmax | sigmoid |
               sqrtsoftplus), choice = scores (+ correction bias), expert groups (METHOD
-              group_limited_greedy: best expert per group; noaux_tc: sum of the top-2), top-k by
-              repeated argmax, weights = scores of the chosen experts (renormalized, scaled),
-              then FUSED_SHARED extra experts E.. with weight 1.
+              group_limited_greedy: best expert per group; noaux_tc: sum of the top-2), the
+              best groups and the top-k experts by repeated argmax (the lower index first among
+              equal values), weights = scores of the chosen experts (renormalized, scaled),
+              then FUSED_SHARED extra experts E.. with weight 1. select_row can instead find
+              each by one sort (BY_SORT, the same choice): faster in the router's 4-warp
+              programs (triton_gate), slower on select_topk's one warp at 256 experts (H200,
+              benchmarks/RESULTS.md run 60).
 route_layout  the rows of the grouped layout, in token order within each expert (the same
               indices on every run). One program per part of SPAN assignments places them at
               rows start[e] + (expert e's assignments in earlier parts) + (those earlier in
@@ -73,6 +77,19 @@ def sum_partials(
 
 
 @triton.jit
+def top_indices(values, BLOCK: tl.constexpr, K: tl.constexpr):
+    """The indices of the K largest of `values` [BLOCK] fp32, largest first ([K] int32; equal
+    values: the lower index first, -0.0 equal to +0.0): one bitonic top-k of int64 keys, the
+    value's bits ordered as integers above the reversed index."""
+    index = tl.arange(0, BLOCK)
+    bits = (values + 0.0).to(tl.int32, bitcast=True)  # + 0.0 turns -0.0 into +0.0
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: reversed
+    keys = (ordered.to(tl.int64) << 32) | (BLOCK - 1 - index).to(tl.int64)
+    top = tl.topk(keys, K)
+    return (BLOCK - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
+
+
+@triton.jit
 def select_row(
     logits,
     bias_ptr,
@@ -89,10 +106,13 @@ def select_row(
     FUSED_SHARED: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    BLOCK_TOP: tl.constexpr,
     PER_GROUP: tl.constexpr,
+    BY_SORT: tl.constexpr,
 ):
     """One token's choice from its logits [BLOCK_E]: (ids [BLOCK_K] int32, weights [BLOCK_K]
-    fp32), the first TOP_K + FUSED_SHARED of them used (see the comment at the top)."""
+    fp32), the first TOP_K + FUSED_SHARED of them used (see the comment at the top). BY_SORT:
+    the groups and the experts each by one top-k sort, not by repeated argmax."""
     e = tl.arange(0, BLOCK_E)
     valid = e < E
     if SCORING == "softmax":
@@ -132,10 +152,15 @@ def select_row(
                     first = tl.argmax(members, axis=0)
                     best = best + tl.max(tl.where(e == first, float("-inf"), members), axis=0)
                 group_scores = tl.where(g == index, best, group_scores)
-        kept = tl.zeros((BLOCK_G,), dtype=tl.int1)
-        for _ in tl.static_range(TOPK_GROUP):
-            top = tl.argmax(tl.where(kept, float("-inf"), group_scores), axis=0)
-            kept = kept | (g == top)
+        if BY_SORT:
+            ranked = top_indices(group_scores, BLOCK_G, BLOCK_G)  # every group, best first
+            picked = tl.where(g < TOPK_GROUP, ranked, BLOCK_G)  # the best TOPK_GROUP of them
+            kept = tl.max(tl.where(picked[None, :] == g[:, None], 1, 0), axis=1) > 0
+        else:
+            kept = tl.zeros((BLOCK_G,), dtype=tl.int1)
+            for _ in tl.static_range(TOPK_GROUP):
+                top = tl.argmax(tl.where(kept, float("-inf"), group_scores), axis=0)
+                kept = kept | (g == top)
         if PER_GROUP:
             choice = tl.reshape(tl.where(kept[:, None], grouped, float("-inf")), (BLOCK_E,))
         else:
@@ -143,18 +168,22 @@ def select_row(
                 tl.where(kept[None, :] & (g[None, :] == group[:, None]), 1, 0), axis=1
             )
             choice = tl.where(keep_expert > 0, choice, float("-inf"))
-    # the row of ids and weights is built in registers and stored once
+    # the row of ids and weights, built in registers and stored once
     slot = tl.arange(0, BLOCK_K)
-    top_ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
-    top_weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    total = 0.0
-    for k in tl.static_range(TOP_K):
-        top = tl.argmax(choice, axis=0)
-        weight = tl.sum(tl.where(e == top, scores, 0.0), axis=0)
-        top_ids = tl.where(slot == k, top.to(tl.int32), top_ids)
-        top_weights = tl.where(slot == k, weight, top_weights)
-        total += weight
-        choice = tl.where(e == top, float("-inf"), choice)
+    if BY_SORT:  # the top BLOCK_TOP (a power of two >= TOP_K) over the slots, TOP_K of them kept
+        ranked = top_indices(choice, BLOCK_E, BLOCK_TOP)
+        top_ids = tl.gather(ranked, tl.minimum(slot, BLOCK_TOP - 1), 0)
+        top_weights = tl.where(slot < TOP_K, tl.gather(scores, top_ids, 0), 0.0)
+    else:
+        top_ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
+        top_weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k in tl.static_range(TOP_K):
+            top = tl.argmax(choice, axis=0)
+            weight = tl.sum(tl.where(e == top, scores, 0.0), axis=0)
+            top_ids = tl.where(slot == k, top.to(tl.int32), top_ids)
+            top_weights = tl.where(slot == k, weight, top_weights)
+            choice = tl.where(e == top, float("-inf"), choice)
+    total = tl.sum(top_weights, axis=0)  # one reduction either way: the same sum
     if NORMALIZE:  # as the torch backend: w / (sum + 1e-20) * scale
         top_weights = top_weights / (total + 1e-20)
     if ROUTED_SCALING != 1.0:
@@ -203,6 +232,7 @@ def _select_topk_kernel(
     FUSED_SHARED: tl.constexpr,
     BLOCK_E: tl.constexpr,  # power of two >= E
     BLOCK_K: tl.constexpr,  # power of two >= TOP_K + FUSED_SHARED
+    BLOCK_TOP: tl.constexpr,  # power of two >= TOP_K
     PER_GROUP: tl.constexpr,  # E // N_GROUP where E == BLOCK_E (groups as rows), else 0
     SLICES_AT_ONCE: tl.constexpr,  # partial logits loaded per step
     PDL: tl.constexpr,
@@ -212,7 +242,7 @@ def _select_topk_kernel(
     logits = sum_partials(logits_ptr + t * stride_lt, E, S, stride_ls, BLOCK_E, SLICES_AT_ONCE, "")
     top_ids, top_weights = select_row(
         logits, bias_ptr, E, SCORING, METHOD, HAS_BIAS, N_GROUP, BLOCK_G, TOPK_GROUP, TOP_K,
-        NORMALIZE, ROUTED_SCALING, FUSED_SHARED, BLOCK_E, BLOCK_K, PER_GROUP,
+        NORMALIZE, ROUTED_SCALING, FUSED_SHARED, BLOCK_E, BLOCK_K, BLOCK_TOP, PER_GROUP, False,
     )  # fmt: skip
     store_choice(
         ids_ptr + t * stride_it, weights_ptr + t * stride_wt, top_ids, top_weights,
@@ -428,6 +458,7 @@ def choice_meta(
         "FUSED_SHARED": fused_shared,
         "BLOCK_E": block_e,
         "BLOCK_K": triton.next_power_of_2(top_k + fused_shared),
+        "BLOCK_TOP": triton.next_power_of_2(top_k),
         "PER_GROUP": experts // n_group if experts == block_e and n_group > 1 else 0,
     }
 

@@ -67,6 +67,27 @@ def test_one_launch_equals_router_then_select(tokens, block_t, programs, choice)
         assert not counters.any()
 
 
+@pytest.mark.parametrize("ties", ["twin_experts", "zero_tokens"])
+@pytest.mark.parametrize("choice", [DEEPSEEK, GREEDY], ids=["noaux_tc", "greedy"])
+def test_one_launch_breaks_ties_as_select(ties, choice):
+    """The one launch finds the top-k by a sort, select_topk by repeated argmax: among equal
+    values both take the lower expert first (twin experts: pairs of equal logits; zero tokens:
+    every logit equal)."""
+    kernels = load()
+    x, parts, bias = _router(3, 64, 128, seed=9)
+    if ties == "twin_experts":
+        parts[:, 1::2] = parts[:, 0::2]
+    else:
+        x[1:] = 0.0
+    bias = bias if choice["topk_method"] == "noaux_tc" else None
+    config = {"BLOCK_T": 16, "BLOCK_E": 32, "BLOCK_K": 64, "PROGRAMS": 4, "num_warps": 4}
+    counters = torch.zeros(1, dtype=torch.int32)
+    logits = kernels.router_logits(x, parts, config=config)
+    _, want_ids = kernels.select_topk(logits, bias, **choice)
+    _, ids = kernels.gate(x, parts, bias, counters, config=config, one_launch=8, **choice)
+    assert torch.equal(ids, want_ids)
+
+
 def test_above_one_launch_is_router_then_select():
     """Past one_launch tokens the counters are not touched (even too few of them are fine)."""
     kernels = load()
