@@ -89,3 +89,12 @@ def test_triton_zero_and_one_token(load_layer):
     assert layer(torch.zeros(0, 256, dtype=torch.bfloat16)).shape == (0, 256)
     overrides = ["quant.scheme=fp8_block", "quant.checkpoint=bf16", "experts.layout=contiguous"]
     assert _compare(load_layer, *overrides, tokens=1) <= 2**-7
+
+
+@pytest.mark.parametrize("scheme", ["bf16", "fp8_per_tensor", "fp8_block", "mxfp4"])
+def test_triton_layer_above_the_one_launch_dispatch(load_layer, scheme):
+    """70 tokens, at least 2 rows each: past the dispatch's one launch (128 rows), the indices
+    come first, then the tokens are quantized row by row, and the gate/up GEMM gathers them
+    (copy-free dispatch)."""
+    overrides = [f"quant.scheme={scheme}", "experts.layout=contiguous", *SCHEMES[scheme]]
+    assert _compare(load_layer, *overrides, tokens=70) <= 2**-7
