@@ -18,8 +18,9 @@ from moec.plan.types import DType, TensorType
 GATE_ONE_LAUNCH = 1
 """Tokens up to which the fused Triton router and selection are one launch
 (moec/runtime/triton_gate.py): its last program selects the tile's tokens one after another,
-about 4.5 us each on the H200, so already at 2 tokens two launches are faster (the stage
-alone, DeepSeek-V3: 13.6 against 9.0 us; benchmarks/RESULTS.md, run 54)."""
+about 3 us each on the H200, so already at 2 tokens two launches are faster (the stage alone,
+DeepSeek-V3: 11.1 against 8.8 us, the layer 0.2108 against 0.2088 ms; benchmarks/RESULTS.md,
+run 62)."""
 
 
 def fuse_router_select(plan: Plan) -> None:
@@ -41,9 +42,9 @@ def fuse_router_select(plan: Plan) -> None:
         else f"one launch up to {GATE_ONE_LAUNCH} tokens",
         "the router's last program to finish for a token tile selects its tokens (the layer "
         "keeps a counter per tile): select's launch and its wait on the router are gone at "
-        "decode (H200, DeepSeek-V3 fp8_block T=1: 0.1271 and 0.1266 against 0.1313 and 0.1303 "
-        "ms; bf16 and V2-Lite within the spread between runs, benchmarks/RESULTS.md runs "
-        "54-55); above, that program would select the tokens one after another, so the router "
+        "decode (H200, DeepSeek-V3 fp8_block T=1: 0.1224 against 0.1267 ms; bf16 0.2152 "
+        "against 0.2167; V2-Lite within the spread between runs; benchmarks/RESULTS.md run "
+        "62); above, that program would select the tokens one after another, so the router "
         "and the selection stay two launches",
     )
 
