@@ -108,7 +108,7 @@ def route(package, layer, x) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def select_options(package) -> dict:
-    """The select stage's options, as triton_route.select_topk takes them."""
+    """The select stage's options, as triton_select.select_topk takes them."""
     choices = plan_stage(package, "select")["choices"]
     return {key: choices[key] for key in SELECT_OPTIONS}
 

@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     package = import_package(args.package)
     router = sys.modules[f"{package.__name__}.triton_router"]
-    route = sys.modules[f"{package.__name__}.triton_route"]
+    selection = sys.modules[f"{package.__name__}.triton_select"]
     tiles = sys.modules[f"{package.__name__}.tiles"]
     layer = package.MoELayer(device="cuda").random_(0)
     rows = []
@@ -53,7 +53,9 @@ def main() -> None:
         logits = router.router_logits(x, layer.gate_parts, config=base)
         options = select_options(package)
         for warps in (1, 2, 4, 8):
-            call = partial(route.select_topk, logits, layer.gate_bias, num_warps=warps, **options)
+            call = partial(
+                selection.select_topk, logits, layer.gate_bias, num_warps=warps, **options
+            )
             rows.append(
                 {
                     "kernel": "select",

@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from .triton_numerics import launch_options, wait_inputs
-from .triton_route import (
+from .triton_router import partial_logits, router_logits, split_k, store_partial_logits
+from .triton_select import (
     SLICES_AT_ONCE,
     choice_meta,
     select_row,
@@ -30,7 +31,6 @@ from .triton_route import (
     store_choice,
     sum_partials,
 )
-from .triton_router import partial_logits, router_logits, split_k, store_partial_logits
 
 
 @triton.jit
@@ -63,7 +63,7 @@ def _gate_kernel(
     ROUTER_T: tl.constexpr,
     ROUTER_E: tl.constexpr,
     ROUTER_K: tl.constexpr,
-    # the selection's (triton_route.choice_meta)
+    # the selection's (triton_select.choice_meta)
     SCORING: tl.constexpr,
     METHOD: tl.constexpr,
     HAS_BIAS: tl.constexpr,

@@ -41,6 +41,7 @@ from moec.runtime import (  # noqa: E402  (after TRITON_INTERPRET is set)
     triton_permute,
     triton_route,
     triton_router,
+    triton_select,
 )
 
 _TMP = Path(tempfile.mkdtemp(prefix="moec_activation_"))
@@ -48,7 +49,7 @@ LAUNCHERS = {
     "grouped_gemm": triton_gemm.grouped_gemm,
     "permute_quant": triton_permute.permute_quant,
     "permute_rows": triton_permute.permute_rows,
-    "select_topk": triton_route.select_topk,
+    "select_topk": triton_select.select_topk,
     "route_layout": triton_route.route_layout,
     "dispatch": triton_dispatch.dispatch,
     "combine": triton_combine.combine,

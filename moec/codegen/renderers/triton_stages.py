@@ -61,13 +61,13 @@ def _with_router(stage: Select) -> bool:
     "triton",
     lambda stage: "stages/triton/gate.py.j2" if _with_router(stage) else "stages/select.py.j2",
     runtime=lambda stage: (
-        ("triton_gate", "tiles") if _with_router(stage) else ("triton_route", "tiles")
+        ("triton_gate", "tiles") if _with_router(stage) else ("triton_select", "tiles")
     ),
     requires=TRITON,
 )
 def select(plan, stage: Select) -> StageCode:
     fields = {
-        "function": "triton_route.select_topk",
+        "function": "triton_select.select_topk",
         "bias": "gate_bias" if stage.has_bias else "None",
         "options": select_options(stage) + ", pdl=tiles.PDL",
     }
