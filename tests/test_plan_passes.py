@@ -580,6 +580,13 @@ def test_quantize_fused_into_dispatch_for_triton_local(name, overrides, env, fus
             "yes",
         ),
         ("deepseek-v3-bf16.toml", ["experts.layout=contiguous"], PLAIN, "no"),  # TMA tiles
+        # ... only above 1024 tokens, which a layer of at most 1024 never reaches
+        (
+            "deepseek-v3-bf16.toml",
+            ["experts.layout=contiguous", "target.max_num_tokens=1024"],
+            PLAIN,
+            "yes",
+        ),  # fmt: skip
         ("tiny-cpu-triton.toml", [], PLAIN, None),  # masked: rows per expert, no gather
         ("deepseek-v3-fp8.toml", ["experts.gemm_backend=deep_gemm"], FULL, None),
         ("deepseek-v3-ep2-all2all.toml", [], PLAIN, None),  # rows exchanged between ranks
@@ -604,6 +611,9 @@ def test_copy_free_dispatch(name, overrides, env, gather):
         for what in ("dispatch at decode", "fuse quantize + dispatch"):
             if plan.decision(what):
                 assert "copy" not in plan.decision(what).reason
+    ordered = plan.decision("dispatch row copy under PDL")
+    if gather == "yes" and ordered and not dispatch.quantize:  # bf16: nothing after the route
+        assert ordered.choice == "no pass to order" and dispatch.copy_pdl
 
 
 # --- CUDA graph safety --------------------------------------------------------------------

@@ -100,7 +100,7 @@ def gather_token_rows(plan: Plan) -> None:
     triton = dispatch.backend == "triton" and gemm.backend == "triton"
     if not (triton and dispatch.mode == "local" and dispatch.layout == "contiguous"):
         return
-    buckets = plan.tiles.buckets
+    buckets = _reachable(plan.tiles.buckets, plan.layer.max_tokens)
     tma = [i for i, b in enumerate(buckets) if b.gate_up.get("TMA")]
     if tma:
         first = tma[0]
@@ -131,6 +131,16 @@ def gather_token_rows(plan: Plan) -> None:
     _restate_for_gather(plan, dispatch)
 
 
+def _reachable(buckets, max_tokens: int) -> list:
+    """The tile buckets a forward of at most max_tokens tokens can take."""
+    reached = []
+    for bucket in buckets:
+        reached.append(bucket)
+        if bucket.max_tokens is None or bucket.max_tokens >= max_tokens:
+            break
+    return reached
+
+
 def _restate_for_gather(plan: Plan, dispatch) -> None:
     """The dispatch decisions made before this pass, as they read without the row copy."""
     if plan.decision("fuse quantize + dispatch"):
@@ -148,7 +158,14 @@ def _restate_for_gather(plan: Plan, dispatch) -> None:
             "write the indices; the programs of assignment t also quantize token t, where the "
             "scheme quantizes; above, the indices, then one pass over the tokens",
         )
-    if plan.decision("dispatch row copy under PDL"):
+    if plan.decision("dispatch row copy under PDL") and not dispatch.quantize:
+        plan.update("dispatch", copy_pdl=True)  # the default: no option to render
+        plan.revise(
+            "dispatch row copy under PDL",
+            "no pass to order",
+            "unquantized tokens need no pass after the route: the gate/up GEMM reads x itself",
+        )
+    elif plan.decision("dispatch row copy under PDL"):
         plan.revise(
             "dispatch row copy under PDL",
             "no, launched in order",
