@@ -23,7 +23,7 @@ from common import (
     graphed,
     held_by,
     import_package,
-    median_ms,
+    in_turn,
     per_call_us,
     plan_stage,
     stages_of,
@@ -57,11 +57,7 @@ def main() -> None:
             replays[name] = graphed(partial(layer, x))
         first, second = outputs
         row["output_gap"] = float((first - second).abs().max() / first.abs().max())
-        times = {name: [] for name in names}
-        for _ in range(args.rounds):
-            for name, replay in replays.items():
-                times[name].append(median_ms(replay, warmup=3, repeats=20))
-        for name, samples in times.items():
+        for name, samples in in_turn(replays, args.rounds).items():
             row[f"layer_{name}_ms"] = round(statistics.median(samples), 4)
         rows.append(row)
         print(row, flush=True)

@@ -170,6 +170,17 @@ def median_ms(fn, warmup: int = 3, repeats: int = 20) -> float:
     return self_check.median_ms(fn, "cuda", repeats, warmup, barrier=torch.cuda.synchronize)
 
 
+def in_turn(replays: dict, rounds: int, warmup: int = 3, repeats: int = 20) -> dict:
+    """{name: [ms per round]}: each replay's median_ms, the replays timed one after another in
+    each of `rounds` rounds, so that a drift of the GPU's clock between rounds touches them
+    alike."""
+    samples = {name: [] for name in replays}
+    for _ in range(rounds):
+        for name, replay in replays.items():
+            samples[name].append(median_ms(replay, warmup=warmup, repeats=repeats))
+    return samples
+
+
 def graphed(fn):
     """Capture fn() in a CUDA graph (two warm-ups first); return a function replaying it."""
     replay, _ = cuda_graph.capture(fn, warmup=2)

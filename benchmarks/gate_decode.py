@@ -23,7 +23,7 @@ from common import (
     graphed,
     held_by,
     import_package,
-    median_ms,
+    in_turn,
     per_call_us,
     plan_stage,
     stages_of,
@@ -77,10 +77,7 @@ def main() -> None:
                 finally:
                     gate.gate = built
             row["same_output"] = all(torch.equal(o, outputs["built"]) for o in outputs.values())
-            times = {variant: [] for variant in variants}
-            for _ in range(args.rounds):
-                for variant, replay in replays.items():
-                    times[variant].append(median_ms(replay, warmup=5, repeats=50))
+            times = in_turn(replays, args.rounds, warmup=5, repeats=50)
             for variant, samples in times.items():
                 row[f"layer_{variant}_ms"] = round(statistics.median(samples), 4)
             rows.append(row)

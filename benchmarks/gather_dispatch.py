@@ -25,7 +25,7 @@ from common import (
     graphed,
     held_by,
     import_package,
-    median_ms,
+    in_turn,
     per_call_us,
     plan_stage,
     stages_of,
@@ -82,11 +82,7 @@ def main() -> None:
                 outputs[variant] = layer(x)
                 replays[variant] = graphed(partial(layer, x))
         row["same_output"] = bool(torch.equal(outputs["gather"], outputs["copy"]))
-        times = {variant: [] for variant in replays}
-        for _ in range(args.rounds):
-            for variant, replay in replays.items():
-                times[variant].append(median_ms(replay, warmup=3, repeats=20))
-        for variant, samples in times.items():
+        for variant, samples in in_turn(replays, args.rounds).items():
             row[f"layer_{variant}_ms"] = round(statistics.median(samples), 4)
         rows.append(row)
         print(row, flush=True)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import dump, graphed, import_package, median_ms, stages_of
+from common import dump, graphed, import_package, in_turn, stages_of
 
 STAGES = ("select", "dispatch", "gemm_gate_up", "activation", "gemm_down", "combine")
 """The stages of the Triton layers (the router fused into select)."""
@@ -89,10 +89,7 @@ def main() -> None:
         for tokens in map(int, args.tokens.split(",")):
             x = torch.randn(tokens, hidden, device="cuda").bfloat16()
             replays = variants(package, layer, x, args.in_order.split(","))
-            rounds = {variant: [] for variant in replays}
-            for _ in range(args.rounds):
-                for variant, replay in replays.items():
-                    rounds[variant].append(median_ms(replay))
+            rounds = in_turn(replays, args.rounds)
             row = {"package": name, "tokens": tokens}
             row.update({v: round(statistics.median(ms), 4) for v, ms in rounds.items()})
             row["rounds"] = rounds
