@@ -159,31 +159,20 @@ def dispatch(
         routing = route_contiguous(topk_ids, experts, block_m, pdl=pdl)
     else:
         return _one_launch(x, topk_ids, experts, block_m, config, *quantized, gather, pdl)
-    if gather and quant == "none":
-        return x, None, routing
-    if gather:
-        a, a_scale = quantize_rows(
-            x,
-            config=config,
-            quant=quant,
-            group_size=group_size,
-            ue8m0=ue8m0,
-            scale=scale,
-            pdl=pdl and copy_pdl,
-        )
-        return a, a_scale, routing
-    a, a_scale = permute(
-        x,
-        routing,
-        experts,
-        config=config,
-        quant=quant,
-        group_size=group_size,
-        ue8m0=ue8m0,
-        scale=scale,
-        mn_major_scales=mn_major_scales,
-        pdl=pdl and copy_pdl,
-    )
+    rows = {  # the pass over the tokens after the route
+        "config": config,
+        "quant": quant,
+        "group_size": group_size,
+        "ue8m0": ue8m0,
+        "scale": scale,
+        "pdl": pdl and copy_pdl,
+    }
+    if not gather:
+        a, a_scale = permute(x, routing, experts, mn_major_scales=mn_major_scales, **rows)
+    elif quant == "none":  # the GEMM reads x's rows themselves
+        a, a_scale = x, None
+    else:
+        a, a_scale = quantize_rows(x, **rows)
     return a, a_scale, routing
 
 
