@@ -144,11 +144,7 @@ def row_padding(plan: Plan, tokens: int) -> int:
     if fixed:
         return fixed
     if plan.tiles is not None:
-        bucket = next(
-            (b for b in plan.tiles.buckets if b.max_tokens is None or tokens <= b.max_tokens),
-            plan.tiles.buckets[-1],
-        )
-        return bucket.block_m
+        return plan.tiles.bucket(tokens).block_m
     return 1
 
 

@@ -100,7 +100,7 @@ def gather_token_rows(plan: Plan) -> None:
     triton = dispatch.backend == "triton" and gemm.backend == "triton"
     if not (triton and dispatch.mode == "local" and dispatch.layout == "contiguous"):
         return
-    buckets = _reachable(plan.tiles.buckets, plan.layer.max_tokens)
+    buckets = plan.tiles.reachable(plan.layer.max_tokens)
     tma = [i for i, b in enumerate(buckets) if b.gate_up.get("TMA")]
     if tma:
         first = tma[0]
@@ -129,16 +129,6 @@ def gather_token_rows(plan: Plan) -> None:
         "same output bit for bit; benchmarks/RESULTS.md run 59)",
     )
     _restate_for_gather(plan, dispatch)
-
-
-def _reachable(buckets, max_tokens: int) -> list:
-    """The tile buckets a forward of at most max_tokens tokens can take."""
-    reached = []
-    for bucket in buckets:
-        reached.append(bucket)
-        if bucket.max_tokens is None or bucket.max_tokens >= max_tokens:
-            break
-    return reached
 
 
 def _restate_for_gather(plan: Plan, dispatch) -> None:

@@ -67,6 +67,17 @@ class Tiles:
     uniform routing. A received row count divided by it is the tokens per rank, whose bucket
     (tuned on one GPU holding the rank's experts) fits the rank's rows per expert."""
 
+    def bucket(self, tokens: int) -> TileBucket:
+        """The bucket of `tokens` tokens: the first whose limit holds them (the last has none)."""
+        return next(
+            (b for b in self.buckets if b.max_tokens is None or tokens <= b.max_tokens),
+            self.buckets[-1],
+        )
+
+    def reachable(self, tokens: int) -> tuple[TileBucket, ...]:
+        """The buckets a forward of at most `tokens` tokens can take."""
+        return self.buckets[: self.buckets.index(self.bucket(tokens)) + 1]
+
 
 def choose_tiles(plan: Plan) -> None:
     """Pass: the tile table of a Triton layer, recorded with its source."""
