@@ -210,16 +210,6 @@ def test_per_tensor_scale_type():
     assert plan.stage("gemm_gate_up").weights["w13_scale"] == TensorType(DType.float32, ("E", "1"))
 
 
-def test_a_revised_decision_keeps_its_place():
-    plan = plan_of("deepseek-v3-fp8.toml")
-    whats = [d.what for d in plan.decisions]
-    plan.revise("layout", "masked", "a test")
-    assert [d.what for d in plan.decisions] == whats
-    assert plan.decision("layout").choice == "masked"
-    with pytest.raises(KeyError, match="no decision 'nothing' to restate"):
-        plan.revise("nothing", "-", "-")
-
-
 def test_order_is_the_lexicographic_topological_sort():
     plan = plan_of("deepseek-v3-fp8.toml", env=FULL)
     names = [s.name for s in plan.order()]

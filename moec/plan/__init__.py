@@ -45,7 +45,7 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     from moec.plan.build import build_stages
     from moec.plan.convert import insert_converters
     from moec.plan.resolve import resolve_backends
-    from moec.plan.tuning import choose_tiles
+    from moec.plan.tuning import choose_tiles, order_dispatch_pass
 
     env = env or Environment.detect()
     plan = Plan(spec.name, spec_hash(spec), layer_of(spec), spec.description)
@@ -56,8 +56,9 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     fuse.fuse_router_select(plan)
     fuse.fuse_activation_quant(plan)
     fuse.fuse_routed_scaling(plan)
+    fuse.gather_token_rows(plan)  # before the quantize fusion, whose reason depends on it
     fuse.fuse_quantize_dispatch(plan)
-    fuse.gather_token_rows(plan)
+    order_dispatch_pass(plan)  # PDL for the dispatch's pass after the route, if it has one
     fuse.fuse_finalize_combine(plan)
     insert_converters(plan)  # scale-layout converters where types disagree
     fuse.fuse_scale_layout(plan)  # ... unless a Triton quantizer can write that layout itself

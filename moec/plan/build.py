@@ -296,12 +296,11 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
         plan.decide(
             "dispatch at decode",
             f"one launch up to {one_launch} assignments",
-            "each assignment's programs find its row from the histogram of all assignments and "
-            "copy their columns of its token row there (quantized where the scheme is): at a "
-            "few tokens, reading a token once per expert costs less than a second launch (H200, "
-            "DeepSeek-V3 T=1: 4.7 us against 7.8 for the indices and the copy, "
-            "benchmarks/RESULTS.md run 19); above, the indices, then one pass that reads each "
-            "token row once",
+            "each assignment's programs find its row from the histogram of all assignments, "
+            "write the indices and hand its token's row on (quantized where the scheme is): at "
+            "a few tokens this costs less than a second launch (H200, DeepSeek-V3 T=1: 4.7 us "
+            "against 7.8 for the indices and a pass over the rows, benchmarks/RESULTS.md run "
+            "19); above, the indices, then one pass over the token rows",
         )
     plan.add_stage(
         Dispatch(

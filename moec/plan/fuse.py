@@ -87,7 +87,11 @@ def fuse_quantize_dispatch(plan: Plan) -> None:
     plan.decide(
         "fuse quantize + dispatch",
         "yes",
-        "the permute kernel quantizes each token row as it copies it: one read of x, one write",
+        "the dispatch quantizes each token row once as it reads it: one read of x, one write of "
+        "[T, H]"
+        if dispatch.gather
+        else "the permute kernel quantizes each token row as it copies it: one read of x, one "
+        "write",
     )
 
 
@@ -117,7 +121,7 @@ def gather_token_rows(plan: Plan) -> None:
     plan.update("dispatch", gather=True)
     tokens = TensorType(accepted.dtype, ("T", "H"), scale=accepted.scale)
     plan.update("gemm_gate_up", gather=True, accepts={**gemm.accepts, "a": tokens})
-    what = "quantizes each token once" if dispatch.quantize else "passes x on"
+    what = "quantizes each token once" if plan.has("quantize") else "passes x on"
     plan.decide(
         "copy-free dispatch",
         "yes: the gate/up GEMM gathers its rows",
@@ -128,43 +132,6 @@ def gather_token_rows(plan: Plan) -> None:
         "3972 against 4035 at 4096, 12866 against 13152 at 16384, level at T=1 and 256; the "
         "same output bit for bit; benchmarks/RESULTS.md run 59)",
     )
-    _restate_for_gather(plan, dispatch)
-
-
-def _restate_for_gather(plan: Plan, dispatch) -> None:
-    """The dispatch decisions made before this pass, as they read without the row copy."""
-    if plan.decision("fuse quantize + dispatch"):
-        plan.revise(
-            "fuse quantize + dispatch",
-            "yes",
-            "the dispatch quantizes each token row once as it reads it: one read of x, one "
-            "write of [T, H]",
-        )
-    if dispatch.one_launch:
-        plan.revise(
-            "dispatch at decode",
-            f"one launch up to {dispatch.one_launch} assignments",
-            "its programs find each assignment's row from the histogram of all assignments and "
-            "write the indices; the programs of assignment t also quantize token t, where the "
-            "scheme quantizes; above, the indices, then one pass over the tokens",
-        )
-    if plan.decision("dispatch row copy under PDL") and not dispatch.quantize:
-        plan.update("dispatch", copy_pdl=True)  # the default: no option to render
-        plan.revise(
-            "dispatch row copy under PDL",
-            "no pass to order",
-            "unquantized tokens need no pass after the route: the gate/up GEMM reads x itself",
-        )
-    elif plan.decision("dispatch row copy under PDL"):
-        plan.revise(
-            "dispatch row copy under PDL",
-            "no, launched in order",
-            "the pass over the tokens after the route (a row copy before the copy-free "
-            "dispatch) launched early keeps its successor's programs waiting on the SMs while "
-            "it runs: the stage took 5.6-7.4 us longer on the H200 at T = 256 to 4096 with the "
-            "copy (benchmarks/RESULTS.md, run 47); the route's launches and the one-launch "
-            "decode dispatch keep PDL",
-        )
 
 
 LAYOUT_STEPS = {"transpose scales to MN-major", "pad scale columns to 16-byte TMA alignment"}

@@ -188,15 +188,6 @@ class Plan:
     def decide(self, what: str, choice: str, reason: str) -> None:
         self.decisions.append(Decision(what, choice, reason))
 
-    def revise(self, what: str, choice: str, reason: str) -> None:
-        """Restate the decision `what`, in its place, where a later pass changed what it
-        describes."""
-        for index, decision in enumerate(self.decisions):
-            if decision.what == what:
-                self.decisions[index] = Decision(what, choice, reason)
-                return
-        raise KeyError(f"moec bug: no decision {what!r} to restate")
-
     def decision(self, what: str) -> Decision | None:
         return next((d for d in self.decisions if d.what == what), None)
 

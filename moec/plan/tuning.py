@@ -132,15 +132,6 @@ def choose_tiles(plan: Plan) -> None:
         if pdl
         else f"{layer.arch or layer.device} has no programmatic dependent launch (sm90 and newer)",
     )
-    if pdl and plan.has("dispatch") and plan.stage("dispatch").backend == "triton":
-        plan.update("dispatch", copy_pdl=False)
-        plan.decide(
-            "dispatch row copy under PDL",
-            "no, launched in order",
-            "launched early, its successor's programs wait on the SMs while the copy runs: the "
-            "stage took 5.6-7.4 us longer on the H200 at T = 256 to 4096 (benchmarks/RESULTS.md, "
-            "run 47); the route's launches and the one-launch decode dispatch keep PDL",
-        )
     if plan.has("shared_expert") and plan.stage("shared_expert").backend == "triton":
         plan.decide(
             "shared expert tiles",
@@ -157,6 +148,33 @@ def received_per_token(layer: Layer) -> float:
     for i in range(top_k):
         none_here *= max(experts - local - i, 0) / (experts - i)
     return round(layer.ep * (1.0 - none_here), 4)
+
+
+def order_dispatch_pass(plan: Plan) -> None:
+    """Pass, after the copy-free dispatch's: whether a Triton dispatch's pass over the tokens
+    after the route (the row copy, or the tokens' quantization) takes part in PDL."""
+    if plan.tiles is None or not plan.tiles.pdl or not plan.has("dispatch"):
+        return
+    dispatch = plan.stage("dispatch")
+    if dispatch.backend != "triton":
+        return
+    if dispatch.gather and not dispatch.quantize:
+        plan.decide(
+            "dispatch row copy under PDL",
+            "no pass to order",
+            "unquantized tokens need no pass after the route: the gate/up GEMM reads x itself",
+        )
+        return
+    plan.update("dispatch", copy_pdl=False)
+    what = "the tokens' quantization" if dispatch.gather else "the row copy"
+    plan.decide(
+        "dispatch row copy under PDL",
+        "no, launched in order",
+        f"{what} after the route, launched early, keeps its successor's programs waiting on "
+        "the SMs while it runs: the stage took 5.6-7.4 us longer on the H200 at T = 256 to "
+        "4096 with the row copy (benchmarks/RESULTS.md, run 47); the route's launches and the "
+        "one-launch decode dispatch keep PDL",
+    )
 
 
 def _buckets_up_to(buckets: list[dict], tokens: int) -> list[dict]:
