@@ -560,11 +560,13 @@ def test_explain_shows_both_sides_of_a_gemm_split(capsys, monkeypatch):
     data = explain_json(capsys, V3_FP8, "--tokens", "1024,4096")
     above = data["above"]
     assert above["up_to"] == 1024 and above["gemm_backend"] == "deep_gemm"
-    assert {s["name"] for s in above["stages"]} == {
+    assert {s["name"] for s in above["stages"]} == {  # the combine: in the Triton down GEMM
         "dispatch",
         "gemm_gate_up",
         "activation",
         "gemm_down",
+        "combine",
+        "output",
     }
     assert {d["what"] for d in above["decisions"]} >= {"gemm_backend", "contiguous row padding"}
     code, text, _ = run(capsys, "explain", V3_FP8, "--tokens", "1024,4096")
@@ -577,15 +579,18 @@ def test_explain_shows_both_sides_of_a_gemm_split(capsys, monkeypatch):
 
 def test_dot_and_mermaid_draw_both_sides_of_a_gemm_split(capsys, monkeypatch):
     """The stages that differ above the split are a dashed cluster of their own nodes, fed by
-    the shared stages and feeding the shared combine."""
+    the shared stages and feeding the shared output (below the split the combine is in the
+    Triton down GEMM, above it is a stage of its own)."""
     monkeypatch.setattr(Environment, "detect", classmethod(lambda cls: FULL))
     code, text, _ = run(capsys, "explain", V3_FP8, "--format", "dot")
     assert code == 0
     assert "subgraph cluster_above {" in text and 'label="T > 1024: deep_gemm GEMMs"' in text
     assert '"gemm_gate_up (T > 1024)" [label="gemm_gate_up\\ngemm / deep_gemm"];' in text
     assert '"select" -> "dispatch (T > 1024)"' in text
-    assert '"gemm_down (T > 1024)" -> "combine"' in text
-    assert '"gemm_down" -> "combine"' in text  # the side up to the split, as before
+    assert '"gemm_down (T > 1024)" -> "combine (T > 1024)"' in text
+    assert '"combine (T > 1024)" -> "output"' in text
+    assert '"gemm_down" -> "output"' in text  # the side up to the split
+    assert '"gemm_down (T > 1024)" -> "output"' not in text
     if shutil.which("dot"):
         done = subprocess.run(["dot", "-Tsvg"], input=text, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
@@ -598,7 +603,7 @@ def test_dot_and_mermaid_draw_both_sides_of_a_gemm_split(capsys, monkeypatch):
     arrows = [re.match(rf"^  ({MERMAID_ID}) -\.?->?\|", line) for line in lines]
     assert all(a.group(1) in defined for a in arrows if a)
     assert any(
-        line.startswith("  gemm_down_above -.->") and line.endswith(" combine") for line in lines
+        line.startswith("  combine_above -.->") and line.endswith(" output") for line in lines
     )
 
 

@@ -344,7 +344,9 @@ def test_dispatch_decision(name, choice, dispatch_backend, combine_backend):
     plan = plan_of(name)
     assert plan.decision("dispatch").choice == choice
     assert plan.stage("dispatch").backend == dispatch_backend
-    assert plan.stage("combine").backend == combine_backend
+    # the Triton combine of one GPU is in the down GEMM's stage (test_combine_in_the_down_gemm)
+    combine = plan.stage("combine" if plan.has("combine") else "gemm_down")
+    assert combine.backend == combine_backend
 
 
 # --- convert ------------------------------------------------------------------------------
@@ -512,7 +514,7 @@ def test_activation_and_quant_fused_for_fp8_schemes_only(overrides, fused, env):
 def test_routed_scaling_folded_into_topk_weights(factor, choice):
     plan = plan_of("deepseek-v3-fp8.toml", f"router.routed_scaling_factor={factor}")
     assert plan.stage("select").routed_scaling_factor == factor
-    assert not hasattr(plan.stage("combine"), "routed_scaling_factor")
+    assert [s.name for s in plan.order() if hasattr(s, "routed_scaling_factor")] == ["select"]
     assert plan.decision("routed scaling").choice == choice
 
 
@@ -541,11 +543,55 @@ def test_finalize_stays_a_stage_for_tensor_parallel_all_reduce():
     assert plan.layer.intermediate == 1024
 
 
+def test_combine_in_the_down_gemm():
+    """One GPU, Triton, contiguous: the down GEMM's last programs do the combine at decode; its
+    stage takes combine's inputs and output, counts the GEMM's rows as scratch, and keeps a
+    counter per column tile of its decode tiles."""
+    plan = plan_of("deepseek-v3-fp8.toml")
+    assert not plan.has("combine")
+    down = plan.stage("gemm_down")
+    assert down.fused == ("combine",) and down.combine_tokens == 16
+    assert sorted(e.input for _, e in plan.inputs("gemm_down")) == ["a", "routing", "topk_weights"]
+    assert list(down.outputs) == ["out"] and list(down.scratch) == ["y"]
+    widest = min(b.down["BLOCK_N"] for b in plan.tiles.reachable(16))
+    assert down.workspace["down_counters"].shape == (str(7168 // widest),)
+    assert [p for p, _ in plan.inputs("output")] == ["gemm_down"]
+    decision = plan.decision("fuse down GEMM + combine")
+    assert decision.choice == "in the GEMM's launch up to 16 tokens"
+    capped = plan_of(
+        "deepseek-v3-fp8.toml", "target.max_num_tokens=4", "experts.layout=contiguous"
+    ).stage("gemm_down")
+    assert capped.combine_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "env", "why"),
+    [
+        ("deepseek-v3-fp8.toml", ["experts.shared_experts=separate"], PLAIN, "shared experts"),
+        ("deepseek-v3-fp8.toml", ["experts.shared_experts=overlapped"], PLAIN, "shared experts"),
+        ("deepseek-v3-fp8.toml", ["parallel.tp_size=2"], PLAIN, "shared experts"),
+        ("deepseek-v3-ep2-all2all.toml", [], PLAIN, None),  # the rows go back to their ranks
+        ("tiny-cpu-triton.toml", [], PLAIN, None),  # masked layout
+        ("tiny-cpu.toml", ["experts.layout=contiguous"], PLAIN, None),  # torch
+        ("deepseek-v3-fp8.toml", ["experts.gemm_backend=deep_gemm"], FULL, None),
+    ],
+)
+def test_combine_stays_a_stage(name, overrides, env, why):
+    plan = plan_of(name, *overrides, env=env)
+    assert plan.has("combine") and plan.stage("gemm_down").fused == ()
+    decision = plan.decision("fuse down GEMM + combine")
+    if why is None:
+        assert decision is None
+    else:
+        assert decision.choice == "no" and why in decision.reason
+
+
 def test_fused_shared_experts_have_no_stage_and_keep_weight_one():
     plan = plan_of("deepseek-v3-fp8.toml", 'experts.shared_experts="fused"')
     assert not plan.has("shared_expert")
     assert plan.stage("select").fused_shared == 1
-    assert plan.stage("combine").add_shared is False
+    assert plan.stage("gemm_down").fused == ("combine",)  # no shared output to wait for
+    assert "shared" not in [e.tensor for _, e in plan.inputs("gemm_down")]
     assert "fused shared experts keep weight 1" in plan.decision("routed scaling").reason
 
 

@@ -60,6 +60,7 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     fuse.fuse_quantize_dispatch(plan)
     order_dispatch_pass(plan)  # PDL for the dispatch's pass after the route, if it has one
     fuse.fuse_finalize_combine(plan)
+    fuse.fuse_down_combine(plan)  # after finalize: combine's inputs are final
     insert_converters(plan)  # scale-layout converters where types disagree
     fuse.fuse_scale_layout(plan)  # ... unless a Triton quantizer can write that layout itself
     checks.check_renderers(plan, spec)  # every stage has a renderer, or the spec is rejected

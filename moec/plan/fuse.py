@@ -7,7 +7,9 @@
 - the dispatch's row copy into the gate/up GEMM's loads, for Triton: the GEMM gathers each
   row's token, and the dispatch only quantizes the tokens;
 - the finalize step (shared-expert add) into combine, unless finalize also all-reduces across
-  tensor-parallel ranks, which stays its own stage.
+  tensor-parallel ranks, which stays its own stage;
+- the combine into the Triton down GEMM at decode: its last program per column tile sums the
+  tokens' rows.
 """
 
 from __future__ import annotations
@@ -131,6 +133,54 @@ def gather_token_rows(plan: Plan) -> None:
         "fp8_block, one package both ways: dispatch + gate/up 2005 against 2023 us at T=1024, "
         "3972 against 4035 at 4096, 12866 against 13152 at 16384, level at T=1 and 256; the "
         "same output bit for bit; benchmarks/RESULTS.md run 59)",
+    )
+
+
+DOWN_COMBINE_TOKENS = 16
+"""Tokens up to which the Triton down GEMM's last program per column tile does the combine
+(moec/runtime/triton_gemm.py, COMBINE): each such program adds T * K rows of its columns after
+its own tile, so past a few tokens a combine launch of its own spreads that work wider."""
+
+
+def fuse_down_combine(plan: Plan) -> None:
+    """At decode the combine runs in the down GEMM's launch (its last program per column tile)."""
+    if not (plan.has("combine") and plan.has("gemm_down")):
+        return
+    down, combine = plan.stage("gemm_down"), plan.stage("combine")
+    triton = down.backend == "triton" and combine.backend == "triton"
+    if not (triton and combine.mode == "local" and down.layout == "contiguous"):
+        return
+    what = "fuse down GEMM + combine"
+    if combine.add_shared:
+        plan.decide(
+            what,
+            "no",
+            "combine adds the shared experts' output, which the GEMM's last programs would "
+            "have to wait for",
+        )
+        return
+    tokens = min(DOWN_COMBINE_TOKENS, plan.layer.max_tokens)
+    buckets = plan.tiles.reachable(tokens)
+    if any(b.down.get("TMA") for b in buckets):
+        plan.decide(what, "no", "the down GEMM's decode tiles are TMA tiles, which have no "
+                    "last program per column tile")  # fmt: skip
+        return
+    hidden = plan.layer.hidden
+    tiles = max(-(-hidden // b.down["BLOCK_N"]) for b in buckets)
+    plan.absorb(
+        "gemm_down",
+        "combine",
+        combine_tokens=tokens,
+        scratch={"y": down.outputs["y"]},  # the GEMM's rows, stored and read back
+        workspace={"down_counters": TensorType(DType.int32, (str(tiles),))},
+    )
+    plan.decide(
+        what,
+        f"in the GEMM's launch up to {tokens} tokens",
+        "the last program of each column tile to store its rows adds every token's rows in "
+        "those columns (the layer keeps a counter per column tile): combine's launch and its "
+        "wait on the GEMM are gone at decode; above, a combine launch of its own spreads the "
+        "sums over more programs",
     )
 
 

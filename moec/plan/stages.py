@@ -154,6 +154,9 @@ class Gemm(Stage):
     """The torch backend's way: loop, grouped_mm or bmm (None for other backends)."""
     gather: bool = False
     """A is the tokens' rows [T, k], each layout row reading its token's (Dispatch.gather)."""
+    combine_tokens: int = 0
+    """With the combine fused in (down): the most tokens whose combine the GEMM's last program
+    per column tile does, in the GEMM's launch; above, a combine launch follows. 0: none."""
 
     @property
     def weight(self) -> str:

@@ -156,10 +156,16 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
     return StageCode(launches, fields)
 
 
+def _with_combine(stage: Gemm) -> bool:
+    return "combine" in stage.fused
+
+
 @register(
     "gemm",
     "triton",
-    "stages/triton/gemm.py.j2",
+    lambda stage: (
+        "stages/triton/gemm_combined.py.j2" if _with_combine(stage) else "stages/triton/gemm.py.j2"
+    ),
     runtime=("triton_gemm", "tiles"),
     requires=TRITON,
 )
@@ -185,6 +191,15 @@ def gemm(plan, stage: Gemm) -> StageCode:
             f"[M, {stage.k}] x [E, {stage.n}, {stage.k}] -> [M, {stage.n}] in one Triton launch, "
             f"row r of the layout read from a [T, {stage.k}] at routing.token_of_row[r] (no "
             "copy of the tokens into the layout); padding rows and empty experts cost no work."
+        )
+    if _with_combine(stage):
+        fields["one_launch"] = stage.combine_tokens
+        tokens = "1 token" if stage.combine_tokens == 1 else f"{stage.combine_tokens} tokens"
+        doc = (
+            f"[{rows}, {stage.k}] x [E, {stage.n}, {stage.k}] -> [{rows}, {stage.n}], then "
+            "out[t] = sum_k w[t, k] * y[row_of[t, k]] in fp32, rounded once: up to "
+            f"{tokens} in one Triton launch (the GEMM's last program per column tile sums "
+            "its columns), above in a combine launch after the GEMM's."
         )
     return StageCode(doc, fields)
 
