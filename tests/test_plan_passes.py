@@ -343,7 +343,7 @@ def test_contiguous_row_padding_decision():
 def test_dispatch_decision(name, choice, dispatch_backend, combine_backend):
     plan = plan_of(name)
     assert plan.decision("dispatch").choice == choice
-    assert plan.stage("dispatch").backend == dispatch_backend
+    assert plan.dispatch().backend == dispatch_backend  # (in the decode gate, test_dispatch_in_...)
     # the Triton combine of one GPU is in the down GEMM's stage (test_combine_in_the_down_gemm)
     combine = plan.stage("combine" if plan.has("combine") else "gemm_down")
     assert combine.backend == combine_backend
@@ -610,7 +610,7 @@ def test_quantize_fused_into_dispatch_for_triton_local(name, overrides, env, fus
     plan = plan_of(name, *overrides, env=env)
     quantized = plan.layer.routed.quantized
     assert plan.has("quantize") == (quantized and not fused)
-    assert (plan.stage("dispatch").fused == ("quantize",)) == fused
+    assert (plan.dispatch().fused == ("quantize",)) == fused
     assert (plan.decision("fuse quantize + dispatch") is not None) == fused
 
 
@@ -645,7 +645,7 @@ def test_copy_free_dispatch(name, overrides, env, gather):
     plan = plan_of(name, *overrides, env=env)
     decision = plan.decision("copy-free dispatch")
     assert (decision.choice.split(":")[0] if decision else None) == gather
-    dispatch, gemm = plan.stage("dispatch"), plan.stage("gemm_gate_up")
+    dispatch, gemm = plan.dispatch(), plan.stage("gemm_gate_up")
     assert dispatch.gather == gemm.gather == (gather == "yes")
     (edge,) = [e for p, e in plan.inputs("gemm_gate_up") if e.input == "a"]
     rows = ("T", "H") if gather == "yes" else ("M", "H")
@@ -660,6 +660,49 @@ def test_copy_free_dispatch(name, overrides, env, gather):
     ordered = plan.decision("dispatch row copy under PDL")
     if gather == "yes" and ordered and not dispatch.quantize:  # bf16: nothing after the route
         assert ordered.choice == "no pass to order" and dispatch.copy_pdl
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "choice"),
+    [
+        ("deepseek-v3-fp8.toml", [], "in the gate's launch at 1 token"),
+        ("tiny-cpu-triton.toml", ["experts.layout=contiguous"], "in the gate's launch at 1 token"),
+        (
+            "tiny-cpu-triton.toml",
+            ["quant.scheme=mxfp8", "quant.checkpoint=bf16", "experts.layout=contiguous"],
+            "in the gate's launch at 1 token",
+        ),
+        (
+            "deepseek-v3-bf16.toml",
+            ["experts.layout=contiguous", "target.max_num_tokens=1024"],
+            "in the gate's launch at 1 token",
+        ),  # fmt: skip
+        (
+            "tiny-cpu-triton.toml",
+            ["quant.scheme=fp8_per_tensor", "quant.checkpoint=bf16", "experts.layout=contiguous"],
+            "no",
+        ),
+        ("deepseek-v3-bf16.toml", ["experts.layout=contiguous"], None),  # the dispatch copies
+        ("tiny-cpu-triton.toml", [], None),  # masked
+    ],
+)
+def test_dispatch_in_the_decode_gate(name, overrides, choice):
+    """The copy-free dispatch joins the decode gate's launch where the gate's programs can
+    quantize x (per group or not at all): select then hands on the dispatch's outputs, and
+    keeps the dispatch's record for the launches above decode."""
+    plan = plan_of(name, *overrides)
+    decision = plan.decision("fuse select + dispatch")
+    assert (decision.choice if decision else None) == choice
+    if choice == "no":
+        assert "per-tensor scale" in decision.reason
+    fused = choice is not None and choice != "no"
+    assert plan.has("dispatch") != fused
+    select = plan.stage("select")
+    assert (select.dispatch is plan.dispatch()) == fused
+    if fused:
+        assert select.fused == ("router", "dispatch") and select.dispatch.gather
+        assert set(select.outputs) == {"topk_weights", "a", "routing"}
+        assert {p for p, _ in plan.inputs("gemm_gate_up")} == {"select"}
 
 
 # --- CUDA graph safety --------------------------------------------------------------------

@@ -6,6 +6,7 @@
 - activation quantization into the dispatch permute, for Triton (one pass over the tokens);
 - the dispatch's row copy into the gate/up GEMM's loads, for Triton: the GEMM gathers each
   row's token, and the dispatch only quantizes the tokens;
+- that copy-free dispatch into the decode gate's launch (router + selection);
 - the finalize step (shared-expert add) into combine, unless finalize also all-reduces across
   tensor-parallel ranks, which stays its own stage;
 - the combine into the Triton down GEMM at decode: its last program per column tile sums the
@@ -181,6 +182,47 @@ def fuse_down_combine(plan: Plan) -> None:
         "those columns (the layer keeps a counter per column tile): combine's launch and its "
         "wait on the GEMM are gone at decode; above, a combine launch of its own spreads the "
         "sums over more programs",
+    )
+
+
+def fuse_gate_dispatch(plan: Plan) -> None:
+    """At decode the copy-free dispatch runs in the gate's launch: the router's programs quantize
+    x beside their partial logits, and the last one writes the layout after its choice."""
+    if not plan.has("dispatch"):
+        return
+    select, dispatch = plan.stage("select"), plan.stage("dispatch")
+    if not (select.one_launch and dispatch.gather):
+        return
+    what = "fuse select + dispatch"
+    fmt = dispatch.quantize
+    tokens = "1 token" if select.one_launch == 1 else f"up to {select.one_launch} tokens"
+    router = plan.tiles.router(select.one_launch)
+    why_not = None
+    if fmt is not None and fmt.quantized and fmt.group is None:
+        why_not = "a per-tensor scale is the amax of all of x, known only after every program"
+    elif router["BLOCK_T"] < select.one_launch:
+        why_not = f"the layout needs every token in one router tile ({router['BLOCK_T']} tokens)"
+    elif fmt is not None and fmt.quantized and router["BLOCK_K"] % fmt.group:
+        why_not = (
+            f"the router's K tile ({router['BLOCK_K']}) is not a multiple of the quantization "
+            f"group ({fmt.group})"
+        )
+    if why_not:
+        plan.decide(what, "no", why_not)
+        return
+    ids = {"topk_ids": select.outputs["topk_ids"]}  # written, then read back by the last program
+    plan.absorb("select", "dispatch", dispatch=dispatch, scratch={**select.scratch, **ids})
+    quantizes = (
+        "quantize their slice of x beside their partial logits (one expert tile's), "
+        if fmt is not None and fmt.quantized
+        else ""
+    )
+    plan.decide(
+        what,
+        f"in the gate's launch at {tokens}",
+        f"the router's programs {quantizes}and the last one writes the contiguous layout's "
+        "indices after its choice: the dispatch's launch and its wait on the choice are gone "
+        "at decode; above, the dispatch runs after the selection's launches",
     )
 
 

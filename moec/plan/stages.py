@@ -91,6 +91,9 @@ class Select(Stage):
     one_launch: int = 0
     """With the (bf16x3 Triton) router fused in: the most tokens whose router logits and
     selection are one launch; 0: the router is a stage of its own."""
+    dispatch: Dispatch | None = None
+    """The copy-free dispatch fused in (its record): in the same launch up to one_launch
+    tokens, after the selection's launches above."""
 
     @property
     def has_bias(self) -> bool:
@@ -233,6 +236,8 @@ def choices(stage: Stage) -> dict[str, object]:
             value = value.scheme
         elif isinstance(value, DeepEPBuffer):
             value = asdict(value)
+        elif isinstance(value, Stage):
+            value = {"name": value.name, **choices(value)}
         elif isinstance(value, tuple):
             value = [list(v) if isinstance(v, tuple) else v for v in value]
         data[name] = value

@@ -56,6 +56,7 @@ LAUNCHERS = {
     "combine": triton_combine.combine,
     "router_logits": triton_router.router_logits,
     "gate": triton_gate.gate,
+    "gate_and_dispatch": triton_gate.gate_and_dispatch,
 }
 
 

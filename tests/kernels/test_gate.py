@@ -100,3 +100,67 @@ def test_above_one_launch_is_router_then_select():
     assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
     with pytest.raises(ValueError, match="3 token tiles need as many counters, got 1"):
         kernels.gate(x, parts, bias, counters, config=config, one_launch=8, **DEEPSEEK)
+
+
+DISPATCHES = {  # the dispatch gate_and_dispatch does with the choice: fp8 1x128, mx 1x32, none
+    "fp8_block": {"quant": "group", "group_size": 128, "ue8m0": False},
+    "mxfp8": {"quant": "group", "group_size": 32, "ue8m0": True},
+    "bf16": {"quant": "none"},
+}
+PERMUTE = {"BLOCK_M": 4, "BLOCK_H": 128, "num_warps": 4}
+
+
+@pytest.mark.parametrize("scheme", list(DISPATCHES))
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_dispatch_in_the_gate_launch(scheme, tokens):
+    """The one launch with the dispatch gives what the gate's launches then the copy-free
+    dispatch give, bit for bit: the weights, the quantized tokens and their scales, and every
+    index of the contiguous layout (the fused shared expert's rows included)."""
+    kernels = load()
+    experts, hidden = 64, 512
+    x, parts, bias = _router(tokens, experts, hidden, seed=20 + tokens)
+    config = {"BLOCK_T": 16, "BLOCK_E": 32, "BLOCK_K": 128, "PROGRAMS": 8, "num_warps": 4}
+    counters = torch.zeros(1, dtype=torch.int32)
+    dispatch = {"experts": experts + 1, "block_m": 16, "config": PERMUTE, "one_launch": 128}
+    dispatch.update(DISPATCHES[scheme])
+    results = [
+        kernels.gate_and_dispatch(
+            x,
+            parts,
+            bias,
+            counters,
+            config=config,
+            one_launch=most,
+            dispatch=dispatch,
+            **DEEPSEEK,
+        )  # fmt: skip
+        for most in (0, tokens, tokens)  # the launches one after another; twice in one
+    ]
+    for got in results[1:]:
+        assert torch.equal(got[0], results[0][0])  # weights
+        assert torch.equal(got[1].view(torch.uint8), results[0][1].view(torch.uint8))
+        if scheme == "bf16":
+            assert got[2] is None and results[0][2] is None
+        else:
+            assert torch.equal(got[2], results[0][2])  # the tokens' scales
+        for name, want in results[0][3]._asdict().items():
+            assert torch.equal(getattr(got[3], name), want), name
+    assert not counters.any()
+
+
+def test_dispatch_in_the_gate_launch_refuses():
+    kernels = load()
+    x, parts, bias = _router(3, 64, 256, seed=4)
+    config = {"BLOCK_T": 2, "BLOCK_E": 32, "BLOCK_K": 128, "PROGRAMS": 8, "num_warps": 4}
+    counters = torch.zeros(4, dtype=torch.int32)
+    dispatch = {"experts": 65, "block_m": 16, "config": PERMUTE, "quant": "group"}
+    cases = [
+        (config, dispatch, "needs the tokens in one token tile"),
+        ({**config, "BLOCK_T": 16}, {**dispatch, "quant": "tensor"}, "not 'tensor'"),
+        ({**config, "BLOCK_T": 16, "BLOCK_K": 64}, dispatch, "BLOCK_K=64 is not a multiple"),
+    ]
+    for tiles, options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            kernels.gate_and_dispatch(
+                x, parts, bias, counters, config=tiles, one_launch=4, dispatch=options, **DEEPSEEK
+            )
