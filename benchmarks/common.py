@@ -48,16 +48,6 @@ def stages_of(package):
     return sys.modules[f"{package.__name__}.stages"]
 
 
-def stage_names(package) -> list[str]:
-    """The package's stage functions, in the order stages.py defines them."""
-    stages = stages_of(package)
-    return [
-        name
-        for name, value in vars(stages).items()
-        if callable(value) and getattr(value, "__module__", None) == stages.__name__
-    ]
-
-
 def graph_safe(package) -> bool:
     """Whether the package's plan says its layer can be captured in a CUDA graph."""
     return any(

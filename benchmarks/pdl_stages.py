@@ -17,8 +17,10 @@ import sys
 from pathlib import Path
 
 import torch
-from common import dump, graphed, import_package, in_turn, stage_names, stages_of
+from common import dump, graphed, import_package, in_turn, stages_of
 
+STAGES = ("select", "dispatch", "gemm_gate_up", "activation", "gemm_down", "combine")
+"""The stages of the Triton layers (the router fused into select)."""
 ROUNDS = 3
 
 
@@ -73,9 +75,8 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,256,1024,4096")
     parser.add_argument(
         "--in-order",
-        default="",
-        help="variants launching stages in order: comma-separated, stages of one joined by + "
-        "(default: each stage of the package alone)",
+        default=",".join(STAGES),
+        help="variants launching stages in order: comma-separated, stages of one joined by +",
     )
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--out", required=True)
@@ -87,8 +88,7 @@ def main() -> None:
         hidden = package.PLAN["choices"]["dims"]["hidden"]
         for tokens in map(int, args.tokens.split(",")):
             x = torch.randn(tokens, hidden, device="cuda").bfloat16()
-            in_order = args.in_order.split(",") if args.in_order else stage_names(package)
-            replays = variants(package, layer, x, in_order)
+            replays = variants(package, layer, x, args.in_order.split(","))
             rounds = in_turn(replays, args.rounds)
             row = {"package": name, "tokens": tokens}
             row.update({v: round(statistics.median(ms), 4) for v, ms in rounds.items()})

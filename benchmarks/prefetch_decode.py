@@ -17,13 +17,14 @@ gemm`): at most 1-3 us at T=1, within the run-to-run spread, and slower at T >= 
 from __future__ import annotations
 
 import argparse
+import sys
 from functools import partial
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
-from common import dump, graphed, import_package, median_ms, stages_of
+from common import dump, graphed, import_package, median_ms, route
 
 SIDE = None  # the second stream, made in main
 LINE_ASM = {
@@ -66,23 +67,19 @@ def forward(package, layer, x, prefetch, join: str):
     if join == "before":
         prefetch()
         return layer(x)
-    stages = stages_of(package)
+    stages = sys.modules[f"{package.__name__}.stages"]
     main_stream = torch.cuda.current_stream()
     SIDE.wait_stream(main_stream)
     with torch.cuda.stream(SIDE):
         prefetch()
-    gate_up = stages.gemm_gate_up
-
-    def joined(*args):  # the gate/up GEMM waits for the prefetch
-        main_stream.wait_stream(SIDE)
-        return gate_up(*args)
-
+    topk_weights, topk_ids = route(package, layer, x)
+    a, a_scale, routing = stages.dispatch(x, topk_ids)
     if join == "gemm":
-        stages.gemm_gate_up = joined
-    try:
-        out = layer(x)
-    finally:
-        stages.gemm_gate_up = gate_up
+        main_stream.wait_stream(SIDE)
+    h = stages.gemm_gate_up(a, a_scale, routing, layer.w13, layer.w13_scale)
+    hq, hq_scale = stages.activation(h, routing)
+    y = stages.gemm_down(hq, hq_scale, routing, layer.w2, layer.w2_scale)
+    out = stages.combine(y, topk_weights, routing)
     if join == "end":
         main_stream.wait_stream(SIDE)
     return out

@@ -240,15 +240,13 @@ def _edges(data: dict[str, Any]):
 def _above_graph(data: dict[str, Any], suffix: str):
     """Of a GEMM split: (node, stage) of each stage the plan above it runs differently, and
     the edges into and out of them ((source, target, label)); those stages' nodes are their
-    names + `suffix`, the shared stages' their names. The layer's input and output are one node
-    each, whichever stage the plan above reads from or writes to them."""
-    ends = {s["name"] for s in data["above"]["stages"] if s["kind"] in ("input", "output")}
-    differ = {s["name"] for s in data["above"]["stages"]} - ends
+    names + `suffix`, the shared stages' their names."""
+    differ = {s["name"] for s in data["above"]["stages"]}
 
     def node(name: str) -> str:
         return name + suffix if name in differ else name
 
-    nodes = [(node(s["name"]), s) for s in data["above"]["stages"] if s["name"] not in ends]
+    nodes = [(node(s["name"]), s) for s in data["above"]["stages"]]
     edges = [
         (node(item["from"]), node(stage["name"]), f"{item['tensor']}: {item['type']['label']}")
         for stage in data["above"]["stages"]
@@ -257,7 +255,7 @@ def _above_graph(data: dict[str, Any], suffix: str):
     edges += [  # the stages both plans share read from the ones above where those differ
         (node(item["from"]), stage["name"], f"{item['tensor']}: {item['type']['label']}")
         for stage in data["stages"]
-        if stage["name"] not in differ | ends
+        if stage["name"] not in differ
         for item in stage["inputs"]
         if item["from"] in differ
     ]

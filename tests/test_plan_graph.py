@@ -118,15 +118,14 @@ def test_every_output_is_consumed(name, env):
 def test_grouped_layout_types_of_the_deepseek_v3_fp8_plan():
     plan = plan_of("deepseek-v3-fp8.toml")
     assert plan.backends.layout == "contiguous"
-    # the tokens' rows, quantized once each: the gate/up GEMM gathers them (copy-free dispatch,
-    # in select's stage: the decode gate's launch does it)
-    a = plan.stage("select").outputs["a"]
+    # the tokens' rows, quantized once each: the gate/up GEMM gathers them (copy-free dispatch)
+    a = plan.stage("dispatch").outputs["a"]
     assert a.dtype is DType.e4m3
     assert a.shape == ("T", "H")
     assert a.layout is Layout.row_major
     assert a.scale == ScaleType("1x128", DType.float32, "K", False, False)
     assert plan.stage("gemm_gate_up").accepts["a"] == a
-    assert plan.stage("select").outputs["routing"] == TensorType(
+    assert plan.stage("dispatch").outputs["routing"] == TensorType(
         DType.int32, ("M",), Layout.contiguous, record="ContiguousRouting"
     )
     h = plan.stage("gemm_gate_up").outputs["h"]
@@ -143,15 +142,10 @@ def test_grouped_layout_types_of_the_deepseek_v3_fp8_plan():
     # through memory within the stage; the layer keeps one arrival counter per token
     select = plan.stage("select")
     assert "router" in select.fused and select.one_launch == 1
-    assert select.scratch == {  # the ids too: the last program writes them, then reads them back
-        "logits": TensorType(DType.float32, ("S", "T", "E")),
-        "topk_ids": TensorType(DType.int32, ("T", "K")),
-    }
+    assert select.scratch == {"logits": TensorType(DType.float32, ("S", "T", "E"))}
     assert select.workspace == {"gate_counters": TensorType(DType.int32, ("1",))}
     assert list(select.weights) == ["gate_parts", "gate_bias"]
-    assert select.dispatch.outputs["a"] == a  # the dispatch's own record, for the launches above
-    assert "topk_ids" not in select.outputs  # passed within the stage
-    assert select.outputs["topk_weights"] == TensorType(DType.float32, ("T", "K"))
+    assert select.outputs["topk_ids"] == TensorType(DType.int32, ("T", "K"))
 
 
 def test_masked_layout_types():

@@ -343,10 +343,8 @@ def test_contiguous_row_padding_decision():
 def test_dispatch_decision(name, choice, dispatch_backend, combine_backend):
     plan = plan_of(name)
     assert plan.decision("dispatch").choice == choice
-    assert plan.dispatch().backend == dispatch_backend  # (in the decode gate, test_dispatch_in_...)
-    # the Triton combine of one GPU is in the down GEMM's stage (test_combine_in_the_down_gemm)
-    combine = plan.stage("combine" if plan.has("combine") else "gemm_down")
-    assert combine.backend == combine_backend
+    assert plan.stage("dispatch").backend == dispatch_backend
+    assert plan.stage("combine").backend == combine_backend
 
 
 # --- convert ------------------------------------------------------------------------------
@@ -514,7 +512,7 @@ def test_activation_and_quant_fused_for_fp8_schemes_only(overrides, fused, env):
 def test_routed_scaling_folded_into_topk_weights(factor, choice):
     plan = plan_of("deepseek-v3-fp8.toml", f"router.routed_scaling_factor={factor}")
     assert plan.stage("select").routed_scaling_factor == factor
-    assert [s.name for s in plan.order() if hasattr(s, "routed_scaling_factor")] == ["select"]
+    assert not hasattr(plan.stage("combine"), "routed_scaling_factor")
     assert plan.decision("routed scaling").choice == choice
 
 
@@ -543,55 +541,11 @@ def test_finalize_stays_a_stage_for_tensor_parallel_all_reduce():
     assert plan.layer.intermediate == 1024
 
 
-def test_combine_in_the_down_gemm():
-    """One GPU, Triton, contiguous: the down GEMM's last programs do the combine at decode; its
-    stage takes combine's inputs and output, counts the GEMM's rows as scratch, and keeps a
-    counter per column tile of its decode tiles."""
-    plan = plan_of("deepseek-v3-fp8.toml")
-    assert not plan.has("combine")
-    down = plan.stage("gemm_down")
-    assert down.fused == ("combine",) and down.combine_tokens == 16
-    assert sorted(e.input for _, e in plan.inputs("gemm_down")) == ["a", "routing", "topk_weights"]
-    assert list(down.outputs) == ["out"] and list(down.scratch) == ["y"]
-    widest = min(b.down["BLOCK_N"] for b in plan.tiles.reachable(16))
-    assert down.workspace["down_counters"].shape == (str(7168 // widest),)
-    assert [p for p, _ in plan.inputs("output")] == ["gemm_down"]
-    decision = plan.decision("fuse down GEMM + combine")
-    assert decision.choice == "in the GEMM's launch up to 16 tokens"
-    capped = plan_of(
-        "deepseek-v3-fp8.toml", "target.max_num_tokens=4", "experts.layout=contiguous"
-    ).stage("gemm_down")
-    assert capped.combine_tokens == 4
-
-
-@pytest.mark.parametrize(
-    ("name", "overrides", "env", "why"),
-    [
-        ("deepseek-v3-fp8.toml", ["experts.shared_experts=separate"], PLAIN, "shared experts"),
-        ("deepseek-v3-fp8.toml", ["experts.shared_experts=overlapped"], PLAIN, "shared experts"),
-        ("deepseek-v3-fp8.toml", ["parallel.tp_size=2"], PLAIN, "shared experts"),
-        ("deepseek-v3-ep2-all2all.toml", [], PLAIN, None),  # the rows go back to their ranks
-        ("tiny-cpu-triton.toml", [], PLAIN, None),  # masked layout
-        ("tiny-cpu.toml", ["experts.layout=contiguous"], PLAIN, None),  # torch
-        ("deepseek-v3-fp8.toml", ["experts.gemm_backend=deep_gemm"], FULL, None),
-    ],
-)
-def test_combine_stays_a_stage(name, overrides, env, why):
-    plan = plan_of(name, *overrides, env=env)
-    assert plan.has("combine") and plan.stage("gemm_down").fused == ()
-    decision = plan.decision("fuse down GEMM + combine")
-    if why is None:
-        assert decision is None
-    else:
-        assert decision.choice == "no" and why in decision.reason
-
-
 def test_fused_shared_experts_have_no_stage_and_keep_weight_one():
     plan = plan_of("deepseek-v3-fp8.toml", 'experts.shared_experts="fused"')
     assert not plan.has("shared_expert")
     assert plan.stage("select").fused_shared == 1
-    assert plan.stage("gemm_down").fused == ("combine",)  # no shared output to wait for
-    assert "shared" not in [e.tensor for _, e in plan.inputs("gemm_down")]
+    assert plan.stage("combine").add_shared is False
     assert "fused shared experts keep weight 1" in plan.decision("routed scaling").reason
 
 
@@ -610,7 +564,7 @@ def test_quantize_fused_into_dispatch_for_triton_local(name, overrides, env, fus
     plan = plan_of(name, *overrides, env=env)
     quantized = plan.layer.routed.quantized
     assert plan.has("quantize") == (quantized and not fused)
-    assert (plan.dispatch().fused == ("quantize",)) == fused
+    assert (plan.stage("dispatch").fused == ("quantize",)) == fused
     assert (plan.decision("fuse quantize + dispatch") is not None) == fused
 
 
@@ -645,7 +599,7 @@ def test_copy_free_dispatch(name, overrides, env, gather):
     plan = plan_of(name, *overrides, env=env)
     decision = plan.decision("copy-free dispatch")
     assert (decision.choice.split(":")[0] if decision else None) == gather
-    dispatch, gemm = plan.dispatch(), plan.stage("gemm_gate_up")
+    dispatch, gemm = plan.stage("dispatch"), plan.stage("gemm_gate_up")
     assert dispatch.gather == gemm.gather == (gather == "yes")
     (edge,) = [e for p, e in plan.inputs("gemm_gate_up") if e.input == "a"]
     rows = ("T", "H") if gather == "yes" else ("M", "H")
@@ -660,49 +614,6 @@ def test_copy_free_dispatch(name, overrides, env, gather):
     ordered = plan.decision("dispatch row copy under PDL")
     if gather == "yes" and ordered and not dispatch.quantize:  # bf16: nothing after the route
         assert ordered.choice == "no pass to order" and dispatch.copy_pdl
-
-
-@pytest.mark.parametrize(
-    ("name", "overrides", "choice"),
-    [
-        ("deepseek-v3-fp8.toml", [], "in the gate's launch at 1 token"),
-        ("tiny-cpu-triton.toml", ["experts.layout=contiguous"], "in the gate's launch at 1 token"),
-        (
-            "tiny-cpu-triton.toml",
-            ["quant.scheme=mxfp8", "quant.checkpoint=bf16", "experts.layout=contiguous"],
-            "in the gate's launch at 1 token",
-        ),
-        (
-            "deepseek-v3-bf16.toml",
-            ["experts.layout=contiguous", "target.max_num_tokens=1024"],
-            "in the gate's launch at 1 token",
-        ),  # fmt: skip
-        (
-            "tiny-cpu-triton.toml",
-            ["quant.scheme=fp8_per_tensor", "quant.checkpoint=bf16", "experts.layout=contiguous"],
-            "no",
-        ),
-        ("deepseek-v3-bf16.toml", ["experts.layout=contiguous"], None),  # the dispatch copies
-        ("tiny-cpu-triton.toml", [], None),  # masked
-    ],
-)
-def test_dispatch_in_the_decode_gate(name, overrides, choice):
-    """The copy-free dispatch joins the decode gate's launch where the gate's programs can
-    quantize x (per group or not at all): select then hands on the dispatch's outputs, and
-    keeps the dispatch's record for the launches above decode."""
-    plan = plan_of(name, *overrides)
-    decision = plan.decision("fuse select + dispatch")
-    assert (decision.choice if decision else None) == choice
-    if choice == "no":
-        assert "per-tensor scale" in decision.reason
-    fused = choice is not None and choice != "no"
-    assert plan.has("dispatch") != fused
-    select = plan.stage("select")
-    assert (select.dispatch is plan.dispatch()) == fused
-    if fused:
-        assert select.fused == ("router", "dispatch") and select.dispatch.gather
-        assert set(select.outputs) == {"topk_weights", "a", "routing"}
-        assert {p for p, _ in plan.inputs("gemm_gate_up")} == {"select"}
 
 
 # --- CUDA graph safety --------------------------------------------------------------------

@@ -410,8 +410,8 @@ def test_the_dispatch_row_copy_leaves_pdl_where_the_layer_has_it():
     """Under PDL (sm90) the plan launches the Triton dispatch's row copy in order, a decision
     with its reason; a layer without PDL has nothing to decide."""
     on_gpu = plan_of("deepseek-v3-fp8.toml")
-    assert on_gpu.tiles.pdl and on_gpu.dispatch().copy_pdl is False
+    assert on_gpu.tiles.pdl and on_gpu.stage("dispatch").copy_pdl is False
     assert any(d.what == "dispatch row copy under PDL" for d in on_gpu.decisions)
     on_cpu = plan_of("tiny-cpu-triton.toml")
-    assert not on_cpu.tiles.pdl and on_cpu.dispatch().copy_pdl is True
+    assert not on_cpu.tiles.pdl and on_cpu.stage("dispatch").copy_pdl is True
     assert not any(d.what == "dispatch row copy under PDL" for d in on_cpu.decisions)

@@ -59,9 +59,7 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     fuse.gather_token_rows(plan)  # before the quantize fusion, whose reason depends on it
     fuse.fuse_quantize_dispatch(plan)
     order_dispatch_pass(plan)  # PDL for the dispatch's pass after the route, if it has one
-    fuse.fuse_gate_dispatch(plan)  # after the dispatch's own decisions
     fuse.fuse_finalize_combine(plan)
-    fuse.fuse_down_combine(plan)  # after finalize: combine's inputs are final
     insert_converters(plan)  # scale-layout converters where types disagree
     fuse.fuse_scale_layout(plan)  # ... unless a Triton quantizer can write that layout itself
     checks.check_renderers(plan, spec)  # every stage has a renderer, or the spec is rejected
@@ -85,7 +83,7 @@ def plan_loaded(loaded, env: Environment | None = None) -> Plan:
 def plan_summary(plan: Plan) -> dict[str, object]:
     """What the plan chose for the whole layer, as plain data (plan.json, explain json)."""
     backends = plan.backends
-    dispatch = plan.dispatch()
+    dispatch = plan.stage("dispatch")
     return {
         "name": plan.name,
         "hash": plan.spec_hash,

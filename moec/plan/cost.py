@@ -140,8 +140,7 @@ def _flops(stage: Stage, layer: Layer, tokens: int, rows: int) -> tuple[float, s
 def row_padding(plan: Plan, tokens: int) -> int:
     """Contiguous row padding at `tokens` tokens: fixed by the dispatch, or the Triton tile's
     BLOCK_M of the bucket of `tokens`."""
-    dispatch = plan.dispatch()
-    fixed = dispatch.row_padding if dispatch is not None else None
+    fixed = plan.stage("dispatch").row_padding if plan.has("dispatch") else None
     if fixed:
         return fixed
     if plan.tiles is not None:

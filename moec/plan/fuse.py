@@ -6,11 +6,13 @@
 - activation quantization into the dispatch permute, for Triton (one pass over the tokens);
 - the dispatch's row copy into the gate/up GEMM's loads, for Triton: the GEMM gathers each
   row's token, and the dispatch only quantizes the tokens;
-- that copy-free dispatch into the decode gate's launch (router + selection);
 - the finalize step (shared-expert add) into combine, unless finalize also all-reduces across
-  tensor-parallel ranks, which stays its own stage;
-- the combine into the Triton down GEMM at decode: its last program per column tile sums the
-  tokens' rows.
+  tensor-parallel ranks, which stays its own stage.
+
+Measured and not kept (benchmarks/RESULTS.md, run 64): the copy-free dispatch in the decode
+gate's launch, and the combine in the down GEMM's last program per column tile. Under PDL the
+launches they save were already hidden, and the work they move into one last program lengthens
+the path every later kernel waits on.
 """
 
 from __future__ import annotations
@@ -134,95 +136,6 @@ def gather_token_rows(plan: Plan) -> None:
         "fp8_block, one package both ways: dispatch + gate/up 2005 against 2023 us at T=1024, "
         "3972 against 4035 at 4096, 12866 against 13152 at 16384, level at T=1 and 256; the "
         "same output bit for bit; benchmarks/RESULTS.md run 59)",
-    )
-
-
-DOWN_COMBINE_TOKENS = 16
-"""Tokens up to which the Triton down GEMM's last program per column tile does the combine
-(moec/runtime/triton_gemm.py, COMBINE): each such program adds T * K rows of its columns after
-its own tile, so past a few tokens a combine launch of its own spreads that work wider."""
-
-
-def fuse_down_combine(plan: Plan) -> None:
-    """At decode the combine runs in the down GEMM's launch (its last program per column tile)."""
-    if not (plan.has("combine") and plan.has("gemm_down")):
-        return
-    down, combine = plan.stage("gemm_down"), plan.stage("combine")
-    triton = down.backend == "triton" and combine.backend == "triton"
-    if not (triton and combine.mode == "local" and down.layout == "contiguous"):
-        return
-    what = "fuse down GEMM + combine"
-    if combine.add_shared:
-        plan.decide(
-            what,
-            "no",
-            "combine adds the shared experts' output, which the GEMM's last programs would "
-            "have to wait for",
-        )
-        return
-    tokens = min(DOWN_COMBINE_TOKENS, plan.layer.max_tokens)
-    buckets = plan.tiles.reachable(tokens)
-    if any(b.down.get("TMA") for b in buckets):
-        plan.decide(what, "no", "the down GEMM's decode tiles are TMA tiles, which have no "
-                    "last program per column tile")  # fmt: skip
-        return
-    hidden = plan.layer.hidden
-    tiles = max(-(-hidden // b.down["BLOCK_N"]) for b in buckets)
-    plan.absorb(
-        "gemm_down",
-        "combine",
-        combine_tokens=tokens,
-        scratch={"y": down.outputs["y"]},  # the GEMM's rows, stored and read back
-        workspace={"down_counters": TensorType(DType.int32, (str(tiles),))},
-    )
-    plan.decide(
-        what,
-        f"in the GEMM's launch up to {tokens} tokens",
-        "the last program of each column tile to store its rows adds every token's rows in "
-        "those columns (the layer keeps a counter per column tile): combine's launch and its "
-        "wait on the GEMM are gone at decode; above, a combine launch of its own spreads the "
-        "sums over more programs",
-    )
-
-
-def fuse_gate_dispatch(plan: Plan) -> None:
-    """At decode the copy-free dispatch runs in the gate's launch: the router's programs quantize
-    x beside their partial logits, and the last one writes the layout after its choice."""
-    if not plan.has("dispatch"):
-        return
-    select, dispatch = plan.stage("select"), plan.stage("dispatch")
-    if not (select.one_launch and dispatch.gather):
-        return
-    what = "fuse select + dispatch"
-    fmt = dispatch.quantize
-    tokens = "1 token" if select.one_launch == 1 else f"up to {select.one_launch} tokens"
-    router = plan.tiles.router(select.one_launch)
-    why_not = None
-    if fmt is not None and fmt.quantized and fmt.group is None:
-        why_not = "a per-tensor scale is the amax of all of x, known only after every program"
-    elif router["BLOCK_T"] < select.one_launch:
-        why_not = f"the layout needs every token in one router tile ({router['BLOCK_T']} tokens)"
-    elif fmt is not None and fmt.quantized and router["BLOCK_K"] % fmt.group:
-        why_not = (
-            f"the router's K tile ({router['BLOCK_K']}) is not a multiple of the quantization "
-            f"group ({fmt.group})"
-        )
-    if why_not:
-        plan.decide(what, "no", why_not)
-        return
-    ids = {"topk_ids": select.outputs["topk_ids"]}  # written, then read back by the last program
-    plan.absorb("select", "dispatch", dispatch=dispatch, scratch={**select.scratch, **ids})
-    quantizes = (
-        "quantize their slice of x beside their partial logits (one expert tile's), "
-        if fmt is not None and fmt.quantized
-        else ""
-    )
-    plan.decide(
-        what,
-        f"in the gate's launch at {tokens}",
-        f"the router's programs {quantizes}and the last one writes the contiguous layout's "
-        "indices after its choice: the dispatch's launch and its wait on the choice are gone "
-        "at decode; above, the dispatch runs after the selection's launches",
     )
 
 

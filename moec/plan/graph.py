@@ -118,12 +118,6 @@ class Plan:
     def stage(self, name: str) -> Stage:
         return self.graph.nodes[name]["stage"]
 
-    def dispatch(self) -> Stage | None:
-        """The dispatch's record: a stage of its own, the one fused into select, or None."""
-        if self.has("dispatch"):
-            return self.stage("dispatch")
-        return getattr(self.stage("select"), "dispatch", None) if self.has("select") else None
-
     def at(self, tokens: int) -> Plan:
         """The plan the package runs at `tokens` tokens: this one, or `above` past the split."""
         split = self.backends.split if self.backends else None

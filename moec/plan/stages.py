@@ -91,9 +91,6 @@ class Select(Stage):
     one_launch: int = 0
     """With the (bf16x3 Triton) router fused in: the most tokens whose router logits and
     selection are one launch; 0: the router is a stage of its own."""
-    dispatch: Dispatch | None = None
-    """The copy-free dispatch fused in (its record): in the same launch up to one_launch
-    tokens, after the selection's launches above."""
 
     @property
     def has_bias(self) -> bool:
@@ -157,9 +154,6 @@ class Gemm(Stage):
     """The torch backend's way: loop, grouped_mm or bmm (None for other backends)."""
     gather: bool = False
     """A is the tokens' rows [T, k], each layout row reading its token's (Dispatch.gather)."""
-    combine_tokens: int = 0
-    """With the combine fused in (down): the most tokens whose combine the GEMM's last program
-    per column tile does, in the GEMM's launch; above, a combine launch follows. 0: none."""
 
     @property
     def weight(self) -> str:
@@ -236,8 +230,6 @@ def choices(stage: Stage) -> dict[str, object]:
             value = value.scheme
         elif isinstance(value, DeepEPBuffer):
             value = asdict(value)
-        elif isinstance(value, Stage):
-            value = {"name": value.name, **choices(value)}
         elif isinstance(value, tuple):
             value = [list(v) if isinstance(v, tuple) else v for v in value]
         data[name] = value

@@ -74,10 +74,6 @@ class Tiles:
             self.buckets[-1],
         )
 
-    def router(self, tokens: int) -> dict[str, int]:
-        """The router's tiles at `tokens` tokens: the first bucket that holds them."""
-        return first_holding(self.routers, tokens)
-
     def reachable(self, tokens: int) -> tuple[TileBucket, ...]:
         """The buckets a forward of at most `tokens` tokens can take."""
         return self.buckets[: self.buckets.index(self.bucket(tokens)) + 1]
@@ -207,10 +203,9 @@ def router_configs(layer: Layer) -> tuple[tuple[int | None, dict[str, int]], ...
     (132), 24.2 with 264 (run 9). Tiles 128 experts wide need twice the slices of 64 for the same
     grid, and the selection then sums twice the partial logits: router + select at T=1024
     31.0 us against 28.1 with 64, at T=2048 51.4 against 48.9, at T=4096 89.3 against 97.7, at
-    T=16384 342 against 396 (runs 57-59). Interpreted: small tiles, a few slices (the split path
-    is tested), K tiles of 128 (the fp8 group: the decode gate can quantize x, fuse_gate_dispatch)."""
+    T=16384 342 against 396 (runs 57-59). Interpreted: small tiles, a few slices (the split path is tested)."""
     if layer.device == "cpu":
-        small = {"BLOCK_T": 16, "BLOCK_E": 64, "BLOCK_K": 128, "PROGRAMS": 4}
+        small = {"BLOCK_T": 16, "BLOCK_E": 64, "BLOCK_K": 64, "PROGRAMS": 4}
         return ((None, small | {"num_warps": 4, "num_stages": 1}),)
     decode = {"BLOCK_T": 16, "BLOCK_E": 32, "BLOCK_K": 128, "PROGRAMS": 264}
     decode |= {"num_warps": 4, "num_stages": 3}
@@ -225,11 +220,7 @@ def router_configs(layer: Layer) -> tuple[tuple[int | None, dict[str, int]], ...
 
 def router_tiles(layer: Layer, tokens: int) -> dict[str, int]:
     """The router's tiles at `tokens` tokens: the first bucket that holds them."""
-    return first_holding(router_configs(layer), tokens)
-
-
-def first_holding(buckets, tokens: int) -> dict[str, int]:
-    """Of (most tokens or None, config) buckets, the config of the first that holds `tokens`."""
+    buckets = router_configs(layer)
     return next(c for most, c in buckets if most is None or tokens <= most)
 
 

@@ -23,62 +23,6 @@ TERMS_AT_ONCE = 4
 
 
 @triton.jit
-def weighted_sum(
-    y_ptr,
-    row_of_ptr,
-    weight_ptr,
-    shared_ptr,
-    out_ptr,
-    offs_t,  # [BLOCK_T] tokens of the tile
-    offs_h,  # [BLOCK_H] columns of the tile
-    T,
-    H,
-    K,
-    stride_ym,
-    stride_yh,
-    stride_rt,
-    stride_rk,
-    stride_wt,
-    stride_wk,
-    stride_st,
-    stride_sh,
-    stride_ot,
-    stride_oh,
-    HAS_SHARED: tl.constexpr,
-    SOFT_ROUND: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    TERMS_AT_ONCE: tl.constexpr,
-    Y_CACHE: tl.constexpr,  # load modifier of the expert rows: ".cg" for rows other SMs wrote
-):
-    """One [BLOCK_T, BLOCK_H] tile of out: the combine kernel's, and the down GEMM's last
-    program's for its columns (triton_gemm, COMBINE)."""
-    t_ok = offs_t < T
-    h_ok = offs_h < H
-    acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-    for k0 in range(0, K, TERMS_AT_ONCE):  # in k order; the loads of a step issued together
-        for i in tl.static_range(TERMS_AT_ONCE):
-            k_ok = offs_t < tl.where(k0 + i < K, T, 0)  # past K: row -1 adds nothing
-            row = tl.load(
-                row_of_ptr + offs_t * stride_rt + (k0 + i) * stride_rk, mask=k_ok, other=-1
-            )
-            weight = tl.load(
-                weight_ptr + offs_t * stride_wt + (k0 + i) * stride_wk, mask=k_ok, other=0.0
-            )
-            y_ptrs = y_ptr + row.to(tl.int64)[:, None] * stride_ym + offs_h[None, :] * stride_yh
-            y_ok = (row >= 0)[:, None] & h_ok[None, :]
-            y = tl.load(y_ptrs, mask=y_ok, other=0.0, cache_modifier=Y_CACHE)
-            acc += weight[:, None] * y.to(tl.float32)
-    mask = t_ok[:, None] & h_ok[None, :]
-    tokens = offs_t.to(tl.int64)
-    if HAS_SHARED:
-        shared_ptrs = shared_ptr + tokens[:, None] * stride_st + offs_h[None, :] * stride_sh
-        acc += tl.load(shared_ptrs, mask=mask, other=0.0).to(tl.float32)
-    out_ptrs = out_ptr + tokens[:, None] * stride_ot + offs_h[None, :] * stride_oh
-    tl.store(out_ptrs, round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND), mask=mask)
-
-
-@triton.jit
 def _combine_kernel(
     # pointers
     y_ptr,  # [M, H] expert outputs, model dtype
@@ -110,14 +54,30 @@ def _combine_kernel(
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
-    weighted_sum(
-        y_ptr, row_of_ptr, weight_ptr, shared_ptr, out_ptr,
-        tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T),
-        tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H),
-        T, H, K, stride_ym, stride_yh, stride_rt, stride_rk, stride_wt, stride_wk, stride_st,
-        stride_sh, stride_ot, stride_oh, HAS_SHARED, SOFT_ROUND, BLOCK_T, BLOCK_H, TERMS_AT_ONCE,
-        "",
-    )  # fmt: skip
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    t_ok = offs_t < T
+    h_ok = offs_h < H
+    acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    for k0 in range(0, K, TERMS_AT_ONCE):  # in k order; the loads of a step issued together
+        for i in tl.static_range(TERMS_AT_ONCE):
+            k_ok = offs_t < tl.where(k0 + i < K, T, 0)  # past K: row -1 adds nothing
+            row = tl.load(
+                row_of_ptr + offs_t * stride_rt + (k0 + i) * stride_rk, mask=k_ok, other=-1
+            )
+            weight = tl.load(
+                weight_ptr + offs_t * stride_wt + (k0 + i) * stride_wk, mask=k_ok, other=0.0
+            )
+            y_ptrs = y_ptr + row.to(tl.int64)[:, None] * stride_ym + offs_h[None, :] * stride_yh
+            y = tl.load(y_ptrs, mask=(row >= 0)[:, None] & h_ok[None, :], other=0.0)
+            acc += weight[:, None] * y.to(tl.float32)
+    mask = t_ok[:, None] & h_ok[None, :]
+    tokens = offs_t.to(tl.int64)
+    if HAS_SHARED:
+        shared_ptrs = shared_ptr + tokens[:, None] * stride_st + offs_h[None, :] * stride_sh
+        acc += tl.load(shared_ptrs, mask=mask, other=0.0).to(tl.float32)
+    out_ptrs = out_ptr + tokens[:, None] * stride_ot + offs_h[None, :] * stride_oh
+    tl.store(out_ptrs, round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND), mask=mask)
 
 
 def combine(y, row_of, weights, out, shared=None, *, config, pdl=False):

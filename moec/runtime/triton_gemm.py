@@ -16,36 +16,18 @@ LAYOUT "contiguous"  m_indices[M]: each BLOCK_M block is one expert's rows (+ it
                      nor written.
        "dense"       every row is expert 0's (a dense MLP, e.g. the shared experts): no index
                      tensor to build.
-COMBINE (contiguous) the down GEMM finishes the layer: the last program of each column tile to
-                     store its rows adds every token's rows in those columns, as the combine
-                     kernel does (triton_combine.weighted_sum), into final [T, N]; the layer
-                     keeps a counter per column tile. At decode this saves combine's launch and
-                     its wait on the GEMM.
 """
-
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from .triton_combine import TERMS_AT_ONCE, combine_tokens, weighted_sum
 from .triton_gemm_tma import grouped_gemm_tma
 from .triton_numerics import (
     launch_options,
     round_output,
     wait_inputs,
 )
-
-
-class CombineInto(NamedTuple):
-    """The combine a contiguous grouped GEMM does in its last programs (COMBINE above)."""
-
-    row_of: torch.Tensor  # [T, TOP] int32: the layout row of each assignment (-1: none)
-    weights: torch.Tensor  # [T, TOP] fp32
-    out: torch.Tensor  # [T, N] model dtype
-    counters: torch.Tensor  # [>= column tiles] int32 zeros, left zero
-    config: dict  # the combine's tiles: BLOCK_T, TERMS_AT_ONCE
 
 
 @triton.jit
@@ -69,17 +51,11 @@ def _grouped_gemm_kernel(
     index_ptr,  # contiguous: m_indices [M] int32; masked: masked_m [E] int32; dense: unused
     num_rows_ptr,  # contiguous with HAS_NUM_ROWS: [1] int32, rows in use
     a_rows_ptr,  # contiguous with GATHER: [M] int32, the row of A each layout row reads
-    counters_ptr,  # COMBINE: [>= column tiles] int32, zero: programs of each column tile done
-    row_of_ptr,  # COMBINE: [T, TOP] int32, the row of each assignment
-    weight_ptr,  # COMBINE: [T, TOP] fp32, its weight
-    final_ptr,  # COMBINE: [T, N] model dtype out
     # dims
     M,  # rows of A (masked: max_m, rows per expert)
     N,
     K,
     E,
-    T,  # COMBINE: tokens
-    TOP,  # COMBINE: assignments per token
     # strides
     stride_am,
     stride_ak,
@@ -93,12 +69,6 @@ def _grouped_gemm_kernel(
     stride_wse,
     stride_wsn,
     stride_wsk,
-    stride_rt,
-    stride_rk,
-    stride_ct,
-    stride_ck,
-    stride_ft,
-    stride_fn,
     # meta-parameters
     SCHEME: tl.constexpr,
     LAYOUT: tl.constexpr,
@@ -112,10 +82,6 @@ def _grouped_gemm_kernel(
     GROUP_SIZE_M: tl.constexpr,
     SWAP_AB: tl.constexpr,  # bf16 / fp8: compute W A^T (small row counts per expert)
     FP8_ACC: tl.constexpr,  # fp8: K elements summed in the tensor core before fp32 promotion
-    COMBINE: tl.constexpr,
-    COMBINE_BLOCKS: tl.constexpr,  # COMBINE: power of two >= the layout's BLOCK_M blocks
-    COMBINE_T: tl.constexpr,  # COMBINE: the combine tiles' BLOCK_T and TERMS_AT_ONCE
-    TERMS_AT_ONCE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
@@ -148,11 +114,6 @@ def _grouped_gemm_kernel(
         used = M
         if HAS_NUM_ROWS:
             used = tl.minimum(tl.load(num_rows_ptr), M)
-        if COMBINE:  # programs that store rows in each column tile: a block is one expert's
-            # rows then its padding (or all padding), so it has rows when its first row does
-            first = tl.arange(0, COMBINE_BLOCKS) * BLOCK_M
-            firsts = tl.load(index_ptr + first, mask=first < used, other=-1)
-            storing = tl.sum((firsts >= 0).to(tl.int32), axis=0)
         if pid_m * BLOCK_M >= used:
             return
         expert_of_row = tl.load(index_ptr + rows, mask=rows < used, other=-1)
@@ -267,20 +228,6 @@ def _grouped_gemm_kernel(
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
     out_mask = valid[:, None] & (offs_n < N)[None, :]
     tl.store(out_ptrs, round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND), mask=out_mask)
-    if COMBINE:
-        # Every thread's stores are done (the barrier) before one thread counts the program in
-        # with release semantics; the last to arrive acquires, so the others' rows are visible.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counters_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == storing - 1:
-            tl.store(counters_ptr + pid_n, 0)
-            for t0 in range(0, T, COMBINE_T):  # rows other programs wrote: from L2 (".cg")
-                weighted_sum(
-                    out_ptr, row_of_ptr, weight_ptr, final_ptr, final_ptr,
-                    t0 + tl.arange(0, COMBINE_T), offs_n, T, N, TOP, stride_om, stride_on,
-                    stride_rt, stride_rk, stride_ct, stride_ck, 0, 0, stride_ft, stride_fn,
-                    False, SOFT_ROUND, COMBINE_T, BLOCK_N, TERMS_AT_ONCE, ".cg",
-                )  # fmt: skip
 
 
 def grouped_gemm(
@@ -296,7 +243,6 @@ def grouped_gemm(
     masked_m=None,
     num_rows=None,
     a_rows=None,
-    combine=None,
     pdl=False,
 ):
     """out = A @ W[e]^T per row's expert; see the comment above for each scheme's tensors.
@@ -310,17 +256,13 @@ def grouped_gemm(
     GROUP_SIZE_M, num_warps, num_stages; optional SWAP_AB, TMA (+ WARP_SPECIALIZE, PROGRAMS), and
     FP8_ACC: K elements the fp8 tensor cores sum before the fp32 promotion (default 32, one
     Hopper wgmma: Hopper's fp8 accumulation is narrower than fp32, see docs/numerics.md).
-    combine (contiguous, not with TMA tiles): a CombineInto, whose out the last program of
-    each column tile fills with its columns of the combine. pdl: programmatic dependent
-    launch. Launches nothing when there are no rows. Returns out.
+    pdl: programmatic dependent launch. Launches nothing when there are no rows. Returns out.
     """
     if m_indices is not None and masked_m is not None:
         raise ValueError("pass m_indices (contiguous), masked_m (masked), or neither (dense)")
     layout = "masked" if masked_m is not None else "dense" if m_indices is None else "contiguous"
     if a_rows is not None and (layout != "contiguous" or config.get("TMA")):
         raise ValueError("a_rows gathers rows of the contiguous layout, without TMA tiles")
-    if combine is not None and (layout != "contiguous" or config.get("TMA")):
-        raise ValueError("combine is done by the contiguous layout's programs, without TMA tiles")
     if scheme not in ("bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"):
         raise ValueError(f"unknown scheme {scheme!r}")
     if scheme != "bf16" and (a_scale is None or w_scale is None):
@@ -348,8 +290,6 @@ def grouped_gemm(
     if grid[0] == 0:
         return out
     interpret = triton.knobs.runtime.interpret
-    if combine is not None:
-        _check_combine(combine, n, config)
     if config.get("TMA"):
         grouped_gemm_tma(
             a2,
@@ -379,13 +319,11 @@ def grouped_gemm(
         {"contiguous": m_indices, "masked": masked_m, "dense": a2}[layout],
         num_rows if num_rows is not None else a2,
         a_rows if a_rows is not None else a2,
-        *(_combine_pointers(combine) if combine is not None else (a2,) * 4),
         # dims
         rows,
         n,
         k,
         num_experts,
-        *(combine.row_of.shape if combine is not None else (0, 0)),
         # strides
         a2.stride(0),
         a2.stride(1),
@@ -396,7 +334,6 @@ def grouped_gemm(
         out2.stride(1),
         *stride_as,
         *stride_ws,
-        *(_combine_strides(combine) if combine is not None else (0,) * 6),
         # meta-parameters
         SCHEME=scheme,
         LAYOUT=layout,
@@ -410,38 +347,11 @@ def grouped_gemm(
         GROUP_SIZE_M=config["GROUP_SIZE_M"],
         SWAP_AB=config.get("SWAP_AB", False),
         FP8_ACC=fp8_accumulation(config),
-        COMBINE=combine is not None,
-        COMBINE_BLOCKS=triton.next_power_of_2(blocks) if combine is not None else 1,
-        COMBINE_T=combine.config["BLOCK_T"] if combine is not None else 1,
-        TERMS_AT_ONCE=combine.config.get("TERMS_AT_ONCE", TERMS_AT_ONCE) if combine else 1,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
         **launch_options(pdl),
     )
     return out
-
-
-def _check_combine(combine, n, config):
-    tokens, top = combine.row_of.shape
-    if combine.weights.shape != (tokens, top) or tuple(combine.out.shape) != (tokens, n):
-        raise ValueError(
-            f"combine needs row_of and weights [T, K] and out [T, {n}], got "
-            f"{tuple(combine.row_of.shape)}, {tuple(combine.weights.shape)}, "
-            f"{tuple(combine.out.shape)}"
-        )
-    tiles = triton.cdiv(n, config["BLOCK_N"])
-    if combine.counters.numel() < tiles:
-        raise ValueError(
-            f"{tiles} column tiles need as many counters, got {combine.counters.numel()}"
-        )
-
-
-def _combine_pointers(combine):
-    return combine.counters, combine.row_of, combine.weights, combine.out
-
-
-def _combine_strides(combine):
-    return (*combine.row_of.stride(), *combine.weights.stride(), *combine.out.stride())
 
 
 def fp8_accumulation(config) -> int:
@@ -450,23 +360,11 @@ def fp8_accumulation(config) -> int:
 
 
 def grouped_gemm_contiguous(
-    a,
-    a_scale,
-    w,
-    w_scale,
-    routing,
-    *,
-    scheme,
-    config,
-    out_dtype,
-    gather=False,
-    combine=None,
-    pdl=False,
+    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, gather=False, pdl=False
 ):
     """The grouped GEMM over a contiguous layout a [M, K] (routing: grouping.ContiguousRouting),
     or with `gather` over the tokens' rows a [T, K], each layout row reading its token's:
-    returns [M, N] in out_dtype; padding rows and rows past num_rows are not written.
-    combine: a CombineInto, filled by the GEMM's last programs (COMBINE)."""
+    returns [M, N] in out_dtype; padding rows and rows past num_rows are not written."""
     layout_rows = routing.token_of_row.shape[0]
     out = torch.empty((layout_rows, w.shape[1]), dtype=out_dtype, device=a.device)
     return grouped_gemm(
@@ -480,42 +378,8 @@ def grouped_gemm_contiguous(
         m_indices=routing.m_indices,
         num_rows=routing.num_rows,
         a_rows=routing.token_of_row if gather else None,
-        combine=combine,
         pdl=pdl,
     )
-
-
-def grouped_gemm_combined(
-    a,
-    a_scale,
-    w,
-    w_scale,
-    routing,
-    topk_weights,
-    counters,
-    *,
-    scheme,
-    config,
-    combine_config,
-    one_launch,
-    out_dtype,
-    pdl=False,
-):
-    """out [T, N] = sum_k topk_weights[t, k] * y[row_of[t, k]] of the contiguous grouped GEMM's
-    y [M, N], as triton_combine.combine_tokens sums them: up to one_launch tokens in the
-    GEMM's launch (its last program per column tile; counters [>= column tiles] int32 zeros,
-    left zero), above in a combine launch after it. combine_config: the combine's tiles."""
-    gemm = {"scheme": scheme, "config": config, "out_dtype": out_dtype, "pdl": pdl}
-    tokens = topk_weights.shape[0]
-    if tokens > one_launch:
-        y = grouped_gemm_contiguous(a, a_scale, w, w_scale, routing, **gemm)
-        return combine_tokens(
-            y, topk_weights, routing, None, config=combine_config, out_dtype=out_dtype, pdl=pdl
-        )
-    out = torch.empty((tokens, w.shape[1]), dtype=out_dtype, device=a.device)
-    into = CombineInto(routing.row_of, topk_weights, out, counters, combine_config)
-    grouped_gemm_contiguous(a, a_scale, w, w_scale, routing, combine=into, **gemm)
-    return out
 
 
 def grouped_gemm_masked(a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False):

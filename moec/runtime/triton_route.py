@@ -12,8 +12,6 @@ route_layout  the rows of the grouped layout, in token order within each expert 
               first records program writes num_rows and fills the unused tail; masked: expert
               e owns rows e * max_m .. + max_m. An id outside [0, E) (an expert-parallel rank's
               view of another rank's expert) counts for no expert and gets row_of -1.
-write_contiguous  the same contiguous layout of a few assignments in one program (the decode
-              gate's last program, triton_gate).
 The experts themselves are chosen by triton_select.
 """
 
@@ -253,50 +251,6 @@ def route_layout(
         num_warps=4,
         **launch_options(pdl),
     )
-
-
-@triton.jit
-def write_contiguous(
-    ids_ptr,  # [T, W] int32: every assignment, in token order
-    stride_it,
-    W,
-    A,  # T * W
-    E,
-    M,  # rows of the layout (the worst case)
-    row_of_ptr,  # [A] int32 out
-    token_of_row_ptr,  # [M] int32 out
-    m_indices_ptr,  # [M] int32 out
-    counts_ptr,  # [E] int32 out
-    starts_ptr,  # [E] int64 out
-    num_rows_ptr,  # [1] int32 out
-    BLOCK_M: tl.constexpr,  # row padding of each expert
-    BLOCK_A: tl.constexpr,  # power of two >= A
-    BLOCK_E: tl.constexpr,  # power of two > E
-):
-    """The whole contiguous layout of a few assignments, in one program: the rows
-    route_layout gives (token order within each expert), every other row padding (-1)."""
-    offs = tl.arange(0, BLOCK_A)
-    valid = offs < A
-    ids = tl.load(ids_ptr + (offs // W) * stride_it + offs % W, mask=valid, other=E)
-    bins = tl.arange(0, BLOCK_E)
-    counts = tl.where(bins < E, tl.histogram(ids, BLOCK_E), 0)  # E: a bin no expert reads
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    starts = tl.cumsum(padded, axis=0) - padded
-    tl.store(counts_ptr + bins, counts, mask=bins < E)
-    tl.store(starts_ptr + bins, starts.to(tl.int64), mask=bins < E)
-    tl.store(num_rows_ptr, tl.sum(padded, axis=0))
-    for r0 in range(0, M, BLOCK_A):  # every row padding first, then the assignments' rows
-        rows = r0 + offs
-        tl.store(token_of_row_ptr + rows, -1, mask=rows < M)
-        tl.store(m_indices_ptr + rows, -1, mask=rows < M)
-    tl.debug_barrier()  # the padding stores of every thread before the rows' own
-    earlier = (ids[None, :] == ids[:, None]) & (offs[None, :] < offs[:, None])
-    rank = tl.sum(earlier.to(tl.int32), axis=1)  # earlier assignments of the same expert
-    start = tl.sum(tl.where(bins[None, :] == ids[:, None], starts[None, :], 0), axis=1)
-    row = start + rank
-    tl.store(row_of_ptr + offs, row, mask=valid)
-    tl.store(token_of_row_ptr + row, offs // W, mask=valid)
-    tl.store(m_indices_ptr + row, ids, mask=valid)
 
 
 def empty_contiguous(topk_ids, experts: int, block_m: int) -> ContiguousRouting:

@@ -47,7 +47,6 @@ from moec.runtime import (  # noqa: E402  (after TRITON_INTERPRET is set)
 _TMP = Path(tempfile.mkdtemp(prefix="moec_activation_"))
 LAUNCHERS = {
     "grouped_gemm": triton_gemm.grouped_gemm,
-    "grouped_gemm_combined": triton_gemm.grouped_gemm_combined,
     "permute_quant": triton_permute.permute_quant,
     "permute_rows": triton_permute.permute_rows,
     "select_topk": triton_select.select_topk,
@@ -56,7 +55,6 @@ LAUNCHERS = {
     "combine": triton_combine.combine,
     "router_logits": triton_router.router_logits,
     "gate": triton_gate.gate,
-    "gate_and_dispatch": triton_gate.gate_and_dispatch,
 }
 
 

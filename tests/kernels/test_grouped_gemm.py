@@ -14,8 +14,6 @@ import json
 import pytest
 import torch
 
-from moec.runtime import grouping, triton_gemm
-
 from .harness import ROOT, load
 from .reference import E4M3, UNIT_ROUNDOFF, e2m1_pack, e2m1_unpack, is_nan, poison, route
 
@@ -284,68 +282,6 @@ def test_gathered_rows(scheme, config):
         outs.append(out)
     check(outs[1], a_deq[source], w_deq, routing.m_indices.long(), valid, k, config["BLOCK_K"])
     assert torch.equal(outs[0][valid], outs[1][valid])
-
-
-COMBINE_CASES = [
-    ("bf16", CONFIG),
-    ("fp8_block", CONFIG),
-    ("fp8_block", dict(CONFIG, SWAP_AB=True, BLOCK_M=16)),
-    ("mxfp4", CONFIG),
-]
-COMBINE_TILES = {"BLOCK_T": 1, "BLOCK_H": 64, "num_warps": 1, "TERMS_AT_ONCE": 2}
-
-
-@pytest.mark.parametrize(("scheme", "config"), COMBINE_CASES, ids=lambda v: str(v)[:30])
-@pytest.mark.parametrize("tokens", [1, 5])
-def test_combine_in_the_gemm(scheme, config, tokens):
-    """The combine done by the GEMM's last program per column tile gives the GEMM followed by
-    the combine kernel bit for bit, with blocks of padding and unused rows that store nothing,
-    and leaves its counters zero for the next launch."""
-    kernels = load()
-    n, k, experts, topk = 256, 256, 8, 3
-    gen = torch.Generator().manual_seed(11)
-    topk_ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
-    routing = grouping.route_contiguous(topk_ids.int(), experts, config["BLOCK_M"])
-    rows = len(routing.m_indices)
-    a, a_scale, w, w_scale, *_ = operands(scheme, rows, n, k, experts, torch.bfloat16)
-    weights = torch.rand(tokens, topk, generator=gen)
-    counters = torch.zeros(n // config["BLOCK_N"], dtype=torch.int32)
-    gemm = {"scheme": scheme, "config": config, "combine_config": COMBINE_TILES}
-    outs = [
-        kernels.grouped_gemm_combined(
-            a,
-            a_scale,
-            w,
-            w_scale,
-            routing,
-            weights,
-            counters,
-            one_launch=most,
-            out_dtype=torch.bfloat16,
-            **gemm,
-        )  # fmt: skip
-        for most in (0, tokens, tokens)  # a launch of the combine; twice in the GEMM
-    ]
-    assert not is_nan(outs[0]).any()
-    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
-    assert not counters.any()
-
-
-def test_combine_in_the_gemm_needs_its_counters():
-    kernels = load()
-    routing = route(tokens=2, topk=2, experts=4, block_m=32)
-    a, a_scale, w, w_scale, *_ = operands("fp8_block", 64, 256, 128, 4, torch.bfloat16)
-    out = torch.empty(len(routing.m_indices), 256, dtype=torch.bfloat16)
-    combine = triton_gemm.CombineInto(
-        routing.row_of, torch.ones(2, 2), torch.empty(2, 256, dtype=torch.bfloat16),
-        torch.zeros(1, dtype=torch.int32), COMBINE_TILES,
-    )  # fmt: skip
-    for config, message in ((CONFIG, "2 column tiles need as many counters"), (TMA_CONFIG, "TMA")):
-        with pytest.raises(ValueError, match=message):
-            kernels.grouped_gemm(
-                a, a_scale, w, w_scale, out, scheme="fp8_block", config=config,
-                m_indices=routing.m_indices, combine=combine,
-            )  # fmt: skip
 
 
 def test_gathered_rows_need_the_contiguous_layout_without_tma():

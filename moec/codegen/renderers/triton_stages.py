@@ -4,7 +4,6 @@ triton_*.py) with the plan's values as literals and the tiles of the token bucke
 from __future__ import annotations
 
 from moec.codegen.registry import register
-from moec.codegen.render import literal
 from moec.codegen.renderers.common import (
     StageCode,
     bucket_function,
@@ -57,16 +56,10 @@ def _with_router(stage: Select) -> bool:
     return "router" in stage.fused
 
 
-def _select_template(stage: Select) -> str:
-    if stage.dispatch is not None:
-        return "stages/triton/gate_dispatch.py.j2"
-    return "stages/triton/gate.py.j2" if _with_router(stage) else "stages/select.py.j2"
-
-
 @register(
     "select",
     "triton",
-    _select_template,
+    lambda stage: "stages/triton/gate.py.j2" if _with_router(stage) else "stages/select.py.j2",
     runtime=lambda stage: (
         ("triton_gate", "tiles") if _with_router(stage) else ("triton_select", "tiles")
     ),
@@ -83,29 +76,11 @@ def select(plan, stage: Select) -> StageCode:
     fields["one_launch"] = stage.one_launch
     tokens = "1 token" if stage.one_launch == 1 else f"up to {stage.one_launch} tokens"
     choice = select_doc(stage)
-    doc = (
+    return StageCode(
         "Router logits of x in fp32 (the fp32 weight's three bf16 parts on the tensor cores, "
         f"summed in fp32), then {choice[0].lower()}{choice[1:-1]}; one Triton launch at "
         f"{tokens} (the router's last program to finish selects), above the router's launch "
-        "then one program per token."
-    )
-    dispatch = stage.dispatch
-    if dispatch is None:
-        return StageCode(doc, fields)
-    options = _dispatch_options(dispatch, "x.shape[0]")
-    fields["dispatch"] = [
-        ("experts", str(dispatch.experts)),
-        ("config", "tiles.PERMUTE"),
-        *((key, value) for key, value in options if key != "gather"),
-        *((key, literal(value)) for key, value in kernel_quant(dispatch.quantize).items()),
-    ]
-    fields["targets"] = dispatch_targets(dispatch)
-    rows = " and x's rows quantized once each" if dispatch.quantize else ""
-    return StageCode(
-        doc[:-1] + f". Then the {dispatch.layout} layout's indices{rows}: in the same launch at "
-        f"{tokens} (the router's programs quantize x, its last program writes the indices), "
-        "above after the selection (the dispatch stage's launches). No row is copied: the "
-        "gate/up GEMM reads each row's token (token_of_row).",
+        "then one program per token.",
         fields,
     )
 
@@ -126,22 +101,6 @@ def quantize(plan, stage: Quantize) -> StageCode:
     )
 
 
-def _dispatch_options(stage: Dispatch, tokens: str) -> list[tuple[str, str]]:
-    """(keyword, expression) of a Triton dispatch's layout options; `tokens`: an expression of
-    the token count."""
-    options = []
-    if stage.layout == "contiguous":
-        block_m = stage.row_padding or f"tiles.bucket({tokens}).block_m"
-        options.append(("block_m", str(block_m)))
-    if stage.one_launch:
-        options.append(("one_launch", str(stage.one_launch)))
-    if not stage.copy_pdl:
-        options.append(("copy_pdl", "False"))
-    if stage.gather:
-        options.append(("gather", "True"))
-    return options
-
-
 @register(
     "dispatch",
     "triton",
@@ -151,8 +110,16 @@ def _dispatch_options(stage: Dispatch, tokens: str) -> list[tuple[str, str]]:
 )
 def dispatch(plan, stage: Dispatch) -> StageCode:
     static = "w13_input_scale" if "w13_input_scale" in stage.weights else None
-    options = _dispatch_options(stage, "topk_ids.shape[0]")
-    layout_options = "".join(f", {key}={value}" for key, value in options)
+    layout_options = ""
+    if stage.layout == "contiguous":
+        block_m = stage.row_padding or "tiles.bucket(topk_ids.shape[0]).block_m"
+        layout_options = f", block_m={block_m}"
+    if stage.one_launch:
+        layout_options += f", one_launch={stage.one_launch}"
+    if not stage.copy_pdl:
+        layout_options += ", copy_pdl=False"
+    if stage.gather:
+        layout_options += ", gather=True"
     fields = {
         "targets": dispatch_targets(stage),
         "experts": stage.experts,
@@ -189,16 +156,10 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
     return StageCode(launches, fields)
 
 
-def _with_combine(stage: Gemm) -> bool:
-    return "combine" in stage.fused
-
-
 @register(
     "gemm",
     "triton",
-    lambda stage: (
-        "stages/triton/gemm_combined.py.j2" if _with_combine(stage) else "stages/triton/gemm.py.j2"
-    ),
+    "stages/triton/gemm.py.j2",
     runtime=("triton_gemm", "tiles"),
     requires=TRITON,
 )
@@ -224,15 +185,6 @@ def gemm(plan, stage: Gemm) -> StageCode:
             f"[M, {stage.k}] x [E, {stage.n}, {stage.k}] -> [M, {stage.n}] in one Triton launch, "
             f"row r of the layout read from a [T, {stage.k}] at routing.token_of_row[r] (no "
             "copy of the tokens into the layout); padding rows and empty experts cost no work."
-        )
-    if _with_combine(stage):
-        fields["one_launch"] = stage.combine_tokens
-        tokens = "1 token" if stage.combine_tokens == 1 else f"{stage.combine_tokens} tokens"
-        doc = (
-            f"[{rows}, {stage.k}] x [E, {stage.n}, {stage.k}] -> [{rows}, {stage.n}], then "
-            "out[t] = sum_k w[t, k] * y[row_of[t, k]] in fp32, rounded once: up to "
-            f"{tokens} in one Triton launch (the GEMM's last program per column tile sums "
-            "its columns), above in a combine launch after the GEMM's."
         )
     return StageCode(doc, fields)
 

@@ -65,7 +65,7 @@ ROUTERS = (  # (most tokens, None: any more; router tiles: BLOCK_T, BLOCK_E, BLO
         {
             "BLOCK_T": 16,
             "BLOCK_E": 64,
-            "BLOCK_K": 128,
+            "BLOCK_K": 64,
             "PROGRAMS": 4,
             "num_warps": 4,
             "num_stages": 1,
