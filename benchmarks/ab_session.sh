@@ -4,6 +4,8 @@
 # benchmarks/.packages; see ab_layers.py for building the "before" side from an earlier commit).
 #   TESTS="tests/kernels/test_gate.py tests/gpu/test_layer.py" SKIP="shipped_tuned" \
 #   PAIRS="bench_v3_fp8_before,bench_v3_fp8_triton" TOKENS=1,16,1024 bash benchmarks/ab_session.sh
+# SKIP / ONLY: pytest -k expressions to leave out / to keep; DIST=load spreads one file's tests
+# over the processes (the default, loadfile, keeps each file in one).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -11,7 +13,7 @@ export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
   MOEC_KERNEL_DEVICE=cuda TRITON_INTERPRET=0 timeout "${TEST_SECONDS:-330}" python3 -m pytest -q \
-    -p no:cacheprovider -n 4 --dist loadfile ${SKIP:+-k "not ($SKIP)"} $TESTS \
+    -p no:cacheprovider -n 4 --dist "${DIST:-loadfile}" ${SKIP:+-k "not ($SKIP)"} ${ONLY:+-k "$ONLY"} $TESTS \
     > "$OUT/tests.txt" 2>&1
   echo "tests: exit $?"; tail -4 "$OUT/tests.txt"
 fi

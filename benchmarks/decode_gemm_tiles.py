@@ -1,4 +1,4 @@
-"""The decode GEMMs under tiles `moec tune` does not try: each grouped GEMM of one forward at
+"""The grouped GEMMs under tiles `moec tune` does not try: each grouped GEMM of one forward at
 T tokens (default 1), replayed on its recorded arguments from a CUDA graph, with the bucket's
 config replaced by each candidate in turn (BLOCK_N, num_stages, num_warps, swap-AB). At T=1 a
 grid of 9 experts x N / BLOCK_N programs is about one wave of the H200's 132 SMs, and how many
@@ -24,13 +24,15 @@ GEMMS = ("gemm_gate_up", "gemm_down")
 KEYS = {"gemm_gate_up": "gate_up", "gemm_down": "down"}
 
 
-def candidates(shipped: dict, fp8: bool) -> list[dict]:
+def candidates(shipped: dict, fp8: bool, tokens: int) -> list[dict]:
     """The shipped config and its neighbours: BLOCK_N 32-256, 2-6 stages, 4 warps (8 for the
-    wide tiles), plain and swap-AB; fp8 plain tiles promote every 128 K elements."""
+    wide tiles), plain and swap-AB; fp8 plain tiles promote every 128 K elements. From 1024
+    tokens on (tens of rows per expert) plain tiles only, BLOCK_N 64-256, 3-6 stages."""
     configs = [shipped]
-    for block_n, stages, warps, swap in itertools.product(
-        (32, 64, 128, 256), (2, 3, 4, 6), (4, 8), (False, True)
-    ):
+    grid = ((32, 64, 128, 256), (2, 3, 4, 6), (4, 8), (False, True))
+    if tokens >= 1024:
+        grid = ((64, 128, 256), (3, 4, 5, 6), (4, 8), (False,))
+    for block_n, stages, warps, swap in itertools.product(*grid):
         if warps == 8 and (block_n < 128 or stages == 6):
             continue
         config = {**shipped, "BLOCK_N": block_n, "num_stages": stages, "num_warps": warps}
@@ -63,11 +65,12 @@ def main() -> None:
             bucket = tiles.bucket(tokens)
             for stage in GEMMS:
                 fn, call_args = calls[stage]
-                used = call_args[2].row_of.flatten()  # the rows assignments fill (no padding)
+                routing = next(a for a in call_args if hasattr(a, "row_of"))
+                used = routing.row_of.flatten()  # the rows assignments fill (no padding)
                 used = used[used >= 0].long()
                 reference = fn(*call_args)[used]
                 shipped = getattr(bucket, KEYS[stage])
-                for config in candidates(shipped, fp8):
+                for config in candidates(shipped, fp8, tokens):
                     patched = bucket._replace(**{KEYS[stage]: config})
                     original = tiles.bucket
                     tiles.bucket = lambda _tokens, patched=patched: patched

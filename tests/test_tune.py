@@ -19,7 +19,7 @@ from conftest import EXAMPLES
 import moec
 from moec.cli import main
 from moec.plan import Environment, make_plan, plan_loaded
-from moec.plan.tables import BUCKET_KEYS
+from moec.plan.tables import BUCKET_KEYS, TUNED_DIR
 from moec.runtime import torch_matmul
 from moec.spec import load_spec
 from moec.tune import candidates, command
@@ -345,3 +345,18 @@ def test_shipped_tables_promote_swap_ab_tiles_of_16_rows_every_32():
                         key,
                         bucket["max_tokens"],
                     )
+
+
+def test_the_shipped_h200_tiles_are_among_the_candidates():
+    """Re-tuning can find every config of the shipped DeepSeek-V3 tables: each bucket's gate/up
+    and down configs are candidates at its token count (the 128-wide, 4-stage mid-size tiles of
+    runs 65-66 were once missing from the grid)."""
+    table = json.loads((TUNED_DIR / "h200.json").read_text())
+    for key in ("fp8_block/H7168/I2048/E256/K8", "bf16/H7168/I2048/E256/K8"):
+        scheme = key.split("/")[0]
+        for bucket in table[key]:
+            if bucket["max_tokens"] is None:
+                continue
+            found = candidates.gemm_candidates(bucket["max_tokens"], 256, 8, scheme, tma=True)
+            for role in ("gate_up", "down"):
+                assert bucket[role] in found, (key, bucket["max_tokens"], role)

@@ -42,8 +42,11 @@ def _decode() -> list[Row]:
 def _mid() -> list[Row]:
     rows: list[Row] = [(bm, bn, 4, 3, {}) for bm in (16, 32, 64) for bn in (64, 128)]
     # deeper pipelines keep more weight bytes in flight per program: the mid sizes still stream
-    # every expert's weights (T=256 touches all of them) with few rows to compute per tile
+    # every expert's weights (T=256 touches all of them) with few rows to compute per tile. The
+    # 128-wide tiles with 4 stages were missing: 4-6% faster than the tuned tiles at T=1024 on
+    # the H200, fp8 and bf16 (benchmarks/RESULTS.md, runs 65-66)
     rows += [(bm, 64, 4, s, {}) for bm in (32, 64) for s in (4, 5)]
+    rows += [(bm, 128, 4, 4, {}) for bm in (32, 64)] + [(64, 128, 8, 4, {})]
     rows += [
         (bm, bn, 4, s, {"SWAP_AB": True}) for bm in (16, 32) for bn in (64, 128) for s in (3, 4)
     ]
@@ -54,7 +57,7 @@ def _mid() -> list[Row]:
 
 
 def _prefill() -> list[Row]:
-    rows: list[Row] = [(64, 128, 4, 3, {}), (64, 128, 4, 3, {"TMA": True})]
+    rows: list[Row] = [(64, 128, 4, s, {}) for s in (3, 4)] + [(64, 128, 4, 3, {"TMA": True})]
     rows += [(64, 128, 4, 4, {"TMA": True}), (128, 128, 8, 3, {}), (128, 128, 8, 4, {})]
     rows += [(128, 128, 8, s, {"TMA": True}) for s in (3, 4)]
     rows += [(128, 128, 8, s, {"TMA": True, "WARP_SPECIALIZE": True}) for s in (3, 4)]
