@@ -5,7 +5,8 @@
 #   TESTS="tests/kernels/test_gate.py tests/gpu/test_layer.py" SKIP="shipped_tuned" \
 #   PAIRS="bench_v3_fp8_before,bench_v3_fp8_triton" TOKENS=1,16,1024 bash benchmarks/ab_session.sh
 # SKIP / ONLY: pytest -k expressions to leave out / to keep; DIST=load spreads one file's tests
-# over the processes (the default, loadfile, keeps each file in one).
+# over the processes (the default, loadfile, keeps each file in one). Not for tests/gpu: each
+# process there holds its own DeepSeek-V3 layers, and four of them run out of memory (run 70).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
