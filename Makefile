@@ -34,12 +34,14 @@ test: $(STAMP)
 # On a CUDA machine, with moec's dependencies importable by $(PY) (the GPU image's python3 plus
 # carried wheels, see README "On the GPU"): the kernel suite compiled, and the GPU layer tests.
 # Compiling its ~200 kernels takes about 4 minutes on one core, so with pytest-xdist importable
-# the test files run in GPU_WORKERS processes, each file whole in one of them.
+# the test files run in GPU_WORKERS processes, each file whole in one of them (GPU_DIST=load
+# spreads a file's tests instead: for kernel files only, as tests/gpu holds whole layers).
 GPU_WORKERS ?= 8
+GPU_DIST ?= loadfile
 gpu-test:
 	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 	MOEC_KERNEL_DEVICE=cuda TRITON_INTERPRET=0 $(PY) -m pytest -q -p no:cacheprovider \
-	  $$($(PY) -c 'import xdist; print("-n $(GPU_WORKERS) --dist loadfile")' 2>/dev/null) \
+	  $$($(PY) -c 'import xdist; print("-n $(GPU_WORKERS) --dist $(GPU_DIST)")' 2>/dev/null) \
 	  $(GPU_TESTS)
 
 lint: $(STAMP)

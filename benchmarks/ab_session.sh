@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: the native kernel and layer tests of TESTS (compiled, in 4 processes), then
+# One device call: the native kernel and layer tests of TESTS (`make gpu-test`, 4 processes), then
 # ab_layers.py for each before,after package pair of PAIRS (built here beforehand, carried in
 # benchmarks/.packages; see ab_layers.py for building the "before" side from an earlier commit).
 #   TESTS="tests/kernels/test_gate.py tests/gpu/test_layer.py" SKIP="shipped_tuned" \
@@ -13,9 +13,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
-  MOEC_KERNEL_DEVICE=cuda TRITON_INTERPRET=0 timeout "${TEST_SECONDS:-330}" python3 -m pytest -q \
-    -p no:cacheprovider -n 4 --dist "${DIST:-loadfile}" ${SKIP:+-k "not ($SKIP)"} ${ONLY:+-k "$ONLY"} $TESTS \
-    > "$OUT/tests.txt" 2>&1
+  selected="$TESTS${SKIP:+ -k \"not ($SKIP)\"}${ONLY:+ -k \"$ONLY\"}"
+  timeout "${TEST_SECONDS:-330}" make gpu-test PY=python3 GPU_WORKERS=4 \
+    GPU_DIST="${DIST:-loadfile}" GPU_TESTS="$selected" > "$OUT/tests.txt" 2>&1
   echo "tests: exit $?"; tail -4 "$OUT/tests.txt"
 fi
 cd benchmarks
