@@ -1,5 +1,6 @@
 """The best configs per (package, T, GEMM) of decode_gemm_tiles.py's printed rows, beside the
-shipped one's time.
+shipped one's time. It reads the printed rows, not the JSON: a sweep cut short (a time limit, a
+crash) prints every row it measured, but writes the JSON only at its end.
 
     python benchmarks/tile_sweep_summary.py $OUT/tiles.txt
 """
