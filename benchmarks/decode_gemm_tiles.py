@@ -4,8 +4,7 @@ config replaced by each candidate in turn (BLOCK_N, num_stages, num_warps, swap-
 grid of 9 experts x N / BLOCK_N programs is about one wave of the H200's 132 SMs, and how many
 programs fit on an SM at once (shared memory: num_stages x the A and W tiles) decides whether
 the last of them run as a second, short wave. Prints each config's time beside the shipped
-one's; writes JSON. With --split, split-K tiles instead (K cut into slices that run as programs
-of their own: more, shorter programs); the packages' GEMM calls get counters from here.
+one's; writes JSON.
 
     python benchmarks/decode_gemm_tiles.py --packages bench_v3_fp8_triton,bench_v3_bf16_triton --out $OUT/decode_tiles.json
 """
@@ -47,52 +46,16 @@ def candidates(shipped: dict, fp8: bool, tokens: int) -> list[dict]:
     return configs
 
 
-def split_candidates(shipped: dict, fp8: bool) -> list[dict]:
-    """The shipped config, it with 2-8 K slices, and BLOCK_N 64 / 128, 4 / 6 stages, plain and
-    swap-AB, with 2, 4 or 8 slices."""
-    configs = [shipped] + [{**shipped, "SPLIT_K": s} for s in (2, 3, 4, 6, 8)]
-    for block_n, stages, swap, split in itertools.product(
-        (64, 128), (4, 6), (False, True), (2, 4, 8)
-    ):
-        config = {**shipped, "BLOCK_N": block_n, "num_stages": stages, "num_warps": 4}
-        config.pop("SWAP_AB", None)
-        if swap:
-            config["SWAP_AB"] = True
-        if fp8 and not swap:
-            config["FP8_ACC"] = 128
-        config["SPLIT_K"] = split
-        if config not in configs:
-            configs.append(config)
-    return configs
-
-
-def with_counters(gemm_module) -> None:
-    """The package's grouped_gemm, given a zeroed counter per output tile when a config splits K
-    (a built layer holds counters only for the split-K tiles its table ships)."""
-    launch = gemm_module.grouped_gemm
-    zeros = torch.zeros(1 << 20, dtype=torch.int32, device="cuda")
-
-    def grouped_gemm(*args, config, counters=None, **kwargs):
-        if config.get("SPLIT_K", 1) > 1 and counters is None:
-            counters = zeros
-        return launch(*args, config=config, counters=counters, **kwargs)
-
-    gemm_module.grouped_gemm = grouped_gemm
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--packages", default="bench_v3_fp8_triton,bench_v3_bf16_triton")
     parser.add_argument("--tokens", default="1")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--split", action="store_true", help="try split-K tiles")
     args = parser.parse_args()
     rows = []
     for name in args.packages.split(","):
         package = import_package(name)
         tiles = sys.modules[f"{package.__name__}.tiles"]
-        if args.split:
-            with_counters(sys.modules[f"{package.__name__}.triton_gemm"])
         fp8 = package.PLAN["choices"]["dims"]["routed"]["scheme"].startswith("fp8")
         layer = package.MoELayer(device="cuda").random_(0)
         hidden = package.PLAN["choices"]["dims"]["hidden"]
@@ -107,11 +70,7 @@ def main() -> None:
                 used = used[used >= 0].long()
                 reference = fn(*call_args)[used]
                 shipped = getattr(bucket, KEYS[stage])
-                if args.split:
-                    configs = split_candidates(shipped, fp8)
-                else:
-                    configs = candidates(shipped, fp8, tokens)
-                for config in configs:
+                for config in candidates(shipped, fp8, tokens):
                     patched = bucket._replace(**{KEYS[stage]: config})
                     original = tiles.bucket
                     tiles.bucket = lambda _tokens, patched=patched: patched

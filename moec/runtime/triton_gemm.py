@@ -16,12 +16,6 @@ LAYOUT "contiguous"  m_indices[M]: each BLOCK_M block is one expert's rows (+ it
                      nor written.
        "dense"       every row is expert 0's (a dense MLP, e.g. the shared experts): no index
                      tensor to build.
-SPLIT_K (config, default 1; not with TMA tiles): K is cut into SPLIT_K slices that run as
-programs of their own (grid axis 1): at decode a few rows make few output tiles, and slicing
-their K spreads the weight stream over more, shorter programs. Each program stores its fp32
-partial tile in a scratch [SPLIT_K, M, N] and counts itself in its tile's arrival counter; the
-last to arrive adds the SPLIT_K partials in slice order (the same sum whichever program is last)
-and writes out. The counters are the caller's: int32 zeros, one per output tile, left zero.
 """
 
 import torch
@@ -57,14 +51,11 @@ def _grouped_gemm_kernel(
     index_ptr,  # contiguous: m_indices [M] int32; masked: masked_m [E] int32; dense: unused
     num_rows_ptr,  # contiguous with HAS_NUM_ROWS: [1] int32, rows in use
     a_rows_ptr,  # contiguous with GATHER: [M] int32, the row of A each layout row reads
-    partials_ptr,  # SPLIT_K > 1: [SPLIT_K, M, N] fp32 scratch, each K slice's partial tile
-    counters_ptr,  # SPLIT_K > 1: [>= output tiles] int32 zeros, programs of each tile done
     # dims
     M,  # rows of A (masked: max_m, rows per expert)
     N,
     K,
     E,
-    K_SLICE,  # K elements per slice, a multiple of BLOCK_K (K when SPLIT_K is 1)
     # strides
     stride_am,
     stride_ak,
@@ -73,8 +64,6 @@ def _grouped_gemm_kernel(
     stride_wk,
     stride_om,
     stride_on,
-    stride_ps,
-    stride_pm,
     stride_asm,
     stride_ask,
     stride_wse,
@@ -93,7 +82,6 @@ def _grouped_gemm_kernel(
     GROUP_SIZE_M: tl.constexpr,
     SWAP_AB: tl.constexpr,  # bf16 / fp8: compute W A^T (small row counts per expert)
     FP8_ACC: tl.constexpr,  # fp8: K elements summed in the tensor core before fp32 promotion
-    SPLIT_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
@@ -148,13 +136,7 @@ def _grouped_gemm_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SPLIT_K == 1:
-        k_start = 0
-        k_end = K
-    else:
-        k_start = tl.program_id(1) * K_SLICE
-        k_end = tl.minimum(k_start + K_SLICE, K)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
         if SWAP_AB:  # A^T tile [BLOCK_K, BLOCK_M]
             a_mask = (k < K)[:, None] & valid[None, :]
@@ -245,27 +227,7 @@ def _grouped_gemm_kernel(
 
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
     out_mask = valid[:, None] & (offs_n < N)[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND), mask=out_mask)
-    else:
-        tile = rows[:, None] * stride_pm + offs_n[None, :]
-        tl.store(partials_ptr + tl.program_id(1) * stride_ps + tile, acc, mask=out_mask)
-        # Every thread's stores are done (the barrier) before one thread counts the program in
-        # with release semantics; the last to arrive acquires, and sees every partial.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(counters_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            tl.store(counters_ptr + pid, 0)  # zero again for the next launch
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for split in tl.static_range(SPLIT_K):  # in slice order, from L2 (".cg")
-                total += tl.load(
-                    partials_ptr + split * stride_ps + tile,
-                    mask=out_mask,
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-            out = round_output(total, out_ptr.dtype.element_ty, SOFT_ROUND)
-            tl.store(out_ptrs, out, mask=out_mask)
+    tl.store(out_ptrs, round_output(acc, out_ptr.dtype.element_ty, SOFT_ROUND), mask=out_mask)
 
 
 def grouped_gemm(
@@ -281,7 +243,6 @@ def grouped_gemm(
     masked_m=None,
     num_rows=None,
     a_rows=None,
-    counters=None,
     pdl=False,
 ):
     """out = A @ W[e]^T per row's expert; see the comment above for each scheme's tensors.
@@ -292,11 +253,9 @@ def grouped_gemm(
     [E, max_m, N] (each viewable as 2-D). Dense (pass neither): a [M, K], out [M, N], every row
     expert 0's. Any strides. config: BLOCK_M (dividing the layout's
     row alignment), BLOCK_N, BLOCK_K (dividing 128 for fp8_block, a multiple of 32 for mx),
-    GROUP_SIZE_M, num_warps, num_stages; optional SWAP_AB, TMA (+ WARP_SPECIALIZE, PROGRAMS),
+    GROUP_SIZE_M, num_warps, num_stages; optional SWAP_AB, TMA (+ WARP_SPECIALIZE, PROGRAMS), and
     FP8_ACC: K elements the fp8 tensor cores sum before the fp32 promotion (default 32, one
-    Hopper wgmma: Hopper's fp8 accumulation is narrower than fp32, see docs/numerics.md), and
-    SPLIT_K (see above; it needs counters, int32 zeros, at least one per output tile, which
-    every launch leaves zero: two launches with the same counters must not run at once).
+    Hopper wgmma: Hopper's fp8 accumulation is narrower than fp32, see docs/numerics.md).
     pdl: programmatic dependent launch. Launches nothing when there are no rows. Returns out.
     """
     if m_indices is not None and masked_m is not None:
@@ -327,21 +286,9 @@ def grouped_gemm(
     blocks = triton.cdiv(rows, config["BLOCK_M"])
     if masked_m is not None:
         blocks *= num_experts
-    tiles = blocks * triton.cdiv(n, config["BLOCK_N"])
-    if tiles == 0:
+    grid = (blocks * triton.cdiv(n, config["BLOCK_N"]),)
+    if grid[0] == 0:
         return out
-    split = split_k(config)
-    k_slice = triton.cdiv(triton.cdiv(k, config["BLOCK_K"]), split) * config["BLOCK_K"]
-    partials = out2
-    if split > 1:
-        if config.get("TMA"):
-            raise ValueError("SPLIT_K takes the plain tiles, not TMA ones")
-        if counters is None or counters.numel() < tiles:
-            have = "none" if counters is None else counters.numel()
-            raise ValueError(
-                f"SPLIT_K {split} over {tiles} output tiles needs as many counters, got {have}"
-            )
-        partials = torch.empty((split, out2.shape[0], n), dtype=torch.float32, device=out.device)
     interpret = triton.knobs.runtime.interpret
     if config.get("TMA"):
         grouped_gemm_tma(
@@ -362,7 +309,7 @@ def grouped_gemm(
             pdl,
         )
         return out
-    _grouped_gemm_kernel[(tiles, split)](
+    _grouped_gemm_kernel[grid](
         # pointers
         a2,
         a_scale,
@@ -372,14 +319,11 @@ def grouped_gemm(
         {"contiguous": m_indices, "masked": masked_m, "dense": a2}[layout],
         num_rows if num_rows is not None else a2,
         a_rows if a_rows is not None else a2,
-        partials,
-        counters if counters is not None else a2,
         # dims
         rows,
         n,
         k,
         num_experts,
-        k_slice,
         # strides
         a2.stride(0),
         a2.stride(1),
@@ -388,8 +332,6 @@ def grouped_gemm(
         w.stride(2),
         out2.stride(0),
         out2.stride(1),
-        partials.stride(0) if split > 1 else 0,
-        partials.stride(1) if split > 1 else 0,
         *stride_as,
         *stride_ws,
         # meta-parameters
@@ -405,17 +347,11 @@ def grouped_gemm(
         GROUP_SIZE_M=config["GROUP_SIZE_M"],
         SWAP_AB=config.get("SWAP_AB", False),
         FP8_ACC=fp8_accumulation(config),
-        SPLIT_K=split,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
         **launch_options(pdl),
     )
     return out
-
-
-def split_k(config) -> int:
-    """K slices per output tile: SPLIT_K, 1 when absent."""
-    return config.get("SPLIT_K", 1)
 
 
 def fp8_accumulation(config) -> int:
@@ -424,23 +360,11 @@ def fp8_accumulation(config) -> int:
 
 
 def grouped_gemm_contiguous(
-    a,
-    a_scale,
-    w,
-    w_scale,
-    routing,
-    *,
-    scheme,
-    config,
-    out_dtype,
-    gather=False,
-    counters=None,
-    pdl=False,
+    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, gather=False, pdl=False
 ):
     """The grouped GEMM over a contiguous layout a [M, K] (routing: grouping.ContiguousRouting),
     or with `gather` over the tokens' rows a [T, K], each layout row reading its token's:
-    returns [M, N] in out_dtype; padding rows and rows past num_rows are not written.
-    counters: the split-K tiles' (grouped_gemm)."""
+    returns [M, N] in out_dtype; padding rows and rows past num_rows are not written."""
     layout_rows = routing.token_of_row.shape[0]
     out = torch.empty((layout_rows, w.shape[1]), dtype=out_dtype, device=a.device)
     return grouped_gemm(
@@ -454,17 +378,13 @@ def grouped_gemm_contiguous(
         m_indices=routing.m_indices,
         num_rows=routing.num_rows,
         a_rows=routing.token_of_row if gather else None,
-        counters=counters,
         pdl=pdl,
     )
 
 
-def grouped_gemm_masked(
-    a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, counters=None, pdl=False
-):
+def grouped_gemm_masked(a, a_scale, w, w_scale, routing, *, scheme, config, out_dtype, pdl=False):
     """The grouped GEMM over a masked layout a [E, max_m, K] (routing: grouping.MaskedRouting):
-    returns [E, max_m, N] in out_dtype; rows past each expert's count are not written.
-    counters: the split-K tiles' (grouped_gemm)."""
+    returns [E, max_m, N] in out_dtype; rows past each expert's count are not written."""
     out = torch.empty((*a.shape[:-1], w.shape[1]), dtype=out_dtype, device=a.device)
     return grouped_gemm(
         a,
@@ -475,6 +395,5 @@ def grouped_gemm_masked(
         scheme=scheme,
         config=config,
         masked_m=routing.counts,
-        counters=counters,
         pdl=pdl,
     )

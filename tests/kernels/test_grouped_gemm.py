@@ -91,14 +91,7 @@ def check(out, a_deq, w_deq, expert_of_row, valid, k, block_k):
 
 
 def run_contiguous(
-    scheme,
-    n=256,
-    k=256,
-    dtype=torch.bfloat16,
-    config=CONFIG,
-    num_rows=None,
-    block_m=None,
-    counters=None,
+    scheme, n=256, k=256, dtype=torch.bfloat16, config=CONFIG, num_rows=None, block_m=None
 ):
     kernels = load()
     routing = route(tokens=16, topk=2, experts=4, block_m=block_m or config["BLOCK_M"])
@@ -115,7 +108,6 @@ def run_contiguous(
         config=config,
         m_indices=routing.m_indices,
         num_rows=None if num_rows is None else torch.tensor([num_rows], dtype=torch.int32),
-        counters=counters,
     )
     valid = routing.m_indices >= 0
     if num_rows is not None:
@@ -315,88 +307,6 @@ def test_fp8_block_tile_spanning_two_weight_blocks():
     """BLOCK_N = 256 covers two 128-row weight blocks: per-column scales, not one per tile."""
     run_contiguous("fp8_block", config=dict(CONFIG, BLOCK_N=256))
     run_contiguous("fp8_block", config=dict(TMA_CONFIG, BLOCK_N=256))
-
-
-SPLIT_CASES = [
-    ("bf16", dict(CONFIG, SPLIT_K=2)),
-    ("fp8_per_tensor", dict(CONFIG, SPLIT_K=2)),
-    ("fp8_block", dict(CONFIG, SPLIT_K=3, BLOCK_K=64)),  # slices of 2 K steps, one empty
-    ("mxfp8", dict(CONFIG, SPLIT_K=2)),
-    ("fp8_block", dict(CONFIG, SPLIT_K=2, SWAP_AB=True, BLOCK_M=16)),
-    ("bf16", dict(CONFIG, SPLIT_K=4, SWAP_AB=True, BLOCK_M=16)),
-]
-
-
-@pytest.mark.parametrize(("scheme", "config"), SPLIT_CASES, ids=lambda v: str(v)[:40])
-def test_split_k(scheme, config):
-    """K cut into slices, the partials added by each tile's last program: within the same
-    bound (at most K / SPLIT_K + SPLIT_K - 1 additions per element), every counter zero again,
-    padding rows and rows past num_rows unwritten; a second launch on the same counters too."""
-    counters = torch.zeros(64, dtype=torch.int32)
-    for num_rows in (None, 40):
-        run_contiguous(scheme, config=config, num_rows=num_rows, counters=counters, block_m=32)
-        assert not counters.any(), "a counter was left non-zero"
-
-
-def test_split_k_masked_and_dense():
-    kernels = load()
-    experts, n, k = 4, 256, 384
-    config = dict(CONFIG, SPLIT_K=2)
-    routing = route(tokens=16, topk=2, experts=experts, block_m=32)
-    max_m = routing.max_m
-    a, a_scale, w, w_scale, a_deq, w_deq = operands(
-        "fp8_block", experts * max_m, n, k, experts, torch.bfloat16
-    )
-    counters = torch.zeros(64, dtype=torch.int32)
-    out = poison(torch.empty(experts, max_m, n, dtype=torch.bfloat16))
-    kernels.grouped_gemm(
-        a.view(experts, max_m, k), a_scale.view(experts, max_m, -1), w, w_scale, out,
-        scheme="fp8_block", config=config, masked_m=routing.masked_m, counters=counters,
-    )  # fmt: skip
-    valid = (torch.arange(max_m)[None, :] < routing.masked_m[:, None]).flatten()
-    expert_of_row = torch.arange(experts).repeat_interleave(max_m)
-    check(out.view(-1, n), a_deq, w_deq, expert_of_row, valid, k, CONFIG["BLOCK_K"])
-    assert not counters.any()
-    rows = 37
-    a, a_scale, w, w_scale, a_deq, w_deq = operands("bf16", rows, n, k, 1, torch.bfloat16)
-    out = poison(torch.empty(rows, n, dtype=torch.bfloat16))
-    kernels.grouped_gemm(
-        a, a_scale, w, w_scale, out, scheme="bf16", config=config, counters=counters
-    )
-    check(
-        out,
-        a_deq,
-        w_deq,
-        torch.zeros(rows, dtype=torch.long),
-        torch.ones(rows, dtype=torch.bool),
-        k,
-        128,
-    )
-    assert not counters.any()
-
-
-def test_split_k_needs_a_counter_per_tile_and_plain_tiles():
-    routing = route(tokens=16, topk=2, experts=4, block_m=32)
-    a, a_scale, w, w_scale, *_ = operands(
-        "fp8_block", len(routing.m_indices), 256, 256, 4, torch.bfloat16
-    )
-    out = torch.empty(len(routing.m_indices), 256, dtype=torch.bfloat16)
-    tiles = len(routing.m_indices) // 32 * 2
-    kernels = load()
-    for config, counters, message in (
-        (
-            dict(CONFIG, SPLIT_K=2),
-            None,
-            f"over {tiles} output tiles needs as many counters, got none",
-        ),
-        (dict(CONFIG, SPLIT_K=2), torch.zeros(tiles - 1, dtype=torch.int32), f"got {tiles - 1}"),
-        (dict(TMA_CONFIG, SPLIT_K=2), torch.zeros(tiles, dtype=torch.int32), "not TMA ones"),
-    ):
-        with pytest.raises(ValueError, match=message):
-            kernels.grouped_gemm(
-                a, a_scale, w, w_scale, out, scheme="fp8_block", config=config,
-                m_indices=routing.m_indices, counters=counters,
-            )  # fmt: skip
 
 
 def _shipped_configs():
