@@ -16,6 +16,9 @@ LAYOUT "contiguous"  m_indices[M]: each BLOCK_M block is one expert's rows (+ it
                      nor written.
        "dense"       every row is expert 0's (a dense MLP, e.g. the shared experts): no index
                      tensor to build.
+Each program computes its tile over the whole of K. Split-K tiles (K cut into slices that run as
+programs of their own, the last adding the partials) were built and measured: no faster at
+decode on the H200 (commit d8fea3e, benchmarks/RESULTS.md run 73).
 """
 
 import torch
