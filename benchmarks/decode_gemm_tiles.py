@@ -4,7 +4,8 @@ config replaced by each candidate in turn (BLOCK_N, num_stages, num_warps, swap-
 grid of 9 experts x N / BLOCK_N programs is about one wave of the H200's 132 SMs, and how many
 programs fit on an SM at once (shared memory: num_stages x the A and W tiles) decides whether
 the last of them run as a second, short wave. Prints each config's time beside the shipped
-one's; writes JSON.
+one's; writes JSON. With --group, the shipped tile (and BLOCK_N 64 / 128) under other
+GROUP_SIZE_M instead: the order in which the programs of the experts' tiles are scheduled.
 
     python benchmarks/decode_gemm_tiles.py --packages bench_v3_fp8_triton,bench_v3_bf16_triton --out $OUT/decode_tiles.json
 """
@@ -46,11 +47,25 @@ def candidates(shipped: dict, fp8: bool, tokens: int) -> list[dict]:
     return configs
 
 
+def group_candidates(shipped: dict) -> list[dict]:
+    """The shipped config and it with BLOCK_N 64 or 128, each under GROUP_SIZE_M 1-64 (M blocks
+    whose programs of one column tile are scheduled one after another)."""
+    configs = [shipped]
+    for block_n, group in itertools.product(
+        sorted({shipped["BLOCK_N"], 64, 128}), (1, 2, 4, 8, 16, 32, 64)
+    ):
+        config = {**shipped, "BLOCK_N": block_n, "GROUP_SIZE_M": group}
+        if config not in configs:
+            configs.append(config)
+    return configs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--packages", default="bench_v3_fp8_triton,bench_v3_bf16_triton")
     parser.add_argument("--tokens", default="1")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--group", action="store_true", help="try other GROUP_SIZE_M")
     args = parser.parse_args()
     rows = []
     for name in args.packages.split(","):
@@ -70,7 +85,11 @@ def main() -> None:
                 used = used[used >= 0].long()
                 reference = fn(*call_args)[used]
                 shipped = getattr(bucket, KEYS[stage])
-                for config in candidates(shipped, fp8, tokens):
+                if args.group:
+                    configs = group_candidates(shipped)
+                else:
+                    configs = candidates(shipped, fp8, tokens)
+                for config in configs:
                     patched = bucket._replace(**{KEYS[stage]: config})
                     original = tiles.bucket
                     tiles.bucket = lambda _tokens, patched=patched: patched

@@ -28,6 +28,7 @@ def main() -> None:
                 c["num_warps"],
                 c.get("SWAP_AB"),
                 c.get("FP8_ACC"),
+                c["GROUP_SIZE_M"],
             )
             print("   ", r["us"], "close" if r["close_to_shipped"] else "FAR", tile)
 
