@@ -131,9 +131,10 @@ def _fuse_shared(spec: Spec, gemm: str, decide) -> bool:
         f"fused as {spec.model.n_shared_experts} extra expert(s)",
         "auto: their weights stream in the routed GEMMs' launches, with no launches of their own "
         "(H200, DeepSeek-V3 fp8_block, CUDA graph: 0.163 ms against 0.196 separate at T=1, "
-        "within 3% at T=16-16384, benchmarks/RESULTS.md run 5; overlapped on a second stream "
-        "0.130 against fused 0.131 at T=1 and within 3% at T=16-1024, but V2-Lite 0.046 "
-        "against 0.043 at T=1, run 19)",
+        "within 3% at T=16-16384, benchmarks/RESULTS.md run 5; overlapped on a second stream, "
+        "slower: 0.1313 against 0.1230 ms at T=1 and 1.037 against 1.021 at T=16, run 78, its "
+        "one-row GEMMs too slow to hide beside the router, with any tile width, run 79; "
+        "V2-Lite 0.046 against 0.043 at T=1, run 19)",
     )
     return True
 
