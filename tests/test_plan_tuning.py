@@ -246,6 +246,13 @@ def with_bucket(**fields):
     return {V3_KEY: buckets}
 
 
+def without_in_bucket(index, field):
+    """USER_BUCKETS with `field` removed from one bucket."""
+    buckets = json.loads(json.dumps(USER_BUCKETS))
+    del buckets[index][field]
+    return {V3_KEY: buckets}
+
+
 def unsorted_buckets():
     """USER_BUCKETS with its first bucket twice: max_tokens not increasing."""
     buckets = json.loads(json.dumps(USER_BUCKETS))
@@ -276,6 +283,23 @@ def with_elementwise(kernel, **tiles):
         (with_bucket(max_tokens=0), "with max_tokens = 0, not an integer above the previous"),
         (with_bucket(max_tokens=True), "with max_tokens = True, not an integer above"),
         (with_bucket(max_tokens=-1), "with max_tokens = -1"),
+        (with_bucket(max_tokens=None), "with max_tokens = None, not an integer above"),
+        (
+            without_in_bucket(0, "max_tokens"),
+            "bucket 0 of fp8_block/H7168/I2048/E256/K8 without max_tokens",
+        ),
+        (
+            without_in_bucket(1, "max_tokens"),
+            "bucket 1 of fp8_block/H7168/I2048/E256/K8 without max_tokens",
+        ),
+        (without_in_bucket(-1, "max_tokens"), "without max_tokens"),
+        (
+            with_bucket(max_tokens=64.0),
+            "with max_tokens = 64.0, not an integer, or null in the last",
+        ),
+        (with_bucket(block_m="16"), "with block_m = '16', not an integer"),
+        (with_bucket(gate_up=[16]), "with gate_up = [16], not an object of tiles"),
+        ({V3_KEY: [7, *USER_BUCKETS]}, "bucket 0 of fp8_block/H7168/I2048/E256/K8 that is not an"),
         (unsorted_buckets(), "bucket 1 of fp8_block/H7168/I2048/E256/K8 with max_tokens = 8, not"),
         (with_gemm(num_warps=0), "with num_warps = 0, not a power of two"),
         (with_gemm(num_stages="3"), "with num_stages = '3', not a positive integer"),

@@ -33,6 +33,12 @@ ARCH_GPU = {"sm90": "nvidia-h200"}
 TUNING_DIR_ENV = "MOEC_TUNING_DIR"
 BUCKET_KEYS = {"max_tokens": (int, type(None)), "block_m": int, "gate_up": dict, "down": dict}
 """What every bucket of a table holds (a bucket may hold more, e.g. its measured "ms")."""
+_BUCKET_VALUES = {
+    "max_tokens": "an integer, or null in the last bucket",
+    "block_m": "an integer",
+    "gate_up": "an object of tiles",
+    "down": "an object of tiles",
+}
 POWER_OF_TWO_KEYS = frozenset(
     {"BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_T", "BLOCK_H", "BLOCK_I", "num_warps"}
 )
@@ -233,13 +239,18 @@ def _checked_buckets(records: Any, where: str, key: str) -> list[dict[str, Any]]
     if not isinstance(records, list) or not records:
         raise _table_error(where, f"has no bucket list under {key}")
     for index, record in enumerate(records):
-        wrong = [
-            name
-            for name, kind in BUCKET_KEYS.items()
-            if not isinstance(record, dict) or not isinstance(record.get(name), kind)
-        ]
-        if wrong:
-            raise _table_error(where, f"has bucket {index} of {key} without {', '.join(wrong)}")
+        if not isinstance(record, dict):
+            raise _table_error(where, f"has bucket {index} of {key} that is not an object")
+        missing = [name for name in BUCKET_KEYS if name not in record]
+        if missing:
+            raise _table_error(where, f"has bucket {index} of {key} without {', '.join(missing)}")
+        for name, kind in BUCKET_KEYS.items():
+            value = record[name]
+            if not isinstance(value, kind):
+                accepted = _BUCKET_VALUES[name]
+                raise _table_error(
+                    where, f"has bucket {index} of {key} with {name} = {value!r}, not {accepted}"
+                )
     if records[-1]["max_tokens"] is not None:
         raise _table_error(where, f'has a last bucket of {key} without "max_tokens": null')
     limit = 0
