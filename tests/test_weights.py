@@ -225,6 +225,38 @@ def test_every_problem_is_listed_once(saved, load_layer):
     assert len(problems) == 4
 
 
+def test_integer_bytes_are_no_float_weights(saved, saved_128, load_layer):
+    """uint8 / int8 tensors are weights only in a packed mxfp4 checkpoint: elsewhere they are
+    refused by name, not read as numbers (a uint8 weight of 200s is no weight of 200.0s)."""
+    folder, _, spec = saved
+    tensors = _moe_tensors(folder)
+    for name in ("gate.weight", "experts.3.gate_proj.weight", "shared_experts.down_proj.weight"):
+        full = hf_oracle.PREFIX + name
+        tensors[full] = torch.full_like(tensors[full], 7, dtype=torch.uint8)
+    with pytest.raises(ValueError) as error:
+        load_layer(spec).MoELayer().load_weights(tensors, hf_oracle.PREFIX)
+    problems = error.value.problems
+    assert len(problems) == 3
+    assert all("torch.uint8" in p and "expected floating-point" in p for p in problems)
+    # an fp8 checkpoint: an int8 weight and an int8 scale
+    folder, _, spec = saved_128
+    package = load_layer(spec, "quant.scheme=fp8_block", "quant.checkpoint=quantized")
+    tensors = {}
+    for name, value in _moe_tensors(folder).items():
+        if name.endswith("_proj.weight"):
+            tensors[name], tensors[name + "_scale_inv"] = _quantize_blocks(value.float())
+        else:
+            tensors[name] = value
+    weight = hf_oracle.PREFIX + "experts.1.up_proj.weight"
+    tensors[weight] = tensors[weight].view(torch.int8)
+    tensors[weight.replace("1.up", "2.up") + "_scale_inv"] = torch.ones(1, 2, dtype=torch.int8)
+    with pytest.raises(ValueError) as error:
+        package.MoELayer().load_weights(tensors, hf_oracle.PREFIX)
+    text = "\n".join(error.value.problems)
+    assert "experts.1.up_proj.weight: torch.int8" in text
+    assert "experts.2.up_proj.weight_scale_inv: torch.int8: expected floating-point" in text
+
+
 def test_forward_rejects_bad_inputs(saved, load_layer):
     folder, block, spec = saved
     package = load_layer(spec)

@@ -215,6 +215,9 @@ def _take(found, key, shape, name, problems) -> torch.Tensor | None:
     if tuple(tensor.shape) != tuple(shape):
         problems.append(f"{name}: shape {list(tensor.shape)}, expected {list(shape)}")
         return None
+    if not tensor.dtype.is_floating_point:
+        problems.append(f"{name}: {tensor.dtype}: expected floating-point values")
+        return None
     return tensor.float()
 
 
@@ -241,6 +244,10 @@ def _checkpoint_mlp(found, key, name: str, spec: LayerWeights, rank: int, proble
         inputs = [found.get((kind, index, proj, "input_scale")) for proj in ("gate", "up", "down")]
         if any(s is None for s in inputs):
             problems.append(f"{name}.*_proj.input_scale: missing (static activation scales)")
+            return {}
+        integer = [s.dtype for s in inputs if not s.dtype.is_floating_point]
+        if integer:
+            problems.append(f"{name}.*_proj.input_scale: {integer[0]}: expected floating point")
             return {}
         gate, up, down = (s.float().reshape(()) for s in inputs)
         result["w13_input"] = torch.maximum(gate, up)

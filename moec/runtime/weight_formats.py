@@ -63,6 +63,13 @@ class WeightFormat:
         if value is None:
             problems.append(f"{name}.weight: missing")
             return None
+        packed = self.checkpoint_quantized and self.scheme == "mxfp4"
+        if not packed and not value.dtype.is_floating_point:
+            problems.append(
+                f"{name}.weight: {value.dtype} {list(value.shape)}: expected floating-point "
+                "values (integer bytes are weights only in a packed mxfp4 checkpoint)"
+            )
+            return None
         if not self.checkpoint_quantized or self.scheme == "bf16":
             if tuple(value.shape) != tuple(shape):
                 problems.append(f"{name}.weight: shape {list(value.shape)}, expected {list(shape)}")
@@ -87,7 +94,7 @@ class WeightFormat:
             if tuple(value.shape) != tuple(shape):
                 problems.append(f"{name}.weight: shape {list(value.shape)}, expected {list(shape)}")
                 return None
-            if not value.dtype.is_floating_point or value.element_size() != 1:
+            if value.element_size() != 1:
                 # A float weight where fp8 is expected: quantize it, as a bf16 checkpoint is.
                 return self.from_float(value.float())
         return self._checkpoint_scale(value, scale, shape, name, problems)
@@ -112,6 +119,12 @@ class WeightFormat:
             expected = (math.ceil(shape[0] / self.block[0]), math.ceil(shape[1] / self.block[1]))
         if scale is None:
             problems.append(f"{name}.weight_scale_inv: missing")
+            return None
+        if not scale.dtype.is_floating_point and scale.dtype != torch.uint8:
+            problems.append(
+                f"{name}.weight_scale_inv: {scale.dtype}: expected floating-point scales, or "
+                "UE8M0 exponents as uint8"
+            )
             return None
         scale = _scale_values(scale)
         if scale.numel() == 1:
