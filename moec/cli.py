@@ -118,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        _refuse_empty(args)
         return _COMMANDS[args.command](args)
     except MoecError as error:
         print(error.report(), file=sys.stderr)
@@ -127,6 +128,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _refuse_empty(args: argparse.Namespace) -> None:
+    """An empty -o (or init's --name) is a mistake, not a request for the default."""
+    for option, value in (
+        ("-o", getattr(args, "out", None)),
+        ("--name", getattr(args, "name", None)),
+    ):
+        if value is not None and not value.strip():
+            raise MoecError(
+                [problem(option, "is empty", "leave it out for the default", value=value)],
+                f"moec {args.command}",
+                kind="usage",
+            )
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -241,13 +256,6 @@ def _init(args: argparse.Namespace) -> int:
     from moec.codegen.write import write_text
     from moec.spec.hf import spec_from_hf, written_by_init
 
-    for option, value in (("--name", args.name), ("-o", args.out)):
-        if value is not None and not value.strip():
-            raise MoecError(
-                [problem(option, "is empty", "leave it out for the default")],
-                "moec init",
-                kind="usage",
-            )
     if args.out == "-":  # the usual name of standard output
         args.out = None
     text = spec_from_hf(args.from_hf, args.name, args.overrides, schema_relative_to=args.out)

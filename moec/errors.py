@@ -50,9 +50,10 @@ class Problem:
         subject = _key(self.path)
         if self.has_value:
             subject = f"{subject} = {_show(self.value)}" if subject else _show(self.value)
-        text = f"{where}: {subject}: {self.message}" if subject else f"{where}: {self.message}"
+        message = _printable(self.message)  # it can quote a checkpoint's names, an argument
+        text = f"{where}: {subject}: {message}" if subject else f"{where}: {message}"
         if self.hint:
-            text += f" ({self.hint})"
+            text += f" ({_printable(self.hint)})"
         return text
 
 

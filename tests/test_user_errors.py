@@ -275,6 +275,11 @@ def _tensors(folder, tensor):
     return folder / "w.safetensors"
 
 
+def _named(folder, name):
+    save_file({name: torch.zeros(16, 256)}, folder / "w.safetensors")
+    return folder / "w.safetensors"
+
+
 def _pickle(folder):
     torch.save({"gate.weight": torch.zeros(16, 256)}, folder / "w.pt")
     return folder / "w.pt"
@@ -289,6 +294,14 @@ WEIGHTS = {
     "missing": (lambda folder: folder / "nope.safetensors", "no such file or folder"),
     "garbage": (_garbage, "not a readable safetensors file"),
     "int32": (lambda f: _tensors(f, torch.ones(16, 256, dtype=torch.int32)), "torch.int32"),
+    "uint8": (
+        lambda f: _tensors(f, torch.ones(16, 256, dtype=torch.uint8)),
+        "gate.weight: torch.uint8: expected floating-point values",
+    ),
+    "a name that drives the terminal": (
+        lambda f: _named(f, "gate.weight\n\x1b[2J"),
+        "gate.weight\\x0a\\x1b[2J: unexpected",
+    ),
     "nan": (lambda f: _tensors(f, torch.full((16, 256), float("nan"))), "gate.weight: 4096 of"),
     "inf": (lambda f: _tensors(f, torch.full((16, 256), float("inf"))), "not finite"),
     "pickle": (_pickle, "pickle file"),
@@ -389,10 +402,24 @@ CONFIG = {
             "takes no --tokens, --format",
         ),
         (["run", TINY, "--prefix", "mlp."], "--prefix: names the weights of --weights"),
-        (["init", "--from-hf", "CONFIG", "--name", ""], "--name: is empty"),
-        (["init", "--from-hf", "CONFIG", "-o", " "], "-o: is empty"),
+        (["init", "--from-hf", "CONFIG", "--name", ""], '--name = "": is empty'),
+        (["init", "--from-hf", "CONFIG", "-o", " "], '-o = " ": is empty'),
+        (["build", TINY, "-o", ""], '-o = "": is empty (leave it out for the default'),
+        (["explain", TINY, "-o", ""], '-o = "": is empty'),
+        (["explain", "--matrix", "-o", " "], '-o = " ": is empty'),
+        (["schema", "-o", ""], '-o = "": is empty'),
     ],
-    ids=["matrix-spec", "matrix-options", "prefix", "init-name", "init-out"],
+    ids=[
+        "matrix-spec",
+        "matrix-options",
+        "prefix",
+        "init-name",
+        "init-out",
+        "build-out",
+        "explain-out",
+        "matrix-out",
+        "schema-out",
+    ],
 )
 def test_an_option_that_would_be_ignored_is_refused(argv, fragment, capsys, tmp_path):
     config = tmp_path / "config.json"

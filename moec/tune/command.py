@@ -48,12 +48,6 @@ def tune_spec(
     Progress goes to `stream` (default stderr)."""
     loaded = load_spec(path, [*overrides, "experts.gemm_backend=triton"])
     buckets = _token_list(tokens, loaded.spec.target.max_num_tokens)
-    if out == "":
-        raise MoecError(
-            [problem("-o", "is empty", "a file path, e.g. -o h200.json", value="")],
-            "moec tune",
-            kind="usage",
-        )
     device_name = _local_gpu(loaded)
     gpu = gpu_name(device_name)
     target = Path(out) if out is not None else user_tuning_dir() / f"{gpu}.json"
