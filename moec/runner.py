@@ -2,8 +2,9 @@
 
 Prints the output checksum, the forward time, and, when the spec's backend is not torch, the
 max relative error against the torch backend on the same weights and input. Checks before it
-allocates anything that the forward fits: at most max_num_tokens tokens, and the least memory
-the layer needs (moec/spec/memory.py) within what the device has free.
+allocates anything that the forward fits: at most max_num_tokens tokens, and the memory the
+layer's weights, its forward and the run's own copies need (moec/spec/memory.py: layer_bytes,
+run_bytes) within what the device has free.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 
 from moec.errors import MoecError, problem
 from moec.spec import LoadedSpec, load_spec
-from moec.spec.memory import layer_bytes, show_bytes
+from moec.spec.memory import layer_bytes, run_bytes, show_bytes
 
 MAX_SEED = 2**32 - 1
 """Largest --seed: random weights seed one generator per tensor from seed * 100003 + stream."""
@@ -63,7 +64,7 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
             kind="usage",
         )
     compared = package.PLAN["choices"]["gemm_backend"] != "torch"
-    _check_memory(loaded, tokens, layers=2 if compared else 1)
+    _check_memory(loaded, tokens, compared)
     layer = _layer(package, device, weights, prefix, seed)
     dtype = getattr(torch, spec.target.dtype)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -116,12 +117,15 @@ def _check_bound(loaded: LoadedSpec, tokens: int) -> None:
         )
 
 
-def _check_memory(loaded: LoadedSpec, tokens: int, layers: int) -> None:
-    """Raise before allocating when the weights of `layers` layers and a forward of `tokens`
-    tokens need more memory than the device has free."""
+def _check_memory(loaded: LoadedSpec, tokens: int, compared: bool) -> None:
+    """Raise before allocating when the weights of the layer (and of the torch backend's, when
+    `compared`), a forward of `tokens` tokens and what the run keeps beside it need more memory
+    than the device has free."""
     spec = loaded.spec
     needed = layer_bytes(spec, tokens)
-    total = layers * needed.weights + needed.activations
+    layers = 2 if compared else 1
+    forward = needed.activations + run_bytes(spec, tokens, compared)
+    total = layers * needed.weights + forward
     free = _free_memory(spec.target.device)
     if free is not None and total > free:
         raise MoecError(
@@ -129,8 +133,8 @@ def _check_memory(loaded: LoadedSpec, tokens: int, layers: int) -> None:
                 problem(
                     "--tokens",
                     f"the layer needs at least {show_bytes(total)} (weights "
-                    f"{show_bytes(layers * needed.weights)}, a forward of {tokens} tokens "
-                    f"{show_bytes(needed.activations)}), more than the {show_bytes(free)} free "
+                    f"{show_bytes(layers * needed.weights)}, a forward of {tokens} tokens and its "
+                    f"report {show_bytes(forward)}), more than the {show_bytes(free)} free "
                     f"on this {spec.target.device}",
                     "fewer tokens, or a smaller layer",
                     value=tokens,

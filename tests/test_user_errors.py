@@ -201,6 +201,22 @@ def test_run_tokens_that_do_not_fit_say_so_before_allocating(capsys, monkeypatch
     assert_refused(code, out, err, "--tokens = 256", "more than the 1.0 MiB free on this cpu")
 
 
+def test_run_counts_what_it_keeps_beside_the_forward(capsys, monkeypatch):
+    """The check counts the run's own copies (the input on the host, the fp64 copies of the
+    checksum, combine's fp32 sums...): with room for the layer's least forward but not for
+    them, the run is refused, not killed for want of memory halfway."""
+    from moec.spec import load_spec
+
+    spec = load_spec(str(TINY), []).spec
+    least = memory.layer_bytes(spec, 256)
+    extra = memory.run_bytes(spec, 256, compared=False)
+    free = int(least.weights + least.activations + extra / 2)
+    monkeypatch.setattr(runner, "_free_memory", lambda device: free)
+    monkeypatch.setattr(torch, "randn", _never)
+    code, out, err = cli(capsys, "run", TINY, "--tokens", "256")
+    assert_refused(code, out, err, "--tokens = 256", "a forward of 256 tokens and its report")
+
+
 def _never(*args, **kwargs):
     raise AssertionError("allocated before the memory check")
 

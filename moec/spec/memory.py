@@ -77,6 +77,23 @@ def layer_bytes(spec: Spec, tokens: int) -> LayerBytes:
     return LayerBytes(routed + shared + router, activations)
 
 
+def run_bytes(spec: Spec, tokens: int, compared: bool) -> float:
+    """What `moec run` needs beside the least forward of layer_bytes, at its peak: the input on
+    the host, the output kept while the torch backend's forward runs (`compared`), a forward's
+    scratch that layer_bytes leaves out (combine's fp32 sums, the router's fp32 logits, the
+    routing's int64 sort of the assignments, the tokens' rows copied into the grouped layout by
+    the torch backend), and the fp64 copies of the output the checksum (two) and the comparison
+    (three) take."""
+    model = spec.model
+    values = tokens * model.hidden_size
+    element = _DTYPE_BYTES[spec.target.dtype]
+    held = values * element * (2 if compared else 1)
+    scratch = 4 * values + 4 * tokens * model.n_routed_experts
+    rows = tokens * model.num_experts_per_tok
+    scratch += rows * (4 * 8 + model.hidden_size * element)
+    return held + scratch + 8 * values * (3 if compared else 2)
+
+
 def device_memory(spec: Spec) -> tuple[str, float]:
     """(what it is, memory in bytes) of the device one rank of `spec` runs on."""
     if spec.target.device == "cpu":
