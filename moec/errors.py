@@ -50,10 +50,10 @@ class Problem:
         subject = _key(self.path)
         if self.has_value:
             subject = f"{subject} = {_show(self.value)}" if subject else _show(self.value)
-        message = _printable(self.message)  # it can quote a checkpoint's names, an argument
+        message = _no_escapes(self.message)  # it can quote a checkpoint's names, an argument
         text = f"{where}: {subject}: {message}" if subject else f"{where}: {message}"
         if self.hint:
-            text += f" ({_printable(self.hint)})"
+            text += f" ({_no_escapes(self.hint)})"
         return text
 
 
@@ -105,6 +105,16 @@ def _printable(text: str) -> str:
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _no_escapes(text: str) -> str:
+    """A message with its control characters but the newline written as hex escapes: a message
+    may run over several lines (one per problem of a checkpoint), but nothing it quotes may
+    drive the terminal."""
+    return _CONTROL_BUT_NEWLINE.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
 
 def _key(text: str) -> str:

@@ -66,8 +66,18 @@ class WeightError(ValueError):
     """Every problem of one load (missing, unexpected, mis-shaped or unreadable tensors)."""
 
     def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
+        self.problems = [_one_line(text) for text in problems]
         super().__init__("cannot load the weights:\n  " + "\n  ".join(self.problems))
+
+
+def _one_line(text: str) -> str:
+    """A problem as one line: the control characters of what it quotes (a tensor name, a
+    prefix) written as hex escapes, so that a name can neither break the line nor drive the
+    terminal."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def read_tensors(
