@@ -133,7 +133,7 @@ def _fuse_shared(spec: Spec, gemm: str, decide) -> bool:
         "(H200, DeepSeek-V3 fp8_block, CUDA graph: 0.163 ms against 0.196 separate at T=1, "
         "within 3% at T=16-16384, benchmarks/RESULTS.md run 5; overlapped on a second stream, "
         "slower: 0.1313 against 0.1230 ms at T=1 and 1.037 against 1.021 at T=16, run 78, its "
-        "one-row GEMMs too slow to hide beside the router, with any tile width, run 79; "
+        "one-row GEMMs too slow to hide beside the router with tiles 16 to 64 wide, run 79; "
         "V2-Lite 0.046 against 0.043 at T=1, run 19)",
     )
     return True
