@@ -31,14 +31,14 @@ SHIPPED_TABLES = {"nvidia-h200": "h200.json"}
 ARCH_GPU = {"sm90": "nvidia-h200"}
 """The GPU whose tables a CUDA arch uses when the spec names none (target.gpu)."""
 TUNING_DIR_ENV = "MOEC_TUNING_DIR"
-BUCKET_KEYS = {"max_tokens": (int, type(None)), "block_m": int, "gate_up": dict, "down": dict}
-"""What every bucket of a table holds (a bucket may hold more, e.g. its measured "ms")."""
-_BUCKET_VALUES = {
+BUCKET_KEYS = {
     "max_tokens": "an integer, or null in the last bucket",
     "block_m": "an integer",
     "gate_up": "an object of tiles",
     "down": "an object of tiles",
 }
+"""What every bucket of a table holds (a bucket may hold more, e.g. its measured "ms"), each
+key with the kind of value it takes (a key of _VALUE_OK)."""
 POWER_OF_TWO_KEYS = frozenset(
     {"BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_T", "BLOCK_H", "BLOCK_I", "num_warps"}
 )
@@ -239,18 +239,8 @@ def _checked_buckets(records: Any, where: str, key: str) -> list[dict[str, Any]]
     if not isinstance(records, list) or not records:
         raise _table_error(where, f"has no bucket list under {key}")
     for index, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise _table_error(where, f"has bucket {index} of {key} that is not an object")
-        missing = [name for name in BUCKET_KEYS if name not in record]
-        if missing:
-            raise _table_error(where, f"has bucket {index} of {key} without {', '.join(missing)}")
-        for name, kind in BUCKET_KEYS.items():
-            value = record[name]
-            if not isinstance(value, kind):
-                accepted = _BUCKET_VALUES[name]
-                raise _table_error(
-                    where, f"has bucket {index} of {key} with {name} = {value!r}, not {accepted}"
-                )
+        what = f"bucket {index} of {key}"
+        _check_object(record, BUCKET_KEYS, BUCKET_KEYS.get, where, what, "an object", False)
     if records[-1]["max_tokens"] is not None:
         raise _table_error(where, f'has a last bucket of {key} without "max_tokens": null')
     limit = 0
@@ -289,16 +279,27 @@ def _check_elementwise(entry: Any, where: str, key: str) -> None:
 
 def _check_tiles(config: Any, required: tuple[str, ...], where: str, what: str) -> None:
     """One kernel's tiles: the required keys, and every value of the kind its key takes."""
-    if not isinstance(config, dict):
-        raise _table_error(where, f"has {what} that is not an object of tiles")
-    missing = [name for name in required if name not in config]
+    _check_object(config, required, _tile_kind, where, what, "an object of tiles", True)
+
+
+def _check_object(
+    record: Any, required, kind_of, where: str, what: str, noun: str, strict: bool
+) -> None:
+    """One object of a table (`what`, which is `noun`): the `required` keys, and every value of
+    the kind its key takes (`kind_of`: a key's kind, a key of _VALUE_OK, or None for a key of no
+    kind, which a `strict` object may not hold)."""
+    if not isinstance(record, dict):
+        raise _table_error(where, f"has {what} that is not {noun}")
+    missing = [name for name in required if name not in record]
     if missing:
         raise _table_error(where, f"has {what} without {', '.join(missing)}")
-    for name, value in config.items():
-        kind = _tile_kind(name)
+    for name, value in record.items():
+        kind = kind_of(name)
         if kind is None:
-            raise _table_error(where, f"has {what} with an unknown tile key {name!r}")
-        if not _TILE_VALUE_OK[kind](value):
+            if strict:
+                raise _table_error(where, f"has {what} with an unknown tile key {name!r}")
+            continue
+        if not _VALUE_OK[kind](value):
             raise _table_error(where, f"has {what} with {name} = {value!r}, not {kind}")
 
 
@@ -315,18 +316,21 @@ def _tile_count(value: Any) -> bool:
     return _positive_int(value) and value <= MAX_TILE_VALUE
 
 
-_TILE_VALUE_OK = {
+_VALUE_OK = {
+    "an integer, or null in the last bucket": lambda value: isinstance(value, (int, type(None))),
+    "an integer": lambda value: isinstance(value, int),
+    "an object of tiles": lambda value: isinstance(value, dict),
     "true or false": lambda value: isinstance(value, bool),
     f"a power of two up to {MAX_TILE_VALUE}": lambda value: (
         _tile_count(value) and value & (value - 1) == 0
     ),
     f"a positive integer up to {MAX_TILE_VALUE}": _tile_count,
 }
-"""What each kind of tile value accepts, by the words an error says it with."""
+"""What each kind of bucket or tile value accepts, by the words an error says it with."""
 
 
 def _tile_kind(name: str) -> str | None:
-    """The kind of value a tile key takes (a key of _TILE_VALUE_OK); None for no tile key."""
+    """The kind of value a tile key takes (a key of _VALUE_OK); None for no tile key."""
     if name in FLAG_KEYS:
         return "true or false"
     if name in POWER_OF_TWO_KEYS:
