@@ -48,6 +48,17 @@ def stages_of(package):
     return sys.modules[f"{package.__name__}.stages"]
 
 
+def stage_names(package) -> list[str]:
+    """The package's stage functions, in the order stages.py defines them (a package with a
+    GEMM split has one set per backend)."""
+    stages = stages_of(package)
+    return [
+        name
+        for name, value in vars(stages).items()
+        if callable(value) and getattr(value, "__module__", None) == stages.__name__
+    ]
+
+
 def graph_safe(package) -> bool:
     """Whether the package's plan says its layer can be captured in a CUDA graph."""
     return any(
@@ -206,11 +217,7 @@ def stage_times_ms(package, layer, x, repeats: int = 5) -> dict[str, float]:
     """Median time of each stage of one forward: every stage function of the package is wrapped
     to synchronize and time itself (so stages do not overlap, as they would not anyway)."""
     stages = stages_of(package)
-    names = [  # every stage function (a package with a GEMM split has one set per backend)
-        name
-        for name, value in vars(stages).items()
-        if callable(value) and getattr(value, "__module__", None) == stages.__name__
-    ]
+    names = stage_names(package)
     original = {name: getattr(stages, name) for name in names}
     samples: dict[str, list[float]] = {name: [] for name in names}
 

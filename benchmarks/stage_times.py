@@ -26,6 +26,7 @@ from common import (
     median_ms,
     per_call_us,
     plan_floors,
+    stage_names,
     stages_of,
 )
 
@@ -35,11 +36,7 @@ REPEATS = 10
 def recorded_calls(package, layer, x) -> list[tuple[str, object, tuple]]:
     """(stage name, function, arguments) of each stage call of one forward, in order."""
     stages = stages_of(package)
-    names = [
-        name
-        for name, value in vars(stages).items()
-        if callable(value) and getattr(value, "__module__", None) == stages.__name__
-    ]
+    names = stage_names(package)
     original = {name: getattr(stages, name) for name in names}
     calls = []
 

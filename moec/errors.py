@@ -50,10 +50,12 @@ class Problem:
         subject = _key(self.path)
         if self.has_value:
             subject = f"{subject} = {_show(self.value)}" if subject else _show(self.value)
-        message = _no_escapes(self.message)  # it can quote a checkpoint's names, an argument
+        # a message may run over lines (one per problem of a checkpoint), and it can quote a
+        # checkpoint's names or an argument
+        message = _printable(self.message, keep_newlines=True)
         text = f"{where}: {subject}: {message}" if subject else f"{where}: {message}"
         if self.hint:
-            text += f" ({_no_escapes(self.hint)})"
+            text += f" ({_printable(self.hint, keep_newlines=True)})"
         return text
 
 
@@ -98,22 +100,15 @@ def _show(value: Any, depth: int = 0) -> str:
     return _cut(str(value))
 
 
-def _printable(text: str) -> str:
-    """Text with its control characters written as hex escapes: a spec's key or a path reaches
-    the user's terminal, which would obey them."""
-    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+def _printable(text: str, keep_newlines: bool = False) -> str:
+    """Text with its control characters (but the newline, with `keep_newlines`) written as hex
+    escapes: a spec's key, a path or a message reaches the user's terminal, which would obey
+    them."""
+    pattern = _CONTROL_BUT_NEWLINE if keep_newlines else _CONTROL
+    return pattern.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _no_escapes(text: str) -> str:
-    """A message with its control characters but the newline written as hex escapes: a message
-    may run over several lines (one per problem of a checkpoint), but nothing it quotes may
-    drive the terminal."""
-    return _CONTROL_BUT_NEWLINE.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
-
-
 _CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
 
