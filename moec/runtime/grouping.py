@@ -2,7 +2,8 @@
 
 contiguous: rows grouped by expert, each expert's rows padded to a multiple of `block_m`, so a
 GEMM tile of `block_m` rows never mixes experts; `m_indices` gives each row's expert (-1 for
-padding). The buffers hold the worst case over all routings (`compact_rows`).
+padding), `ends` each expert's end row (the same layout told by E numbers: DeepGEMM's "psum"
+form). The buffers hold the worst case over all routings (`compact_rows`).
 masked: `[E, max_m, cols]`, expert e owns rows e * max_m ..; `counts` says how many are valid.
 
 Both keep token order within an expert (a stable sort), so every backend builds the same rows.
@@ -23,6 +24,7 @@ class ContiguousRouting(NamedTuple):
     counts: torch.Tensor  # [E] int32: rows of each expert (without padding)
     m_indices: torch.Tensor  # [M] int32: expert of each row, -1 for padding
     starts: torch.Tensor  # [E] int64: first row of each expert (a multiple of block_m)
+    ends: torch.Tensor  # [E] int32: row after each expert's last, start + count (DeepGEMM's psum)
     num_rows: torch.Tensor  # [1] int32: rows in use (the rest of the worst-case M is unused)
 
 
@@ -87,8 +89,9 @@ def route_contiguous(topk_ids: torch.Tensor, experts: int, block_m: int) -> Cont
     m_indices[sorted_rows] = torch.where(mine, sorted_experts, -1).to(torch.int32)
     row_of, token_of_row = _rows(topk_ids, order, sorted_rows, rows)
     num_rows = padded.sum().reshape(1).to(torch.int32)
+    ends = (starts + counts).to(torch.int32)
     return ContiguousRouting(
-        row_of, token_of_row, counts.to(torch.int32), m_indices[:rows], starts, num_rows
+        row_of, token_of_row, counts.to(torch.int32), m_indices[:rows], starts, ends, num_rows
     )
 
 

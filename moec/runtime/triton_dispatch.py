@@ -42,6 +42,7 @@ def _dispatch_one_launch_kernel(
     m_indices_ptr,  # [M] int32 out
     counts_ptr,  # [E] int32 out
     starts_ptr,  # [E] int64 out
+    ends_ptr,  # [E] int32 out: start + count
     num_rows_ptr,  # [1] int32 out
     out_ptr,  # [M, H] e4m3, or x's dtype for QUANT "none"; GATHER: [T, H]
     scale_ptr,  # "group": [M (GATHER: T), ceil(H / G)] fp32 out; "tensor": [1] fp32 in
@@ -86,6 +87,7 @@ def _dispatch_one_launch_kernel(
         tl.store(counts_ptr + bins, counts, mask=bins < E)
         starts = tl.cumsum(padded, axis=0) - padded
         tl.store(starts_ptr + bins, starts.to(tl.int64), mask=bins < E)
+        tl.store(ends_ptr + bins, starts + counts, mask=bins < E)
         tl.store(num_rows_ptr, total)
         for r0 in range(total, M, BLOCK_A):
             rows = r0 + offs
@@ -203,6 +205,7 @@ def _one_launch(
         routing.m_indices,
         routing.counts,
         routing.starts,
+        routing.ends,
         routing.num_rows,
         out,
         scale if scale is not None else out,

@@ -99,6 +99,7 @@ def _route_layout_kernel(
     m_indices_ptr,  # [M] int32 out (contiguous)
     counts_ptr,  # [E] int32 out
     starts_ptr,  # [E] int64 out (contiguous)
+    ends_ptr,  # [E] int32 out (contiguous): start + count
     num_rows_ptr,  # [1] int32 out (contiguous)
     # dims
     A,
@@ -157,6 +158,7 @@ def _route_layout_kernel(
         tl.store(counts_ptr + group, count, mask=group < E)
         if LAYOUT == "contiguous":
             tl.store(starts_ptr + group, first.to(tl.int64), mask=group < E)
+            tl.store(ends_ptr + group, first + count, mask=group < E)
             pad = tl.sum(tl.where(pick, padded[None, :], 0), axis=1)
         else:
             pad = tl.zeros((BINS,), dtype=tl.int32) + MAX_M
@@ -188,6 +190,7 @@ def route_layout(
     experts,
     m_indices=None,
     starts=None,
+    ends=None,
     num_rows=None,
     block_m=1,
     max_m=0,
@@ -197,8 +200,8 @@ def route_layout(
 ):
     """Indices of the grouped layout for topk_ids [T, K] (int32), written in place:
     row_of [T, K], token_of_row [M], counts [E]; contiguous also m_indices [M], starts [E]
-    (int64) and num_rows [1]. See the comment above. span: assignments per part, a power of two
-    from 16 to 512; one_pass: the most assignments every program counts itself."""
+    (int64), ends [E] and num_rows [1]. See the comment above. span: assignments per part, a
+    power of two from 16 to 512; one_pass: the most assignments every program counts itself."""
     assignments = topk_ids.numel()
     if not 16 <= span <= 512 or span & (span - 1):
         raise ValueError(f"span={span} is not a power of two from 16 to 512")
@@ -232,6 +235,7 @@ def route_layout(
         m_indices if m_indices is not None else counts,
         counts,
         starts if starts is not None else counts,
+        ends if ends is not None else counts,
         num_rows if num_rows is not None else counts,
         # dims
         assignments,
@@ -265,6 +269,7 @@ def empty_contiguous(topk_ids, experts: int, block_m: int) -> ContiguousRouting:
         counts=torch.empty(experts, dtype=torch.int32, device=device),
         m_indices=torch.empty(rows, dtype=torch.int32, device=device),
         starts=torch.empty(experts, dtype=torch.int64, device=device),
+        ends=torch.empty(experts, dtype=torch.int32, device=device),
         num_rows=torch.empty(1, dtype=torch.int32, device=device),
     )
 
@@ -282,6 +287,7 @@ def route_contiguous(topk_ids, experts: int, block_m: int, pdl: bool = False) ->
         experts=experts,
         m_indices=routing.m_indices,
         starts=routing.starts,
+        ends=routing.ends,
         num_rows=routing.num_rows,
         block_m=block_m,
         pdl=pdl,

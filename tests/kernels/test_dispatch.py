@@ -50,13 +50,14 @@ def test_dispatch_contiguous(tokens, top_k, experts, block_m, hidden, quant):
         mn_major_scales=quant.endswith("_mn_major"),  # DeepGEMM's scale layout
         one_launch=ONE_LAUNCH,
     )
-    row_of, token_of_row, counts, m_indices, starts, num_rows = (t.cpu() for t in routing)
+    row_of, token_of_row, counts, m_indices, starts, ends, num_rows = (t.cpu() for t in routing)
     assert torch.equal(row_of, want.row_of)
     assert torch.equal(m_indices, want.m_indices)
     assert torch.equal(token_of_row, want.token_of_row)
     assert torch.equal(counts, want.masked_m)
     padded = (counts + block_m - 1) // block_m * block_m
     assert torch.equal(starts, torch.cumsum(padded, 0) - padded)
+    assert torch.equal(ends, (starts + counts).to(torch.int32))
     assert num_rows.item() == padded.sum().item()
     valid = token_of_row >= 0
     tokens_of_valid = token_of_row[valid].long()

@@ -1,8 +1,8 @@
 """select_topk and route_layout against plain torch (the torch backend's select and route).
 
 The chosen expert sets, their weights (fp32: equal up to the order of an 8-term sum) and every
-index of the layout (row_of, token_of_row, m_indices, counts, starts, num_rows) must match; the
-layout is deterministic (token order within an expert), so indices match exactly.
+index of the layout (row_of, token_of_row, m_indices, counts, starts, ends, num_rows) must match;
+the layout is deterministic (token order within an expert), so indices match exactly.
 """
 
 from __future__ import annotations
@@ -164,7 +164,8 @@ def torch_route(topk_ids, experts, layout, block_m, spare=0):
         sorted_rows = starts[sorted_experts] + rank
         m_indices = torch.full((rows,), -1, dtype=torch.int32)
         m_indices[sorted_rows] = sorted_experts.to(torch.int32)
-        extra = (m_indices, starts, padded.sum().reshape(1).to(torch.int32))
+        ends = (starts + counts).to(torch.int32)
+        extra = (m_indices, starts, ends, padded.sum().reshape(1).to(torch.int32))
     else:
         max_m = (tokens // 256 + 1) * 256
         rows = experts * max_m + spare
@@ -211,6 +212,7 @@ def test_route_layout(layout, tokens, experts, top_k, span):
     if layout == "contiguous":
         got_m = torch.full_like(extra[0], -7)
         got_starts = torch.full((experts,), -7, dtype=torch.int64)
+        got_ends = torch.full((experts,), -7, dtype=torch.int32)
         got_rows = torch.full((1,), -7, dtype=torch.int32)
         kernels.route_layout(
             ids,
@@ -221,6 +223,7 @@ def test_route_layout(layout, tokens, experts, top_k, span):
             experts=experts,
             m_indices=got_m,
             starts=got_starts,
+            ends=got_ends,
             num_rows=got_rows,
             block_m=block_m,
             span=span,
@@ -228,7 +231,8 @@ def test_route_layout(layout, tokens, experts, top_k, span):
         assert (
             torch.equal(got_m, extra[0])
             and torch.equal(got_starts, extra[1])
-            and torch.equal(got_rows, extra[2])
+            and torch.equal(got_ends, extra[2])
+            and torch.equal(got_rows, extra[3])
         )
     else:
         kernels.route_layout(
@@ -267,10 +271,11 @@ def test_route_layout_ids_of_no_expert(layout, tokens, span, experts):
     counts = counts_x[:experts]
     if layout == "contiguous":
         rows = compact_rows(tokens * top_k, experts, block_m)
-        used = int(extra_x[2]) - -(-int(counts_x[experts]) // block_m) * block_m
+        used = int(extra_x[3]) - -(-int(counts_x[experts]) // block_m) * block_m
         token_of_row = torch.where(torch.arange(rows) < used, token_x[:rows], -1)
         m_indices = torch.where(torch.arange(rows) < used, extra_x[0][:rows], -1)
-        want = (m_indices, extra_x[1][:experts], torch.tensor([used], dtype=torch.int32))
+        starts, ends = extra_x[1][:experts], extra_x[2][:experts]
+        want = (m_indices, starts, ends, torch.tensor([used], dtype=torch.int32))
     else:
         max_m = extra_x[0]
         token_of_row = token_x[: experts * max_m]
@@ -281,9 +286,12 @@ def test_route_layout_ids_of_no_expert(layout, tokens, span, experts):
         extra = [
             torch.full_like(want[0], -7),
             torch.full((experts,), -7, dtype=torch.int64),
+            torch.full((experts,), -7, dtype=torch.int32),
             torch.full((1,), -7, dtype=torch.int32),
         ]
-        options.update(m_indices=extra[0], starts=extra[1], num_rows=extra[2], block_m=block_m)
+        options.update(
+            m_indices=extra[0], starts=extra[1], ends=extra[2], num_rows=extra[3], block_m=block_m
+        )
         torch_routing = grouping.route_contiguous(ids, experts, block_m)
     else:
         options.update(max_m=max_m)
