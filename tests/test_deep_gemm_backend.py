@@ -61,8 +61,35 @@ def test_deep_gemm_layer_equals_torch_backend(stand_in, load_layer, scheme, layo
     out = package.MoELayer(device="cpu").random_(0)(x).double()
     expected = reference.MoELayer().random_(0)(x).double()
     kind = "fp8" if scheme == "fp8_block" else "bf16"
-    assert stand_in.CALLS == [f"m_grouped_{kind}_gemm_nt_{layout}"] * 2
+    told = "(psum)" if layout == "contiguous" else ""  # each expert's end row
+    assert stand_in.CALLS == [f"m_grouped_{kind}_gemm_nt_{layout}{told}"] * 2
     assert ((out - expected).norm() / expected.norm()).item() <= 2**-7
+
+
+def test_contiguous_layout_is_told_by_expert_ends(stand_in, load_layer):
+    """DeepGEMM's contiguous GEMMs take the layout as each expert's end row (routing.ends,
+    [E] int32): a plan decision with its reason, and the rendered calls pass routing.ends with
+    use_psum_layout (the stand-in asserts the [E] shape and each end within its rows)."""
+    package = load_layer(
+        SPEC.format(target=CUDA),
+        "experts.gemm_backend=deep_gemm",
+        "experts.layout=contiguous",
+        *SCHEMES["fp8_block"],
+    )
+    decisions = {d["what"]: d for d in package.PLAN["decisions"]}
+    assert decisions["DeepGEMM grouped layout"]["choice"] == "psum: each expert's end row"
+    assert "worst-case M" in decisions["DeepGEMM grouped layout"]["reason"]
+    gemms = [s for s in package.PLAN["stages"] if s["kind"] == "gemm"]
+    assert all(s["choices"]["psum"] for s in gemms)
+    stages = (Path(package.__file__).parent / "stages.py").read_text()
+    assert stages.count("deep_gemm_grouped.fp8_contiguous_psum(") == 2
+    masked = load_layer(
+        SPEC.format(target=CUDA),
+        "experts.gemm_backend=deep_gemm",
+        "experts.layout=masked",
+        *SCHEMES["fp8_block"],
+    )
+    assert "DeepGEMM grouped layout" not in {d["what"] for d in masked.PLAN["decisions"]}
 
 
 def test_contiguous_fp8_scales_are_written_in_deep_gemms_layout(stand_in, load_layer):
@@ -117,7 +144,8 @@ def test_auto_splits_the_gemms_by_measured_times(stand_in, load_layer, tmp_path,
         stand_in.CALLS.clear()
         out = layer(x).double()
         expected = expected_layer(x).double()
-        deep = [f"m_grouped_fp8_gemm_nt_{layout}"] * 2 if tokens > 16 else []
+        told = "(psum)" if layout == "contiguous" else ""
+        deep = [f"m_grouped_fp8_gemm_nt_{layout}{told}"] * 2 if tokens > 16 else []
         assert stand_in.CALLS == deep
         assert ((out - expected).norm() / expected.norm()).item() <= 2**-7
 
@@ -168,7 +196,7 @@ def test_mxfp4_experts_run_as_exact_e4m3_blocks(stand_in, load_layer):
     expected = expected_layer(x).double()
     assert (
         stand_in.CALLS == ["m_grouped_fp8_gemm_nt_masked"] * 2
-        or stand_in.CALLS == ["m_grouped_fp8_gemm_nt_contiguous"] * 2
+        or stand_in.CALLS == ["m_grouped_fp8_gemm_nt_contiguous(psum)"] * 2
     )
     assert ((out - expected).norm() / expected.norm()).item() <= 2 * 2**-3
 

@@ -345,6 +345,13 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
             )
 
 
+PSUM_REASON = (
+    "the same rows as the m_indices form, told by E end rows (DeepGEMM's use_psum_layout): its "
+    "scheduler visits only the experts' own 128-row blocks instead of every block of the "
+    "worst-case M"
+)
+
+
 def _gemm(plan: Plan, role: str, out_name: str, weight) -> None:
     layer, backends = plan.layer, plan.backends
     fmt, layout, backend = layer.routed, backends.layout, backends.gemm
@@ -360,6 +367,9 @@ def _gemm(plan: Plan, role: str, out_name: str, weight) -> None:
     if backend == "torch":
         kernel = torch_gemm_kernel(layer.device, fmt, layer.dtype, layout)
         note, syncs = TORCH_GEMM[kernel]
+    psum = backend == "deep_gemm" and layout == "contiguous"
+    if psum and role == "gate_up":
+        plan.decide("DeepGEMM grouped layout", "psum: each expert's end row", PSUM_REASON)
     plan.add_stage(
         Gemm(
             name=f"gemm_{role}",
@@ -372,6 +382,7 @@ def _gemm(plan: Plan, role: str, out_name: str, weight) -> None:
             n_value=values[n],
             k_value=values[k],
             torch_kernel=kernel,
+            psum=psum,
             accepts={"a": grouped_type(a_dtype, k, layout, a_scale)},
             outputs={out_name: grouped_type(layer.dtype, n, layout)},
             weights=weights,

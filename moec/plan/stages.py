@@ -154,6 +154,9 @@ class Gemm(Stage):
     """The torch backend's way: loop, grouped_mm or bmm (None for other backends)."""
     gather: bool = False
     """A is the tokens' rows [T, k], each layout row reading its token's (Dispatch.gather)."""
+    psum: bool = False
+    """contiguous, DeepGEMM: the layout is told by each expert's end row (routing.ends, its
+    psum form), not by each row's expert (routing.m_indices)."""
 
     @property
     def weight(self) -> str:

@@ -34,15 +34,16 @@ def gemm(plan, stage: Gemm) -> StageCode:
     scaled = f"{stage.weight}_scale" in stage.weights
     kind = "fp8" if quantized else "bf16"
     fields = {
-        "function": f"deep_gemm_grouped.{kind}_{stage.layout}",
+        "function": f"deep_gemm_grouped.{kind}_{stage.layout}{'_psum' if stage.psum else ''}",
         "a_scale": "a_scale" if quantized else "None",
         "weight": stage.weight,
         "weight_scale": f"{stage.weight}_scale" if scaled else "None",
     }
     rows = shape_doc(stage)
+    told = " (the layout told by each expert's end row)" if stage.psum else ""
     return StageCode(
         f"[{rows}, {stage.k}] x [E, {stage.n}, {stage.k}] -> [{rows}, {stage.n}] through "
-        f"DeepGEMM's m-grouped {kind} NT {stage.layout} GEMM.",
+        f"DeepGEMM's m-grouped {kind} NT {stage.layout} GEMM{told}.",
         fields,
     )
 

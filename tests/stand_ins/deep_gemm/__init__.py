@@ -2,7 +2,9 @@
 
 Like DeepGEMM on sm90 it takes fp8 activations with 1 x 128 fp32 scales, K-major or MN-major and
 TMA-aligned (it asserts one of the two), weights with 128 x 128 scales, skips 128-row blocks whose
-first m_indices entry is -1, and writes bf16 outputs (fp32 sums, one rounding)."""
+first m_indices entry is -1 (or, with use_psum_layout, takes the grouped layout as each expert's
+end row, [E], each expert starting at the previous end rounded up to 128; rows past an end are
+left as they were), and writes bf16 outputs (fp32 sums, one rounding)."""
 
 import torch
 
@@ -29,15 +31,32 @@ def _dequantize(values: torch.Tensor, scale: torch.Tensor, block_rows: int) -> t
     return values.float() * full[:, :cols]
 
 
-def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, disable_ue8m0_cast=False, **_):
-    CALLS.append("m_grouped_fp8_gemm_nt_contiguous")
+def _row_blocks(grouped_layout, rows: int, experts: int, psum: bool):
+    """(expert, row slice) of each group of rows the GEMM computes, in either layout form."""
+    assert grouped_layout.dtype == torch.int32 and grouped_layout.is_contiguous()
+    if not psum:
+        assert grouped_layout.shape == (rows,), "m_indices must have one entry per row"
+        for start in range(0, rows, 128):
+            expert = int(grouped_layout[start])
+            if expert >= 0:
+                yield expert, slice(start, start + 128)
+        return
+    assert grouped_layout.shape == (experts,), "a psum layout has one end row per expert"
+    start = 0
+    for expert, end in enumerate(grouped_layout.tolist()):
+        assert start <= end <= rows, f"expert {expert} ends at row {end}, before {start}"
+        yield expert, slice(start, end)
+        start = -(-end // 128) * 128
+
+
+def m_grouped_fp8_gemm_nt_contiguous(
+    a, b, d, grouped_layout, disable_ue8m0_cast=False, use_psum_layout=False, **_
+):
+    CALLS.append("m_grouped_fp8_gemm_nt_contiguous" + ("(psum)" if use_psum_layout else ""))
     (a_values, a_scale), (w_values, w_scale) = a, b
     _check_activation_scales(a_scale)
-    for start in range(0, a_values.shape[0], 128):
-        expert = int(m_indices[start])
-        if expert < 0:
-            continue
-        rows = slice(start, start + 128)
+    blocks = _row_blocks(grouped_layout, a_values.shape[0], w_values.shape[0], use_psum_layout)
+    for expert, rows in blocks:
         x = _dequantize(a_values[rows], a_scale[rows], 1)
         w = _dequantize(w_values[expert], w_scale[expert], 128)
         d[rows] = (x @ w.T).to(torch.bfloat16)
@@ -54,13 +73,10 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, disable_ue8m0_ca
         d[expert, :count] = (x @ w.T).to(torch.bfloat16)
 
 
-def m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices, **_):
-    CALLS.append("m_grouped_bf16_gemm_nt_contiguous")
-    for start in range(0, a.shape[0], 128):
-        expert = int(m_indices[start])
-        if expert >= 0:
-            rows = slice(start, start + 128)
-            d[rows] = (a[rows].float() @ b[expert].float().T).to(torch.bfloat16)
+def m_grouped_bf16_gemm_nt_contiguous(a, b, d, grouped_layout, use_psum_layout=False, **_):
+    CALLS.append("m_grouped_bf16_gemm_nt_contiguous" + ("(psum)" if use_psum_layout else ""))
+    for expert, rows in _row_blocks(grouped_layout, a.shape[0], b.shape[0], use_psum_layout):
+        d[rows] = (a[rows].float() @ b[expert].float().T).to(torch.bfloat16)
 
 
 def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, **_):
