@@ -5,12 +5,12 @@
 # into $RESULTS/session.tgz at the end (the device tool returns at most 8 files). The bench step
 # also records each layer's best time per T in $RESULTS/times.json (a tuned table's backends/<key>
 # entries, which gemm_backend auto chooses by).
-#   STEPS="test bench"  (any of: deps test bench bench-ab decode prefetch micro tune tune-ab tune-keys parallel check)
+#   STEPS="test bench"  (any of: deps test bench bench-ab prefill decode prefetch micro tune tune-ab tune-keys parallel check)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 RESULTS=/tmp/session
 mkdir -p "$RESULTS"
-trap 'tar -czf "${OUT:-/tmp}/session.tgz" -C /tmp session' EXIT
+trap 'tar -czf "${OUT:-/tmp}/session.tgz" -C /tmp session; save_jit_cache' EXIT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -18,16 +18,22 @@ export MOEC_GPU_REPORT=$RESULTS
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
 
-deps() {  # DeepGEMM / DeepEP, built in the ignored .deps folder by its own scripts (carry .deps/src)
+deps() {  # DeepGEMM (and DeepEP where DEPS names it) by scripts/build_deps.sh, from the sources
+  # carried in .deps/src (see docs/backends.md), into .deps/build; DeepGEMM's compiled kernels
+  # come back in $OUT/jit-cache.tgz, which a later call may carry as .deps/jit-cache.tgz
   [ -d .deps/src ] || { echo "deps: no .deps/src carried"; return 1; }
-  bash .deps/src/build_deep_gemm.sh > "$RESULTS/build_deep_gemm.log" 2>&1 &
-  bash .deps/src/build_deep_ep.sh > "$RESULTS/build_deep_ep.log" 2>&1 &
-  wait
-  tail -n 2 "$RESULTS"/build_deep_*.log
-  . .deps/src/env.sh
+  [ -f .deps/jit-cache.tgz ] && mkdir -p .deps/build/jit-cache \
+    && tar -xzf .deps/jit-cache.tgz -C .deps/build/jit-cache
+  bash scripts/build_deps.sh --prefix .deps/build --deep-gemm-src .deps/src/DeepGEMM \
+    --deep-ep-src .deps/src/DeepEP --jobs 16 ${DEPS:-deep_gemm} > "$RESULTS/build_deps.log" 2>&1
+  tail -n 3 "$RESULTS/build_deps.log"
+  . .deps/build/env.sh
+}
+save_jit_cache() {  # DeepGEMM's JIT cache, for the next call
+  [ -d .deps/build/jit-cache ] && tar -czf "${OUT:-/tmp}/jit-cache.tgz" -C .deps/build/jit-cache .
 }
 # deep_gemm / deep_ep where a previous call (on this warm machine) or the deps step built them
-[ -f .deps/src/env.sh ] && . .deps/src/env.sh
+[ -f .deps/build/env.sh ] && . .deps/build/env.sh
 
 packages() {  # the benchmark packages, built here with moec itself (once per call)
   [ -d benchmarks/.packages ] && [ -n "${PACKAGES_BUILT:-}" ] && return
@@ -133,6 +139,15 @@ for step in ${STEPS:-test bench}; do
       timeout "${PAR_SECONDS:-400}" python3 benchmarks/bench_parallel.py --packages "$jobs" \
         --single bench_v3_fp8_triton,bench_v3half_fp8_triton --out "$RESULTS/parallel.json" > "$RESULTS/parallel.log" 2>&1
       grep -v "^ *\(router\|select\|quantize\|activation\|shared_expert\) " "$RESULTS/parallel.log" | tail -60
+      ;;
+    prefill)  # PREFILL="label:package,package,...:reference ...": prefill_ab.py at PREFILL_TOKENS
+      for run in ${PREFILL:-}; do
+        IFS=: read -r label names reference <<< "$run"
+        (cd benchmarks && timeout "${PREFILL_SECONDS:-400}" python3 prefill_ab.py \
+          --packages "$names" --reference "$reference" --tokens "${PREFILL_TOKENS:-2048,4096,8192,16384}" \
+          ${PREFILL_PROFILE:+--profile} --out "$RESULTS/prefill_$label.json") > "$RESULTS/prefill_$label.log" 2>&1
+        echo "== $label"; grep -v "^      " "$RESULTS/prefill_$label.log" | tail -30
+      done
       ;;
     check)  # python -m <package>.check of the V3 layer: Triton fp8_block, torch bf16
       for variant in fp8_block:triton bf16:torch; do
