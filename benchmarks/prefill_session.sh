@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call for the prefill work (issue 27), from the repo root, carrying .whl, .deps/src
+# (and .deps/jit-cache.tgz from an earlier call, if any) and benchmarks/.packages (built here
+# beforehand, the DeepGEMM ones with tests/stand_ins on PYTHONPATH: the generated code is the
+# same). DeepGEMM builds (scripts/build_deps.sh) while the kernel tests of KERNEL_TESTS run;
+# then prefill_ab.py for each run of RUNS ("label:package,...:reference:tokens", in turn), then
+# the tests of LAYER_TESTS (one process: they hold whole layers). Everything lands in $OUT.
+#   RUNS="fp8:bench_v3_fp8_dg_before,bench_v3_fp8_deep_gemm:bench_v3_fp8_torch:2048,4096" \
+#   KERNEL_TESTS="tests/kernels/test_route.py" LAYER_TESTS="tests/gpu/test_deep_gemm.py" \
+#   bash benchmarks/prefill_session.sh
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+start=$(date +%s)
+if [ -f .deps/jit-cache.tgz ]; then
+  mkdir -p .deps/build/jit-cache && tar -xzf .deps/jit-cache.tgz -C .deps/build/jit-cache
+fi
+bash scripts/build_deps.sh --prefix .deps/build --deep-gemm-src .deps/src/DeepGEMM --jobs 8 \
+  deep_gemm > "$OUT/deps.log" 2>&1 &
+deps=$!
+if [ -n "${KERNEL_TESTS:-}" ]; then
+  timeout "${KERNEL_SECONDS:-200}" make gpu-test PY=python3 GPU_TESTS="$KERNEL_TESTS" > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests: exit $? ($(( $(date +%s) - start )) s)"; tail -n 3 "$OUT/kernel_tests.log"
+fi
+wait $deps
+echo "deps: exit $? ($(( $(date +%s) - start )) s)"; tail -n 2 "$OUT/deps.log"
+. .deps/build/env.sh
+for run in ${RUNS:-}; do
+  IFS=: read -r label names reference tokens <<< "$run"
+  (cd benchmarks && timeout "${RUN_SECONDS:-300}" python3 prefill_ab.py --packages "$names" \
+    --reference "$reference" --tokens "$tokens" ${PROFILE:+--profile} --out "$OUT/prefill_$label.json") \
+    > "$OUT/prefill_$label.log" 2>&1
+  echo "== $label: exit $? ($(( $(date +%s) - start )) s)"; grep -v "^      " "$OUT/prefill_$label.log" | tail -n 24
+done
+if [ -n "${LAYER_TESTS:-}" ]; then
+  timeout "${LAYER_SECONDS:-240}" make gpu-test PY=python3 GPU_TESTS="$LAYER_TESTS" > "$OUT/layer_tests.log" 2>&1
+  echo "layer tests: exit $? ($(( $(date +%s) - start )) s)"; tail -n 4 "$OUT/layer_tests.log"
+fi
+tar -czf "$OUT/jit-cache.tgz" -C .deps/build/jit-cache . 2>/dev/null
+ls -la "$OUT"
