@@ -2,7 +2,8 @@
 captured in one CUDA graph and replayed in turn for ROUNDS rounds (the median of its rounds'
 medians), beside DESIGN.md's floor for that input, and each output against a reference package
 (the torch backend) on the same weights: norm-wise and max-wise error, and how many tokens the
-two routers send to other experts. With --profile, each layer's kernels of one forward
+two routers send to other experts, and each output's largest difference from the first
+package's (max |a - b| / max |a|). With --profile, each layer's kernels of one forward
 (torch.profiler, summed by kernel name) for the largest T.
 
     python benchmarks/prefill_ab.py --packages bench_v3_fp8_auto_before,bench_v3_fp8_auto \
@@ -86,9 +87,14 @@ def main() -> None:
         floor, hit = design_floor_ms(first, layers[names[0]], x, expert_bytes(first), fp8)
         row = {"tokens": tokens, "design_floor_ms": round(floor, 4), "experts_hit": hit}
         expected = reference_layer(x) if reference_layer is not None else None
-        replays = {}
+        replays, first_out = {}, None
         for name in names:
             out = layers[name](x)
+            if first_out is None:
+                first_out = out
+            else:  # how far from the first package's output (0.0: the same bits)
+                gap = (out.float() - first_out.float()).abs().max() / first_out.float().abs().max()
+                row[f"{name}_gap_to_first"] = float(gap)
             if expected is not None:
                 row[f"{name}_errors"] = errors(out, expected)
                 ours = chosen_experts(packages[name], layers[name], x)
@@ -100,7 +106,7 @@ def main() -> None:
             except Exception as failure:  # report, time it eagerly
                 print(f"T={tokens} {name}: CUDA graph capture failed: {failure!r}"[:300])
                 replays[name] = partial(layers[name], x)
-        del expected
+        del expected, first_out
         for name, samples in in_turn(replays, args.rounds).items():
             best = statistics.median(samples)
             row[f"{name}_ms"] = round(best, 4)
@@ -115,6 +121,8 @@ def main() -> None:
         torch.cuda.empty_cache()
         times = "  ".join(f"{n} {row[f'{n}_ms']:.4f} ({row[f'{n}_x_floor']}x)" for n in names)
         print(f"T={tokens}: floor {floor:.4f} ms  {times}  ({time.time() - start:.0f} s)")
+        gaps = {n: row[f"{n}_gap_to_first"] for n in names[1:]}
+        print(f"    output gap to {names[0]}: {gaps}")
         for name in names:
             if f"{name}_errors" in row:
                 print(f"    {name} vs {args.reference}: {row[f'{name}_errors']}")

@@ -22,7 +22,8 @@ bash scripts/build_deps.sh --prefix .deps/build --deep-gemm-src .deps/src/DeepGE
   deep_gemm > "$OUT/deps.log" 2>&1 &
 deps=$!
 if [ -n "${KERNEL_TESTS:-}" ]; then
-  timeout "${KERNEL_SECONDS:-200}" make gpu-test PY=python3 GPU_TESTS="$KERNEL_TESTS" > "$OUT/kernel_tests.log" 2>&1
+  timeout "${KERNEL_SECONDS:-200}" make gpu-test PY=python3 GPU_DIST="${KERNEL_DIST:-load}" \
+    GPU_TESTS="$KERNEL_TESTS" > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests: exit $? ($(( $(date +%s) - start )) s)"; tail -n 3 "$OUT/kernel_tests.log"
 fi
 wait $deps
