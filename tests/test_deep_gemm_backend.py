@@ -56,20 +56,26 @@ def test_deep_gemm_layer_equals_torch_backend(stand_in, load_layer, scheme, layo
     reference = load_layer(SPEC.format(target=CPU), "experts.gemm_backend=torch", *overrides)
     gemms = [s for s in package.PLAN["stages"] if s["kind"] == "gemm"]
     assert [s["backend"] for s in gemms] == ["deep_gemm", "deep_gemm"]
-    x = torch.randn(12, 256, generator=torch.Generator().manual_seed(3)).bfloat16()
-    stand_in.CALLS.clear()
-    out = package.MoELayer(device="cpu").random_(0)(x).double()
-    expected = reference.MoELayer().random_(0)(x).double()
+    layer, expected_layer = (
+        package.MoELayer(device="cpu").random_(0),
+        reference.MoELayer().random_(0),
+    )
     kind = "fp8" if scheme == "fp8_block" else "bf16"
-    told = "(psum)" if layout == "contiguous" else ""  # each expert's end row
-    assert stand_in.CALLS == [f"m_grouped_{kind}_gemm_nt_{layout}{told}"] * 2
-    assert ((out - expected).norm() / expected.norm()).item() <= 2**-7
+    for tokens in (12, 20):  # contiguous: m_indices below 16 tokens, end rows (psum) from 16
+        x = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(3)).bfloat16()
+        stand_in.CALLS.clear()
+        out = layer(x).double()
+        expected = expected_layer(x).double()
+        told = "(psum)" if layout == "contiguous" and tokens >= 16 else ""
+        assert stand_in.CALLS == [f"m_grouped_{kind}_gemm_nt_{layout}{told}"] * 2
+        assert ((out - expected).norm() / expected.norm()).item() <= 2**-7
 
 
 def test_contiguous_layout_is_told_by_expert_ends(stand_in, load_layer):
     """DeepGEMM's contiguous GEMMs take the layout as each expert's end row (routing.ends,
-    [E] int32): a plan decision with its reason, and the rendered calls pass routing.ends with
-    use_psum_layout (the stand-in asserts the [E] shape and each end within its rows)."""
+    [E] int32) from 16 tokens, as m_indices below (faster at T=1): a plan decision with its
+    reason, and the rendered calls pass routing.ends with use_psum_layout (the stand-in asserts
+    the [E] shape and each end within its rows). Past a split above 16 tokens: end rows only."""
     package = load_layer(
         SPEC.format(target=CUDA),
         "experts.gemm_backend=deep_gemm",
@@ -77,12 +83,15 @@ def test_contiguous_layout_is_told_by_expert_ends(stand_in, load_layer):
         *SCHEMES["fp8_block"],
     )
     decisions = {d["what"]: d for d in package.PLAN["decisions"]}
-    assert decisions["DeepGEMM grouped layout"]["choice"] == "psum: each expert's end row"
-    assert "worst-case M" in decisions["DeepGEMM grouped layout"]["reason"]
+    decision = decisions["DeepGEMM grouped layout"]
+    assert decision["choice"] == "m_indices below T=16, psum (each expert's end row) from it"
+    assert "worst-case M" in decision["reason"] and "T=1" in decision["reason"]
     gemms = [s for s in package.PLAN["stages"] if s["kind"] == "gemm"]
-    assert all(s["choices"]["psum"] for s in gemms)
+    assert [s["choices"]["psum_from"] for s in gemms] == [16, 16]
     stages = (Path(package.__file__).parent / "stages.py").read_text()
     assert stages.count("deep_gemm_grouped.fp8_contiguous_psum(") == 2
+    assert stages.count("if routing.row_of.shape[0] < 16:") == 2
+    assert stages.count("deep_gemm_grouped.fp8_contiguous(") == 2
     masked = load_layer(
         SPEC.format(target=CUDA),
         "experts.gemm_backend=deep_gemm",
@@ -137,6 +146,10 @@ def test_auto_splits_the_gemms_by_measured_times(stand_in, load_layer, tmp_path,
     assert differ["gemm_gate_up"] == differ["gemm_down"] == "deep_gemm"
     assert "router" not in differ and "select" not in differ and "combine" not in differ
     layout = package.PLAN["choices"]["layout"]
+    if layout == "contiguous":  # the DeepGEMM side starts at 17 tokens: end rows only
+        stages = (Path(package.__file__).parent / "stages.py").read_text()
+        assert "row_of.shape[0] < 16" not in stages
+        assert stages.count("deep_gemm_grouped.fp8_contiguous_psum(") == 2
     layer = package.MoELayer(device="cpu").random_(0)
     expected_layer = reference.MoELayer().random_(0)
     for tokens in (16, 17):

@@ -345,11 +345,28 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
             )
 
 
-PSUM_REASON = (
-    "the same rows as the m_indices form, told by E end rows (DeepGEMM's use_psum_layout): its "
-    "scheduler visits only the experts' own 128-row blocks instead of every block of the "
-    "worst-case M"
-)
+PSUM_FROM = 16
+"""Tokens from which DeepGEMM is told the contiguous layout by end rows (see _decide_psum)."""
+
+
+def _decide_psum(plan: Plan, psum_from: int) -> None:
+    why = (
+        "the same rows as the m_indices form, told by E end rows (DeepGEMM's use_psum_layout): "
+        "its scheduler visits only the experts' own 128-row blocks instead of every block of "
+        "the worst-case M; the same output bit for bit (H200, DeepSeek-V3, whole layer on "
+        "DeepGEMM: fp8_block 1.669 -> 1.256 ms at T=16, 4.238 -> 3.307 at 1024, 6.128 -> "
+        "5.129 at 4096, 15.47 -> 14.33 at 16384; bf16 9.32 -> 6.69 at 2048, 26.14 -> 23.89 at "
+        "16384; benchmarks/RESULTS.md runs 81-82)"
+    )
+    if psum_from == plan.backends.min_tokens:
+        plan.decide("DeepGEMM grouped layout", "psum: each expert's end row", why)
+        return
+    plan.decide(
+        "DeepGEMM grouped layout",
+        f"m_indices below T={psum_from}, psum (each expert's end row) from it",
+        f"{why}; at T=1 the m_indices form is faster (fp8_block 0.1495 against 0.1811 ms, bf16 "
+        f"0.2504 against 0.2626, run 82)",
+    )
 
 
 def _gemm(plan: Plan, role: str, out_name: str, weight) -> None:
@@ -367,9 +384,11 @@ def _gemm(plan: Plan, role: str, out_name: str, weight) -> None:
     if backend == "torch":
         kernel = torch_gemm_kernel(layer.device, fmt, layer.dtype, layout)
         note, syncs = TORCH_GEMM[kernel]
-    psum = backend == "deep_gemm" and layout == "contiguous"
-    if psum and role == "gate_up":
-        plan.decide("DeepGEMM grouped layout", "psum: each expert's end row", PSUM_REASON)
+    psum_from = None
+    if backend == "deep_gemm" and layout == "contiguous":
+        psum_from = PSUM_FROM if plan.backends.min_tokens < PSUM_FROM else plan.backends.min_tokens
+        if role == "gate_up":
+            _decide_psum(plan, psum_from)
     plan.add_stage(
         Gemm(
             name=f"gemm_{role}",
@@ -382,7 +401,7 @@ def _gemm(plan: Plan, role: str, out_name: str, weight) -> None:
             n_value=values[n],
             k_value=values[k],
             torch_kernel=kernel,
-            psum=psum,
+            psum_from=psum_from,
             accepts={"a": grouped_type(a_dtype, k, layout, a_scale)},
             outputs={out_name: grouped_type(layer.dtype, n, layout)},
             weights=weights,

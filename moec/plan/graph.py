@@ -90,6 +90,8 @@ class Backends:
     """Backend of the exchange between ranks: torch (local), torch.distributed or deep_ep."""
     split: GemmSplit | None = None
     """Set when the GEMM backend changes with the token count."""
+    min_tokens: int = 1
+    """The fewest tokens this plan runs (past a split: the split's up_to + 1)."""
 
 
 @dataclass

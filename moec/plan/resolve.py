@@ -77,7 +77,8 @@ def resolve_backends(
     layout = _layout(spec, plan.layer, plan.decide)
     dispatch = DISPATCH_BACKEND[spec.parallel.dispatch]
     plan.decide("dispatch", f"{spec.parallel.dispatch} ({dispatch})", _dispatch_reason(spec))
-    plan.backends = Backends(gemm, layout, dispatch, split)
+    least = 1 if above is None else above.up_to + 1
+    plan.backends = Backends(gemm, layout, dispatch, split, least)
     if _fuse_shared(spec, gemm, plan.decide):
         plan.layer = replace(plan.layer, fused_shared=True)
     if gemm == "deep_gemm" and plan.layer.routed.scheme == "mxfp4":

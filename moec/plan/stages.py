@@ -154,9 +154,10 @@ class Gemm(Stage):
     """The torch backend's way: loop, grouped_mm or bmm (None for other backends)."""
     gather: bool = False
     """A is the tokens' rows [T, k], each layout row reading its token's (Dispatch.gather)."""
-    psum: bool = False
-    """contiguous, DeepGEMM: the layout is told by each expert's end row (routing.ends, its
-    psum form), not by each row's expert (routing.m_indices)."""
+    psum_from: int | None = None
+    """contiguous, DeepGEMM: from this many tokens on, the layout is told by each expert's end
+    row (routing.ends, its psum form), below by each row's expert (routing.m_indices); None:
+    m_indices only (other backends, the masked layout)."""
 
     @property
     def weight(self) -> str:

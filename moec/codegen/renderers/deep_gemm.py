@@ -33,14 +33,21 @@ def gemm(plan, stage: Gemm) -> StageCode:
     quantized = stage.format.quantized
     scaled = f"{stage.weight}_scale" in stage.weights
     kind = "fp8" if quantized else "bf16"
+    function = f"deep_gemm_grouped.{kind}_{stage.layout}"
+    psum = stage.psum_from is not None
     fields = {
-        "function": f"deep_gemm_grouped.{kind}_{stage.layout}{'_psum' if stage.psum else ''}",
+        "function": f"{function}_psum" if psum else function,
+        "few_tokens": function if psum and stage.psum_from > plan.backends.min_tokens else "",
+        "psum_from": stage.psum_from,
         "a_scale": "a_scale" if quantized else "None",
         "weight": stage.weight,
         "weight_scale": f"{stage.weight}_scale" if scaled else "None",
     }
     rows = shape_doc(stage)
-    told = " (the layout told by each expert's end row)" if stage.psum else ""
+    told = ""
+    if psum:
+        told = " (the layout told by each expert's end row"
+        told += f" from {stage.psum_from} tokens)" if fields["few_tokens"] else ")"
     return StageCode(
         f"[{rows}, {stage.k}] x [E, {stage.n}, {stage.k}] -> [{rows}, {stage.n}] through "
         f"DeepGEMM's m-grouped {kind} NT {stage.layout} GEMM{told}.",
