@@ -1,11 +1,11 @@
 """Time the generated DeepSeek-V3 layer on the GPU, beside the torch backend and the floors.
 
-For T in {1, 16, 64, 256, 1024, 4096, 16384}: a fresh random input, routing from the layer's
-random router weights, median of CUDA-event timings (eager, and replaying a CUDA graph where
-the plan says the layer is graph safe), the torch backend on the same weights (its output is
-also the correctness reference: max relative error reported), the plan's floor (uniform
-routing, all bytes the plan moves) and DESIGN.md's floor (the experts this input actually
-touches, FLOPs at the H200 fp8 / bf16 rate). Prints a table; writes JSON.
+For T in {1, 16, 64, 256, 1024, 2048, 4096, 8192, 16384}: a fresh random input, routing from the
+layer's random router weights, median of CUDA-event timings (eager, and replaying a CUDA graph
+where the plan says the layer is graph safe), the torch backend on the same weights (its output is
+also the correctness reference: max relative error reported), the plan's floor (uniform routing,
+all bytes the plan moves) and DESIGN.md's floor (the experts this input actually touches, FLOPs at
+the H200 fp8 / bf16 rate). Prints a table; writes JSON.
 
     python benchmarks/bench_moe.py --scheme fp8_block --tuned moec/plan/tuned/h200.json --out $OUT/bench_fp8.json
 """

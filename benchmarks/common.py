@@ -24,7 +24,7 @@ PACKAGES = Path(
     os.environ.get("MOEC_BENCH_PACKAGES", Path(__file__).resolve().parent / ".packages")
 )
 DEVICE = os.environ.get("MOEC_BENCH_DEVICE", "cuda")  # "cpu": a dry run under TRITON_INTERPRET=1
-TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
+TOKENS = (1, 16, 64, 256, 1024, 2048, 4096, 8192, 16384)
 BANDWIDTH = 4274e9  # B/s, H200 copy bandwidth measured (read + write)
 FP8_RATE = 1414e12  # FLOP/s, DeepGEMM grouped fp8 on the H200
 BF16_RATE = 688e12  # FLOP/s, bf16 dense matmul on the H200
