@@ -107,6 +107,18 @@ def test_a_shard_without_wanted_tensors_is_not_opened(tmp_path):
     assert set(read(folder)) == EXPECTED_NAMES
 
 
+def test_a_safetensors_header_whose_length_starts_like_a_pickle(tmp_path):
+    """A header length of 0x..80 bytes puts 0x80 first, as a pickle starts: still safetensors
+    (transformers' GLM-4.5 test model hit it)."""
+    path = tmp_path / "model.safetensors"
+    for pad in range(256):
+        save_file(TENSORS, path, metadata={"pad": "x" * pad})
+        if path.read_bytes()[0] == 0x80:
+            break
+    assert path.read_bytes()[0] == 0x80
+    assert set(read(path)) == EXPECTED_NAMES
+
+
 def test_an_opt_in_pickle_loads(tmp_path):
     torch.save(TENSORS, tmp_path / "model.bin")
     assert set(read(tmp_path / "model.bin", allow_pickle=True)) == EXPECTED_NAMES

@@ -55,7 +55,7 @@ INDEX = "model.safetensors.index.json"
 _UNPICKLE_ERRORS = (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError, RuntimeError)
 _UNPICKLE_ERRORS += (ValueError, TypeError, KeyError, AttributeError, ImportError)
 """What torch.load(weights_only=True) raises on a bad or disallowed file."""
-LAYER_NAME = re.compile(r"gate\.(weight|e_score_correction_bias)$|(shared_)?experts\.")
+LAYER_NAME = re.compile(r"gate\.(weight|e_score_correction_bias|bias)$|(shared_)?experts\.")
 """How the names of an MoE layer start after its prefix: what a read without `expected`
 looks for before it suggests another prefix."""
 _SHOWN = 10
@@ -199,13 +199,17 @@ def _read_path(path: Path, wanted, problems, found, allow_pickle, progress):
 
 
 def _is_pickle(path: Path) -> bool:
-    """A torch.save file: by its suffix, or its first bytes (a zip archive, a pickle)."""
+    """A torch.save file: by its suffix, or its first bytes (a zip archive, a pickle). A
+    safetensors file starts with its header's length (8 bytes, little-endian: its first byte
+    may be 0x80 as a pickle's is) and then the header's JSON object."""
     if path.suffix in PICKLE_SUFFIXES:
         return True
     try:
         with open(path, "rb") as handle:
-            head = handle.read(4)
+            head = handle.read(9)
     except OSError:
+        return False
+    if head[8:9] == b"{":
         return False
     return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
 
@@ -358,8 +362,14 @@ def _unscaled(narrow: list[str], found: set[str]) -> list[str]:
     return [
         f"{name}: fp8 values without {name}_scale_inv (or weight_scale): not a weight alone"
         for name in narrow
-        if name.endswith("weight") and not {f"{name}_scale_inv", f"{name}_scale"} & found
+        if name.endswith("weight") and not _scale_names(name) & found
     ]
+
+
+def _scale_names(weight: str) -> set[str]:
+    """The names a weight's scale may have: HF's `X.weight_scale_inv` (or `X.weight_scale`),
+    DeepSeek's `X.scale`."""
+    return {f"{weight}_scale_inv", f"{weight}_scale", weight.removesuffix("weight") + "scale"}
 
 
 def _wrong_kind(dtype: torch.dtype, kind: str) -> str:
