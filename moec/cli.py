@@ -106,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--from-hf", required=True, metavar="CONFIG_JSON")
     init.add_argument("-o", "--out", default=None, metavar="SPEC", help="default: standard output")
     init.add_argument("--name", default=None, help="package name (default: from the config)")
+    init.add_argument(
+        "--layer-type",
+        default=None,
+        choices=("moe", "hash_moe"),
+        help="which MoE layers of a DeepSeek-V4 config the spec describes (it has both)",
+    )
     _add_set(init)
 
     schema = commands.add_parser("schema", help="write the JSON Schema of spec files")
@@ -258,7 +264,9 @@ def _init(args: argparse.Namespace) -> int:
 
     if args.out == "-":  # the usual name of standard output
         args.out = None
-    text = spec_from_hf(args.from_hf, args.name, args.overrides, schema_relative_to=args.out)
+    text = spec_from_hf(
+        args.from_hf, args.name, args.overrides, args.out, layer_type=args.layer_type
+    )
     if args.out:
         write_text(Path(args.out), text, written_by_init)
         print(f"wrote {args.out}")

@@ -4,8 +4,9 @@
     patch_model(model, "spec.toml")   # a spec path, a LoadedSpec, or None: a spec from model.config
     model.generate(...)
 
-`patch_model` replaces every `DeepseekV3MoE` / `DeepseekV2Moe` block with a `MoecMoE`. The spec
-is built once; each block's weights (transformers' own state-dict names) go into that block's
+`patch_model` replaces every DeepSeek-style MoE block (`DeepseekV3MoE`, also in Kimi-K2 and
+Kimi-K2.5; `DeepseekV2Moe`, `DeepseekV32MoE`, `Glm4MoeMoE`, DeepSeek-V4's routed
+`DeepseekV4SparseMoeBlock`) with a `MoecMoE`. The spec is built once; each block's weights (transformers' own state-dict names) go into that block's
 own `MoELayer`, quantized on load when the spec asks for fp8, and the transformers block is
 dropped at once: the model never holds two copies of more than one layer's experts.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import get_args
 
@@ -27,6 +29,8 @@ from torch import nn
 
 import moec
 from moec.errors import MoecError, Problem, problem
+from moec.integrations import hf_blocks
+from moec.integrations.hf_blocks import ROUTER_KEYS, Block
 from moec.spec import LoadedSpec, check_raw, load_spec
 from moec.spec.hf import spec_data_from_config
 from moec.spec.loader import apply_overrides
@@ -36,10 +40,7 @@ SUPPORTED = ((5, 13), (6, 0))
 """transformers versions [from, to): fused experts (`experts.gate_up_proj`) and a router module
 that returns (logits, weights, ids); the range tested."""
 INSTALL_HINT = 'pip install "transformers>=5.13,<6"'
-MOE_BLOCKS = (
-    ("deepseek_v3.modeling_deepseek_v3", "DeepseekV3MoE"),
-    ("deepseek_v2.modeling_deepseek_v2", "DeepseekV2Moe"),
-)
+MOE_BLOCKS = tuple((block.module, block.name) for block in hf_blocks.BLOCKS)
 """(module under transformers.models, class) of every block patch_model replaces."""
 WEIGHT_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -54,7 +55,11 @@ class MoecMoE(nn.Module):
         self.replaces = replaces
         """Class name of the transformers block this module took the place of."""
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`input_ids`: what DeepSeek-V4's decoder layers pass every MoE block; a routed
+        layer's choice does not read them."""
         shape = hidden_states.shape  # [B, S, H]
         out = self.layer(hidden_states.reshape(-1, shape[-1]))  # [T, H], T = B * S
         return out.view(shape)
@@ -68,6 +73,7 @@ def patch_model(
     spec: str | Path | LoadedSpec | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     cache_dir: str | Path | None = None,
+    router_keys: str = "transformers",
 ) -> nn.Module:
     """Replace every DeepSeek MoE block of the transformers `model` with moec's layer; return
     the model (patched in place).
@@ -76,32 +82,73 @@ def patch_model(
     for the spec `moec init --from-hf` writes from `model.config`, on the model's device and
     dtype, quantizing float weights on load (`overrides` apply on top, e.g.
     "quant.scheme=fp8_block"). Raises MoecError when this transformers version is not supported,
-    the model has no such block, or the spec does not describe the model's MoE layers."""
-    blocks = moe_block_classes()
-    names = [name for name, module in model.named_modules() if isinstance(module, blocks)]
-    if not names:
+    the model has no such block, or the spec does not describe the model's MoE layers.
+
+    `router_keys`: "transformers" (the default) makes the patched blocks compute what the
+    transformers blocks did, also where their router ignores a routing key of the config
+    (DeepSeek-V2's `norm_topk_prob` and `scoring_func`, ...; a spec from the config follows
+    the block, with one warning naming each such key; a spec file that follows the config is
+    refused); "config" follows the config's keys, as DeepSeek's and SGLang's code do."""
+    if router_keys not in ROUTER_KEYS:
         raise MoecError(
             [
                 problem(
-                    "model",
-                    f"has no DeepSeek MoE block to replace (a {type(model).__name__})",
-                    "a transformers DeepseekV3 / DeepseekV2 model",
+                    "router_keys", "is not a choice", " or ".join(ROUTER_KEYS), value=router_keys
                 )
             ],
             kind="usage",
         )
+    names, block = _blocks_of(model)
+    config = model.config.get_text_config()  # Kimi-K2.5: its DeepSeek-V3 text model's
     dtype, device = _expert_weights_format(model.get_submodule(names[0]), names[0])
-    loaded = _resolve_spec(spec, overrides, model.config, dtype, device)
-    check_spec_fits(loaded, model.config, dtype, device)
+    follow = block if router_keys == "transformers" else None
+    loaded = _resolve_spec(spec, overrides, config, dtype, device, follow)
+    check_spec_fits(loaded, config, dtype, device, follow)
     package = moec.load(loaded, cache_dir=cache_dir)
     for name in names:
         _replace_block(model, name, package)
     return model
 
 
+def _blocks_of(model: nn.Module) -> tuple[list[str], Block]:
+    """The names of the model's MoE blocks and their kind; MoecError when it has none, or
+    hash-routed ones (DeepSeek-V4's hash_moe layers), which moec cannot run yet."""
+    classes = moe_block_classes()
+    found = [
+        (name, module) for name, module in model.named_modules() if isinstance(module, classes)
+    ]
+    if not found:
+        raise MoecError(
+            [
+                problem(
+                    "model",
+                    f"has no DeepSeek MoE block to replace (a {type(model).__name__})",
+                    "a transformers DeepseekV2 / V3 / V3.2 / V4, Kimi-K2 / K2.5 or GLM-4.5 model",
+                )
+            ],
+            kind="usage",
+        )
+    hashed = [name for name, module in found if getattr(module, "is_hash", False)]
+    if hashed:
+        layers = ", ".join(hashed)
+        raise MoecError(
+            [
+                problem(
+                    "model.config.mlp_layer_types",
+                    f"{layers} {'is a' if len(hashed) == 1 else 'are'} hash_moe layer"
+                    f"{'' if len(hashed) == 1 else 's'}: hash-routed layers (tid2eid[input_ids] "
+                    "chooses the experts) are not something moec runs yet",
+                    'a DeepSeek-V4 model whose mlp_layer_types are all "moe"',
+                )
+            ],
+            kind="usage",
+        )
+    return [name for name, _ in found], hf_blocks.block_of(type(found[0][1]).__name__)
+
+
 def moe_block_classes() -> tuple[type, ...]:
-    """The transformers classes patch_model replaces; MoecError unless a supported transformers
-    is installed."""
+    """The transformers classes patch_model replaces (those this transformers has); MoecError
+    unless a supported transformers is installed."""
     try:
         import transformers
     except ImportError:
@@ -109,10 +156,13 @@ def moe_block_classes() -> tuple[type, ...]:
             [problem("transformers", "is not installed", INSTALL_HINT)], kind="backend"
         ) from None
     check_version(transformers.__version__)
-    return tuple(
-        getattr(importlib.import_module(f"transformers.models.{module}"), name)
-        for module, name in MOE_BLOCKS
-    )
+    classes = []
+    for module, name in MOE_BLOCKS:
+        try:  # a model newer than this transformers: it cannot have loaded one either
+            classes.append(getattr(importlib.import_module(f"transformers.models.{module}"), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(classes)
 
 
 def check_version(version: str) -> None:
@@ -152,7 +202,7 @@ def _expert_weights_format(block: nn.Module, name: str) -> tuple[torch.dtype, to
     return weight.dtype, weight.device
 
 
-def _resolve_spec(spec, overrides, config, dtype: torch.dtype, device: torch.device) -> LoadedSpec:
+def _resolve_spec(spec, overrides, config, dtype, device, follow: Block | None) -> LoadedSpec:
     """The LoadedSpec patch_model builds: as given, read from a path, or from the config."""
     if isinstance(spec, LoadedSpec):
         if overrides:
@@ -170,17 +220,31 @@ def _resolve_spec(spec, overrides, config, dtype: torch.dtype, device: torch.dev
         return spec
     if spec is not None:
         return load_spec(spec, overrides)
-    return spec_for_model(config, dtype, device, overrides)
+    return spec_for_model(config, dtype, device, overrides, follow)
 
 
-def spec_for_model(config, dtype: torch.dtype, device: torch.device, overrides=()) -> LoadedSpec:
-    """The spec of `moec init --from-hf` for a loaded model's config, targeting the device and
-    dtype its MoE weights are in, quantizing them on load; `overrides` on top."""
+def spec_for_model(
+    config, dtype: torch.dtype, device: torch.device, overrides=(), follow: Block | None = None
+) -> LoadedSpec:
+    """The spec of `moec init --from-hf` for a loaded model's (text) config, targeting the
+    device and dtype its MoE weights are in, quantizing them on load; `overrides` on top.
+    `follow`: the block whose router keys win over the config's, with one warning naming each
+    key the config sets otherwise."""
     source = f"<{config.model_type} config>"
     try:
-        raw = spec_data_from_config(config.to_dict())
+        raw = _config_spec_data(config)
     except MoecError as error:
         raise MoecError(error.problems, source, kind=error.kind) from None
+    notes = hf_blocks.follow_block(follow, raw) if follow is not None else []
+    if notes:
+        warnings.warn(
+            f"moec patch_model follows transformers' {follow.name}, not the config: "
+            + "; ".join(notes)
+            + '. The patched model computes what it did before patching; router_keys="config" '
+            "follows the config instead, as DeepSeek's and SGLang's code do.",
+            RouterKeysIgnored,
+            stacklevel=3,
+        )
     raw["target"] = {"device": device.type, "dtype": WEIGHT_DTYPES[dtype], **_arch_of(device)}
     raw["quant"]["checkpoint"] = "bf16"  # the model holds float weights: quantize on load
     raw, set_paths = apply_overrides(raw, overrides, source)
@@ -208,13 +272,28 @@ def _arch_of(device: torch.device) -> dict[str, str]:
     return {"arch": max(known, key=lambda name: int(name[2:]))}
 
 
-def check_spec_fits(loaded: LoadedSpec, config, dtype: torch.dtype, device: torch.device) -> None:
+def check_spec_fits(
+    loaded: LoadedSpec,
+    config,
+    dtype: torch.dtype,
+    device: torch.device,
+    follow: Block | None = None,
+) -> None:
     """MoecError naming every key of the spec that does not describe the model's MoE layers:
-    dims, router and activation against the config; dtype and device against the weights."""
-    expected = spec_data_from_config(config.to_dict())
+    dims, router and activation against the config (and, with `follow`, against what that
+    transformers block computes where it ignores the config); dtype and device against the
+    weights."""
+    expected = _config_spec_data(config)
+    ignored = (
+        {}
+        if follow is None
+        else {f.path: value for f, value in hf_blocks.ignored_keys(follow, expected)}
+    )
+    if follow is not None:
+        hf_blocks.follow_block(follow, expected)
     spec = loaded.normalized
     found = [
-        _differs(f"{table}.{key}", spec[table][key], want)
+        _differs(f"{table}.{key}", spec[table][key], want, follow, ignored)
         for table in ("model", "router")
         for key, want in expected[table].items()
         if spec[table][key] != want
@@ -227,11 +306,32 @@ def check_spec_fits(loaded: LoadedSpec, config, dtype: torch.dtype, device: torc
         raise MoecError(loaded.located(found), loaded.source)
 
 
-def _differs(path: str, have, want) -> Problem:
+def _differs(path: str, have, want, follow: Block | None = None, ignored=None) -> Problem:
     key = path.split(".")[-1]
+    if ignored and path in ignored:
+        fixed = next(f for f in follow.fixed if f.path == path)
+        return problem(
+            path,
+            f"does not match the model: config.json has {key} = {json.dumps(ignored[path])}, "
+            f"but transformers' {follow.router} ignores it and {fixed.does}",
+            f'{key} = {json.dumps(want)}, or patch_model(..., router_keys="config") to follow '
+            "the config instead",
+            value=have,
+        )
     return problem(
         path, "does not match the model", f"its config has {key} = {json.dumps(want)}", value=have
     )
+
+
+class RouterKeysIgnored(UserWarning):
+    """patch_model followed a transformers block that ignores a routing key of its config."""
+
+
+def _config_spec_data(config) -> dict:
+    """Spec data from a loaded model's (text) config: DeepSeek-V4's routed layers (hash_moe
+    blocks are refused before)."""
+    layer_type = "moe" if config.model_type == "deepseek_v4" else None
+    return spec_data_from_config(config.to_dict(), layer_type=layer_type)
 
 
 def _runtime_problems(spec: dict, dtype: torch.dtype, device: torch.device) -> list[Problem]:

@@ -7,6 +7,10 @@ Checkpoint names, after the caller's prefix (e.g. "model.layers.3.mlp."):
     experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I] (transformers, in memory)
     shared_experts.{gate,up,down}_proj.weight (+ .weight_scale_inv, .input_scale)
 
+or DeepSeek's own names, as the DeepSeek-V4 checkpoints store them (prefix "layers.3.ffn."):
+gate.bias for the correction bias, experts.{e}.{w1,w3,w2}.weight (gate, up, down) with .scale,
+shared_experts.{w1,w3,w2}.weight (+ .scale).
+
 Every expert becomes w13 = [gate; up] [2I, H] and w2 = down [H, I] in its `WeightFormat`; with
 tensor parallelism each rank keeps 1/tp of every intermediate, with expert parallelism its own
 experts; fused shared experts are appended to the routed ones as `n_shared` extra experts.
@@ -22,12 +26,14 @@ from . import quant
 from .checkpoint import WeightError, read_tensors
 from .weight_formats import Pair, WeightFormat
 
-_EXPERT = re.compile(
-    r"experts\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale_inv|weight_scale|input_scale)"
-)
-_SHARED = re.compile(
-    r"shared_experts\.(gate|up|down)_proj\.(weight|weight_scale_inv|weight_scale|input_scale)"
-)
+_PROJ = r"(gate_proj|up_proj|down_proj|w1|w3|w2)"
+_FIELD = r"(weight|weight_scale_inv|weight_scale|scale|input_scale)"
+_EXPERT = re.compile(rf"experts\.(\d+)\.{_PROJ}\.{_FIELD}")
+_SHARED = re.compile(rf"shared_experts\.{_PROJ}\.{_FIELD}")
+_PROJECTIONS = {"w1": "gate", "w3": "up", "w2": "down"}
+"""DeepSeek's names of the gated MLP's projections."""
+_BIAS_NAMES = ("gate.e_score_correction_bias", "gate.bias")
+"""HF's and DeepSeek's name of the router's correction bias."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +174,7 @@ def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
     for name, tensor in tensors:
         if name == "gate.weight":
             put("gate", tensor, name)
-        elif name == "gate.e_score_correction_bias":
+        elif name in _BIAS_NAMES:
             if spec.has_bias:
                 put("bias", tensor, name)
             else:
@@ -180,11 +186,11 @@ def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
             if expert >= spec.routed_experts:
                 problems.append(f"{prefix}{name}: unexpected (expert id >= {spec.routed_experts})")
             elif 0 <= expert - first < spec.local_experts:
-                key = ("expert", expert - first, match.group(2), _field(match.group(3)))
+                key = ("expert", expert - first, _proj(match.group(2)), _field(match.group(3)))
                 put(key, tensor, name)
         elif match := _SHARED.fullmatch(name):
             if spec.n_shared:
-                put(("shared", None, match.group(1), _field(match.group(2))), tensor, name)
+                put(("shared", None, _proj(match.group(1)), _field(match.group(2))), tensor, name)
             elif tensor.numel():  # transformers saves zero-width shared experts when there are none
                 problems.append(f"{prefix}{name}: unexpected (this layer has no shared experts)")
         else:
@@ -204,7 +210,12 @@ def _split_fused(put, name: str, fused: torch.Tensor) -> None:
 
 
 def _field(name: str) -> str:
-    return "scale" if name in ("weight_scale_inv", "weight_scale") else name
+    return "scale" if name in ("weight_scale_inv", "weight_scale", "scale") else name
+
+
+def _proj(name: str) -> str:
+    """gate, up or down, from HF's gate_proj ... or DeepSeek's w1, w3, w2."""
+    return _PROJECTIONS.get(name, name.removesuffix("_proj"))
 
 
 def _take(found, key, shape, name, problems) -> torch.Tensor | None:

@@ -1,4 +1,5 @@
-"""`moec init --from-hf`: a spec from a HF `config.json` (DeepSeek-V2, V2-Lite, V3/R1, Kimi-K2).
+"""`moec init --from-hf`: a spec from a HF `config.json` (DeepSeek-V2, V2-Lite, V3/R1, V3.2,
+V4, Kimi-K2, Kimi-K2.5, GLM-4.5).
 
 The spec is written as TOML with the HF keys it came from, then checked like any other spec,
 so an imported config that moec cannot run is reported the same way.
@@ -15,11 +16,13 @@ from typing import Any
 
 from moec.errors import MoecError, problem
 from moec.resources import shipped_schema_path
+from moec.spec import hf_families
+from moec.spec.hf_families import Family
 from moec.spec.hf_values import ConfigReader
 from moec.spec.loader import apply_overrides, check_raw, read_user_text
 from moec.spec.locate import long_number
 
-_KNOWN_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+_KNOWN_TYPES = hf_families.KNOWN_TYPES
 INIT_MARK = "# Written by `moec init --from-hf`"
 """The start of the second line of every spec `moec init` writes (the first is the #:schema
 line); the line ends with the digest of the lines below it, so that an edited spec is the
@@ -33,14 +36,16 @@ def spec_from_hf(
     name: str | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     schema_relative_to: str | Path | None = None,
+    layer_type: str | None = None,
 ) -> str:
     """TOML text of a spec for the MoE layer described by the HF config at `config_path` (a
-    config.json, or the folder holding one)."""
+    config.json, or the folder holding one); `layer_type` picks one of DeepSeek-V4's MoE layer
+    types ("moe", "hash_moe")."""
     config_path = _config_file(Path(config_path))
     config = _read_json(config_path)
     set_keys = {item.partition("=")[0].strip() for item in overrides}
     try:
-        raw = spec_data_from_config(config, name, set_keys)
+        raw = spec_data_from_config(config, name, set_keys, layer_type)
     except MoecError as error:
         raise MoecError(error.problems, str(config_path), kind=error.kind) from None
     raw, set_paths = apply_overrides(raw, overrides, str(config_path))
@@ -132,13 +137,17 @@ def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def spec_data_from_config(
-    config: dict[str, Any], name: str | None = None, set_keys: set[str] | frozenset = frozenset()
+    config: dict[str, Any],
+    name: str | None = None,
+    set_keys: set[str] | frozenset = frozenset(),
+    layer_type: str | None = None,
 ) -> dict[str, Any]:
     """Spec data (as parsed from TOML) for a HF DeepSeek-family config dict.
 
     Every value is type-checked, naming its config key; values are copied as written, never
     coerced or repaired (ranges are the spec's to check, with the same key names). A key whose
-    spec key `set_keys` (the --set keys) overrides is not checked."""
+    spec key `set_keys` (the --set keys) overrides is not checked. `layer_type` picks one of
+    DeepSeek-V4's MoE layer types; hash-routed layers are refused by key."""
     if not isinstance(config, dict):
         raise MoecError(
             [problem("--from-hf", "is not a JSON object", "a HF config.json")], kind="usage"
@@ -156,15 +165,21 @@ def spec_data_from_config(
             ],
             kind="usage",
         )
-    reader = ConfigReader(config, set_keys)
-    raw = {"name": name or _name_from(reader)}
-    raw.update(model=_model_from(reader), router=_router_from(reader, model_type == "deepseek_v2"))
-    raw["quant"] = _quant_from(reader)
+    outer = ConfigReader(config, set_keys)
+    source = hf_families.moe_source(outer, model_type)
+    if source is None:  # text_config unusable: nothing else to read
+        outer.raise_problems()
+    hf_families.check_layer_type(source, layer_type)
+    family, reader = hf_families.FAMILIES[source.model_type], source.reader
+    raw = {"name": name or _name_from(outer)}
+    raw.update(model=_model_from(reader, family), router=_router_from(reader, family))
+    raw["quant"] = _quant_from(hf_families.reader_of(source, "quantization_config"), reader)
     activation = _activation_from(reader)
     if activation:
         raw["activation"] = activation
-    raw["target"] = {"device": "cuda", "dtype": _dtype_from(reader)}
-    reader.raise_problems()
+    dtype_holder = hf_families.reader_of(source, "torch_dtype", "dtype")
+    raw["target"] = {"device": "cuda", "dtype": _dtype_from(dtype_holder)}
+    outer.raise_problems()
     return raw
 
 
@@ -180,7 +195,7 @@ def _dtype_from(reader: ConfigReader) -> str:
     return dtype
 
 
-def _model_from(reader: ConfigReader) -> dict[str, Any]:
+def _model_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
     model = {
         key: reader.integer(key, f"model.{key}", required=True)
         for key in ("hidden_size", "moe_intermediate_size", "n_routed_experts")
@@ -189,16 +204,13 @@ def _model_from(reader: ConfigReader) -> dict[str, Any]:
         "num_experts_per_tok", "model.num_experts_per_tok", required=True
     )
     shared = reader.integer("n_shared_experts", "model.n_shared_experts")
-    model["n_shared_experts"] = 0 if shared is None else shared
+    model["n_shared_experts"] = family.n_shared_experts if shared is None else shared
     return model
 
 
-def _router_from(reader: ConfigReader, is_v2: bool) -> dict[str, Any]:
+def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
     """The router keys; a key left out (or null) takes the default of its model type."""
-    defaults = {
-        "scoring_func": "softmax" if is_v2 else "sigmoid",
-        "topk_method": "greedy" if is_v2 else "noaux_tc",
-    }
+    defaults = {"scoring_func": family.scoring_func, "topk_method": family.topk_method}
     router: dict[str, Any] = {}
     for key, default in defaults.items():  # "" stays, for the spec's rules to report
         value = reader.text(key, f"router.{key}")
@@ -207,7 +219,7 @@ def _router_from(reader: ConfigReader, is_v2: bool) -> dict[str, Any]:
         value = reader.integer(key, f"router.{key}")
         router[key] = 1 if value is None else value
     norm = reader.boolean("norm_topk_prob", "router.norm_topk_prob")
-    router["norm_topk_prob"] = (not is_v2) if norm is None else norm
+    router["norm_topk_prob"] = family.norm_topk_prob if norm is None else norm
     scaling = reader.number("routed_scaling_factor", "router.routed_scaling_factor")
     router["routed_scaling_factor"] = 1.0 if scaling is None else scaling
     return router
@@ -225,8 +237,10 @@ def _activation_from(reader: ConfigReader) -> dict[str, Any] | None:
     return None
 
 
-def _quant_from(reader: ConfigReader) -> dict[str, Any]:
-    """The quant table from `quantization_config` (absent or null: bf16)."""
+def _quant_from(reader: ConfigReader, moe: ConfigReader) -> dict[str, Any]:
+    """The quant table from `quantization_config` (absent or null: bf16); DeepSeek-V4's
+    `expert_dtype = "fp4"` (in `quantization_config`, or beside it in `moe`'s keys) makes the
+    routed experts mxfp4 and the shared ones fp8_block, as its checkpoints store them."""
     quantization = reader.table("quantization_config", "quant")
     if quantization is None:
         return {"scheme": "bf16"}
@@ -234,10 +248,22 @@ def _quant_from(reader: ConfigReader) -> dict[str, Any]:
     method = sub.text("quant_method", "quant", required=True)
     block = sub.integers("weight_block_size", "quant.weight_block")
     activation = sub.text("activation_scheme", "quant.activation_scheme")
+    expert_dtype = _expert_dtype(sub, moe)
     if method is None:
         return {"scheme": "bf16"}  # reported, or overridden by --set
     # activation_scheme as written, when written: the rules say what each scheme takes
     written = {"activation_scheme": activation} if activation is not None else {}
+    if method == "fp8" and expert_dtype == "fp4":
+        if block not in (None, [128, 128]) and not reader.overridden("quant"):
+            sub.report(
+                "weight_block_size",
+                block,
+                "is the shared experts' fp8 block with fp4 experts, and moec's fp8_block "
+                "shared experts take 128x128",
+                "[128, 128]",
+            )
+        shared = {"shared_scheme": "fp8_block"}
+        return {"scheme": "mxfp4", **shared, **written, "checkpoint": "quantized"}
     if method == "mxfp8":
         return {"scheme": "mxfp8", **written, "checkpoint": "quantized"}
     # a written block, even [] (the spec's rules report it), or one --set gives
@@ -249,6 +275,18 @@ def _quant_from(reader: ConfigReader) -> dict[str, Any]:
     if not reader.overridden("quant"):
         sub.report("quant_method", method, "is not a scheme moec runs", '"fp8" or "mxfp8"')
     return {"scheme": "bf16"}
+
+
+def _expert_dtype(quantization: ConfigReader, moe: ConfigReader) -> str | None:
+    """DeepSeek-V4's `expert_dtype` ("fp8" or "fp4"), from quantization_config or beside it."""
+    holder = quantization if quantization.config.get("expert_dtype") is not None else moe
+    expert_dtype = holder.text("expert_dtype", "quant.scheme")
+    if expert_dtype not in (None, "fp8", "fp4") and not holder.overridden("quant.scheme"):
+        holder.report(
+            "expert_dtype", expert_dtype, "is not an expert format moec runs", '"fp8" or "fp4"'
+        )
+        return None
+    return expert_dtype
 
 
 def _name_from(reader: ConfigReader) -> str:

@@ -1,0 +1,112 @@
+"""The transformers MoE blocks `patch_model` replaces, and what each one computes where it
+differs from its config.
+
+A transformers router does not always read every routing key its config.json carries:
+DeepseekV2's always scores with a softmax and never renormalizes, DeepseekV3's always scores
+with a sigmoid and chooses as noaux_tc, DeepSeek-V4's always renormalizes, ungrouped. moec's
+spec follows the config (as DeepSeek's and SGLang's code do), so a config that sets such a key
+otherwise would make the patched model compute something else than the model it patches.
+`expected_keys` says, per block, what the block computes; `patch_model` follows it (and says
+so) unless the caller asks to follow the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A spec key whose value a transformers block fixes, whatever its config says."""
+
+    path: str
+    """Spec key, e.g. "router.norm_topk_prob"."""
+    value: Any
+    """What the block computes with."""
+    does: str
+    """What the block does, in words: "never renormalizes the top-k weights"."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One transformers MoE block class."""
+
+    module: str
+    """Under transformers.models."""
+    name: str
+    """The class."""
+    router: str
+    """The router class, as messages name it."""
+    fixed: tuple[Fixed, ...] = field(default=())
+
+
+_SIGMOID = Fixed("router.scoring_func", "sigmoid", "always scores with a sigmoid")
+_NOAUX = Fixed("router.topk_method", "noaux_tc", "always chooses as noaux_tc, with the bias")
+_V3_LIKE = (_SIGMOID, _NOAUX)
+BLOCKS = (
+    Block("deepseek_v3.modeling_deepseek_v3", "DeepseekV3MoE", "DeepseekV3TopkRouter", _V3_LIKE),
+    Block(
+        "deepseek_v2.modeling_deepseek_v2",
+        "DeepseekV2Moe",
+        "DeepseekV2TopkRouter",
+        (
+            Fixed("router.scoring_func", "softmax", "always scores with a softmax"),
+            Fixed("router.norm_topk_prob", False, "never renormalizes the top-k weights"),
+        ),
+    ),
+    Block(
+        "deepseek_v32.modeling_deepseek_v32", "DeepseekV32MoE", "DeepseekV32TopkRouter", _V3_LIKE
+    ),
+    Block("glm4_moe.modeling_glm4_moe", "Glm4MoeMoE", "Glm4MoeTopkRouter", _V3_LIKE),
+    Block(
+        "deepseek_v4.modeling_deepseek_v4",
+        "DeepseekV4SparseMoeBlock",
+        "DeepseekV4TopKRouter",
+        (
+            _NOAUX,
+            Fixed("router.n_group", 1, "chooses among all experts, ungrouped"),
+            Fixed("router.topk_group", 1, "chooses among all experts, ungrouped"),
+            Fixed("router.norm_topk_prob", True, "always renormalizes the top-k weights"),
+            Fixed("model.n_shared_experts", 1, "holds one shared expert of moe_intermediate_size"),
+        ),
+    ),
+)
+"""Every block patch_model replaces (Kimi-K2 and Kimi-K2.5 hold DeepseekV3MoE blocks)."""
+ROUTER_KEYS = ("transformers", "config")
+"""patch_model's `router_keys`: follow what the transformers block computes, or the config."""
+
+
+def block_of(name: str) -> Block:
+    return next(block for block in BLOCKS if block.name == name)
+
+
+def ignored_keys(block: Block, raw: dict[str, Any]) -> list[tuple[Fixed, Any]]:
+    """(fixed key, the config's value) for each key of `raw` (spec data from the config) that
+    the block computes otherwise."""
+    found = []
+    for fixed in block.fixed:
+        table, key = fixed.path.split(".")
+        if raw[table][key] != fixed.value:
+            found.append((fixed, raw[table][key]))
+    return found
+
+
+def follow_block(block: Block, raw: dict[str, Any]) -> list[str]:
+    """Set the keys of `raw` the block fixes to what it computes; one sentence for each key
+    that changed (empty when the config agrees with the block)."""
+    notes = []
+    for fixed, config_value in ignored_keys(block, raw):
+        table, key = fixed.path.split(".")
+        raw[table][key] = fixed.value
+        notes.append(
+            f"{key} = {_literal(config_value)} in the config, but {block.router} {fixed.does} "
+            f"({key} = {_literal(fixed.value)})"
+        )
+    return notes
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else repr(value)

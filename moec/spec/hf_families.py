@@ -1,0 +1,170 @@
+"""What each DeepSeek-family `model_type` means to `moec init --from-hf`: the router defaults a
+config leaves out, where the MoE keys live (Kimi-K2.5: `text_config`), and the MoE layer types
+of DeepSeek-V4 (`mlp_layer_types`, or the legacy `num_hash_layers`).
+
+The values a key left out takes are transformers' defaults for that model type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moec.errors import problem
+from moec.spec.hf_values import ConfigReader
+
+
+@dataclass(frozen=True)
+class Family:
+    """The router and shared-expert defaults of one model type."""
+
+    scoring_func: str
+    topk_method: str
+    norm_topk_prob: bool
+    n_shared_experts: int
+    """When the config leaves it out."""
+
+
+_V3 = Family("sigmoid", "noaux_tc", True, 0)
+_ONE_SHARED = Family("sigmoid", "noaux_tc", True, 1)
+FAMILIES = {
+    "deepseek_v2": Family("softmax", "greedy", False, 0),
+    "deepseek_v3": _V3,
+    "kimi_k2": _V3,
+    "deepseek_v32": _ONE_SHARED,
+    "glm4_moe": _ONE_SHARED,
+    "deepseek_v4": Family("sqrtsoftplus", "noaux_tc", True, 1),
+}
+"""model_type -> its defaults; Kimi-K2.5 (`kimi_k25`) is a DeepSeek-V3 in `text_config`."""
+WRAPPERS = {"kimi_k25": ("deepseek_v3", "kimi_k2")}
+"""model_type whose MoE keys sit in `text_config` -> the text model types it may hold (the
+first when `text_config` names none, as transformers does)."""
+KNOWN_TYPES = (*FAMILIES, *WRAPPERS)
+
+LAYER_TYPES = ("moe", "hash_moe")
+"""DeepSeek-V4's MoE layer types (transformers' `mlp_layer_types` values)."""
+V4_DEFAULT_LAYERS = 43
+V4_DEFAULT_HASH_LAYERS = 3
+"""transformers' DeepseekV4Config defaults: `num_hidden_layers`, and the first layers that
+are hash_moe when a config gives neither `mlp_layer_types` nor `num_hash_layers`."""
+HASH_UNSUPPORTED = (
+    "hash-routed layers (tid2eid[input_ids] chooses the experts) are not something moec runs yet"
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the MoE keys of a config are read."""
+
+    model_type: str
+    """The text model's type (for Kimi-K2.5, text_config's)."""
+    reader: ConfigReader
+    """The keys of the MoE layer (the config, or its text_config)."""
+    outer: ConfigReader
+    """The config itself: dtype, quantization and name fall back to it."""
+
+
+def moe_source(reader: ConfigReader, model_type: str) -> Source | None:
+    """The reader of the MoE keys; None (a problem recorded) when text_config is unusable."""
+    if model_type not in WRAPPERS:
+        return Source(model_type, reader, reader)
+    text = reader.table("text_config", "model", required=True)
+    if text is None:
+        return None
+    inner = ConfigReader(text, reader.set_keys, "text_config.", reader.problems)
+    allowed = WRAPPERS[model_type]
+    inner_type = inner.text("model_type", "model")
+    if inner_type is None:
+        inner_type = allowed[0]
+    elif inner_type not in allowed:
+        inner.report(
+            "model_type",
+            inner_type,
+            f"is not a text model {model_type} holds",
+            " or ".join(allowed),
+        )
+        return None
+    return Source(inner_type, inner, reader)
+
+
+def reader_of(source: Source, *keys: str) -> ConfigReader:
+    """The reader holding one of `keys`: the MoE keys', or else the outer config's (dtype,
+    quantization: Kimi-K2.5 may write them beside text_config)."""
+    if any(source.reader.config.get(key) is not None for key in keys):
+        return source.reader
+    return source.outer
+
+
+def check_layer_type(source: Source, layer_type: str | None) -> None:
+    """Record a problem unless the MoE layers of the config are one type moec runs, or
+    `layer_type` (`--layer-type`) picks one; hash-routed layers are refused by key."""
+    reader = source.reader
+    if source.model_type != "deepseek_v4":
+        if layer_type is not None:
+            reader.report(
+                "model_type",
+                source.model_type,
+                f"has one MoE layer type: --layer-type {layer_type} is for deepseek_v4 configs",
+                "leave --layer-type out",
+            )
+        hashed = reader.integer("num_hash_layers", "router.topk_method")
+        if hashed:  # a V4 key on another model type: its layers would be hash-routed
+            reader.report(
+                "num_hash_layers",
+                hashed,
+                f"asks for hash-routed layers, which {source.model_type} models do not have, "
+                f"and {HASH_UNSUPPORTED}",
+                "remove it, or model_type deepseek_v4 with --layer-type moe",
+            )
+        return
+    key, counts = _v4_layer_counts(reader)
+    if counts is None:
+        return
+    if layer_type is None:
+        present = [name for name in LAYER_TYPES if counts[name]]
+        if len(present) > 1:
+            message = (
+                f"holds {counts['hash_moe']} hash_moe and {counts['moe']} moe layers, and a "
+                "spec describes one layer type"
+            )
+            _report(reader, key, message, "--layer-type moe for the routed layers")
+            return
+        layer_type = present[0] if present else "moe"
+    elif not counts[layer_type]:
+        others = " or ".join(name for name in LAYER_TYPES if counts[name])
+        _report(reader, key, f"has no {layer_type} layer", f"--layer-type {others}")
+        return
+    if layer_type == "hash_moe":
+        message = f"its {counts['hash_moe']} hash_moe layers: {HASH_UNSUPPORTED}"
+        _report(reader, key, message, "--layer-type moe for the routed layers")
+
+
+def _report(reader: ConfigReader, key: str, message: str, hint: str) -> None:
+    """A layer-type problem, showing the key's value when the config writes it."""
+    value = reader.config.get(key)
+    if value is None:  # transformers' default schedule
+        message = f"absent, so the first {V4_DEFAULT_HASH_LAYERS} layers are hash_moe: {message}"
+        reader.problems.append(problem(reader.prefix + key, message, hint))
+    else:
+        reader.report(key, value, message, hint)
+
+
+def _v4_layer_counts(reader: ConfigReader) -> tuple[str, dict[str, int] | None]:
+    """(the key the layer types come from, {layer type: count}); None when it is unusable."""
+    layers = reader.integer("num_hidden_layers", "model")
+    layers = V4_DEFAULT_LAYERS if layers is None else layers
+    if reader.config.get("mlp_layer_types") is not None:
+        types = reader.config["mlp_layer_types"]
+        if not isinstance(types, list) or not all(item in LAYER_TYPES for item in types):
+            reader.report(
+                "mlp_layer_types",
+                types,
+                "is not a list of DeepSeek-V4 MoE layer types",
+                'a list of "moe" and "hash_moe"',
+            )
+            return "mlp_layer_types", None
+        types = types[:layers]
+        return "mlp_layer_types", {name: types.count(name) for name in LAYER_TYPES}
+    hashed = reader.integer("num_hash_layers", "router.topk_method")
+    hashed = V4_DEFAULT_HASH_LAYERS if hashed is None else min(max(hashed, 0), layers)
+    key = "num_hash_layers" if "num_hash_layers" in reader.config else "mlp_layer_types"
+    return key, {"hash_moe": hashed, "moe": layers - hashed}
