@@ -184,3 +184,20 @@ def test_hash_layers_on_other_model_types_are_not_dropped(tmp_path, capsys):
     )
     err = _refused(tmp_path, capsys, DEEPSEEK_V3, "--layer-type", "moe")
     assert "--layer-type moe is for deepseek_v4 configs" in err
+
+
+@pytest.mark.parametrize(
+    ("example", "config", "extra"),
+    [
+        ("deepseek-v4-flash.toml", DEEPSEEK_V4_FLASH, ("--layer-type", "moe")),
+        ("glm-4.5.toml", GLM_45, ()),
+    ],
+)
+def test_examples_are_what_init_writes(example, config, extra, tmp_path, capsys):
+    """The shipped V4-Flash and GLM-4.5 examples describe the layers their configs do."""
+    from conftest import EXAMPLES
+
+    written = _spec(tmp_path, capsys, config, *extra)
+    shipped = load_spec(EXAMPLES / example).spec
+    for table in ("model", "router", "quant", "activation"):
+        assert getattr(shipped, table) == getattr(written, table), table
