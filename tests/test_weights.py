@@ -314,3 +314,17 @@ def test_static_scales_reach_fused_shared_experts(load_layer):
         assert "w13_input_scale" in state
         outs.append(layer(x))
     assert torch.allclose(outs[0].float(), outs[1].float(), rtol=2**-7, atol=2**-7)
+
+
+def test_a_one_block_weight_keeps_its_scale_grid():
+    """A 128 x 128 fp8_block weight has one scale, [1, 1] in the checkpoint (the shared expert
+    of a small DeepSeek-V4 layer): taken as the grid it is, not flattened to [1]."""
+    from moec.runtime import quant
+    from moec.runtime.weight_formats import WeightFormat
+
+    fmt = WeightFormat("fp8_block", (128, 128), False, True, False, torch.bfloat16)
+    w = torch.randn(128, 128)
+    value, scale = quant.quantize_blocks(w, 128, 128, pow2=False)
+    problems = []
+    pair = fmt.from_checkpoint(value, scale, (128, 128), "shared_experts.w1", problems)
+    assert problems == [] and torch.equal(pair[1], scale)

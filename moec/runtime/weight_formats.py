@@ -127,8 +127,8 @@ class WeightFormat:
             )
             return None
         scale = _scale_values(scale)
-        if scale.numel() == 1:
-            scale = scale.reshape(-1)
+        if scale.numel() == 1 and math.prod(expected) == 1:  # [], [1] or [1, 1]: one scale
+            scale = scale.reshape(expected)
         if tuple(scale.shape) != expected:
             problems.append(
                 f"{name}.weight_scale_inv: shape {list(scale.shape)}, expected {list(expected)}"
