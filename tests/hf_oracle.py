@@ -182,7 +182,12 @@ def save_model(config, folder: Path, seed: int = 0) -> torch.nn.Module:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-            if ".mlp." in name and tensor.is_floating_point() and tensor.numel():
+            if name.endswith("gate.tid2eid"):  # V4's hash table: K distinct experts per token
+                vocab, top_k = tensor.shape
+                experts = config.n_routed_experts
+                table = torch.rand(vocab, experts, generator=generator).argsort(dim=1)
+                tensor.copy_(table[:, :top_k])
+            elif ".mlp." in name and tensor.is_floating_point() and tensor.numel():
                 fan_in = tensor.shape[-1] if tensor.dim() > 1 else 1
                 scale = 1.0 / fan_in**0.5 if tensor.dim() > 1 else 0.05
                 tensor.copy_(torch.randn(tensor.shape, generator=generator) * scale)

@@ -160,13 +160,31 @@ def test_v4_hash_layers_are_refused_by_key(tmp_path, cache_dir):
 
     config = hf_oracle.deepseek_v4(layers=2, hash_layers=1)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with pytest.raises(MoecError, match="model.layers.0.mlp is a hash_moe layer: hash-routed"):
+    with pytest.raises(
+        MoecError, match="model.layers.0.mlp is a hash_moe layer: hash-routed"
+    ) as error:
         patch_model(model, cache_dir=cache_dir)
+    assert "keep_hash_layers=True" in error.value.report()
     config.save_pretrained(tmp_path)
     args = ["init", "--from-hf", str(tmp_path / "config.json")]
     with pytest.raises(MoecError, match=r"mlp_layer_types = \[.*holds 1 hash_moe and 1 moe"):
         moec.spec.hf.spec_from_hf(tmp_path / "config.json")
     assert main(args + ["--layer-type", "hash_moe"]) == 2
+
+
+def test_v4_keep_hash_layers_patches_the_routed_ones(tmp_path, cache_dir):
+    """keep_hash_layers=True: the hash_moe block stays transformers' own (with its token ids),
+    the routed one is replaced; the model computes what it did."""
+    hf_oracle.save_model(hf_oracle.deepseek_v4(layers=2, hash_layers=1), tmp_path)
+    reference, model = _load(tmp_path), _load(tmp_path)
+    patch_model(model, keep_hash_layers=True, cache_dir=cache_dir)
+    kinds = [type(model.get_submodule(f"model.layers.{i}.mlp")).__name__ for i in range(2)]
+    assert kinds == ["DeepseekV4SparseMoeBlock", "MoecMoE"]
+    tokens = _tokens(5)
+    with torch.no_grad():
+        expected, logits = reference(tokens).logits, model(tokens).logits
+    bound = 2 * U32 * summed_terms(model.config, tokens.shape[1])
+    assert (logits - expected).abs().max().item() <= bound * expected.abs().max().item()
 
 
 def test_v2_keys_transformers_ignores_follow_transformers_and_say_so(saved_v2_keys, cache_dir):

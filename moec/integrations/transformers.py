@@ -74,6 +74,7 @@ def patch_model(
     overrides: list[str] | tuple[str, ...] = (),
     cache_dir: str | Path | None = None,
     router_keys: str = "transformers",
+    keep_hash_layers: bool = False,
 ) -> nn.Module:
     """Replace every DeepSeek MoE block of the transformers `model` with moec's layer; return
     the model (patched in place).
@@ -88,7 +89,11 @@ def patch_model(
     transformers blocks did, also where their router ignores a routing key of the config
     (DeepSeek-V2's `norm_topk_prob` and `scoring_func`, ...; a spec from the config follows
     the block, with one warning naming each such key; a spec file that follows the config is
-    refused); "config" follows the config's keys, as DeepSeek's and SGLang's code do."""
+    refused); "config" follows the config's keys, as DeepSeek's and SGLang's code do.
+
+    DeepSeek-V4's hash-routed (`hash_moe`) layers are something moec does not run yet: a model
+    with them is refused, naming them, unless `keep_hash_layers=True`, which leaves those blocks
+    transformers' own and replaces the routed ones."""
     if router_keys not in ROUTER_KEYS:
         raise MoecError(
             [
@@ -98,7 +103,7 @@ def patch_model(
             ],
             kind="usage",
         )
-    names, block = _blocks_of(model)
+    names, block = _blocks_of(model, keep_hash_layers)
     config = model.config.get_text_config()  # Kimi-K2.5: its DeepSeek-V3 text model's
     dtype, device = _expert_weights_format(model.get_submodule(names[0]), names[0])
     follow = block if router_keys == "transformers" else None
@@ -110,9 +115,10 @@ def patch_model(
     return model
 
 
-def _blocks_of(model: nn.Module) -> tuple[list[str], Block]:
-    """The names of the model's MoE blocks and their kind; MoecError when it has none, or
-    hash-routed ones (DeepSeek-V4's hash_moe layers), which moec cannot run yet."""
+def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[list[str], Block]:
+    """The names of the model's MoE blocks to replace and their kind; MoecError when it has
+    none, or hash-routed ones (DeepSeek-V4's hash_moe layers, which moec cannot run yet) unless
+    `keep_hash_layers` leaves them out."""
     classes = moe_block_classes()
     found = [
         (name, module) for name, module in model.named_modules() if isinstance(module, classes)
@@ -129,7 +135,9 @@ def _blocks_of(model: nn.Module) -> tuple[list[str], Block]:
             kind="usage",
         )
     hashed = [name for name, module in found if getattr(module, "is_hash", False)]
-    if hashed:
+    if hashed and keep_hash_layers and len(hashed) < len(found):
+        found = [(name, module) for name, module in found if name not in hashed]
+    elif hashed:
         layers = ", ".join(hashed)
         raise MoecError(
             [
@@ -138,7 +146,10 @@ def _blocks_of(model: nn.Module) -> tuple[list[str], Block]:
                     f"{layers} {'is a' if len(hashed) == 1 else 'are'} hash_moe layer"
                     f"{'' if len(hashed) == 1 else 's'}: hash-routed layers (tid2eid[input_ids] "
                     "chooses the experts) are not something moec runs yet",
-                    'a DeepSeek-V4 model whose mlp_layer_types are all "moe"',
+                    "patch_model(..., keep_hash_layers=True) keeps them transformers' own "
+                    "and replaces the routed layers"
+                    if len(hashed) < len(found)
+                    else 'a DeepSeek-V4 model with routed ("moe") layers',
                 )
             ],
             kind="usage",
