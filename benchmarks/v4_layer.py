@@ -1,4 +1,4 @@
-"""DeepSeek-V4-Flash's routed MoE layer (`moe` layers) on the GPU against transformers' own
+"""DeepSeek-V4-Flash's routed and hash-routed MoE layers (`moe`, `hash_moe`) on the GPU against transformers' own
 block in fp32, bf16 and fp4 experts, at the real dims: H 4096, I 2048, 256 experts, top-6 by
 sqrt(softplus) scores with a correction bias, renormalized x1.5, SwiGLU clamped at 10 (the
 shared expert's too), one shared expert.
@@ -20,6 +20,8 @@ Packages (built beforehand, from the repo root):
         --set experts.gemm_backend=triton
     moec build examples/deepseek-v4-flash.toml -o benchmarks/.packages --set name=bench_v4_bf16_triton \
         --set experts.gemm_backend=triton --set quant.scheme=bf16 --set quant.shared_scheme=bf16
+and the same two from examples/deepseek-v4-flash-hash.toml (the hash_moe layers, whose forward
+takes random token ids here) as bench_v4_hash_mxfp4_triton and bench_v4_hash_bf16_triton.
 Run (repo root on PYTHONPATH, as gpu_session.sh sets it):
     cd benchmarks && python v4_layer.py --out $OUT/v4_layer.json
 """
@@ -47,7 +49,12 @@ from common import (
 
 from moec.runtime import quant
 
-PACKAGES = ("bench_v4_bf16_triton", "bench_v4_mxfp4_triton")
+PACKAGES = (
+    "bench_v4_bf16_triton",
+    "bench_v4_mxfp4_triton",
+    "bench_v4_hash_bf16_triton",
+    "bench_v4_hash_mxfp4_triton",
+)
 BOUND = {"bf16": 2**-7, "mxfp4": 2 * 2**-4 + 2**-7}
 """Norm-wise bounds against the fp32 oracle. bf16: the self-check's 2**-7 (bf16 rounds h, the
 activation and the output, u = 2**-8 each: docs/numerics.md). fp4: the weights are the oracle's
@@ -86,8 +93,13 @@ def weights(dims: dict, scheme: str, seed: int) -> tuple[dict, dict]:
         return held
 
     checkpoint = {"gate.weight": normal(experts, hidden)}
-    checkpoint["gate.bias"] = 0.02 * torch.randn(experts, generator=generator, device=DEVICE)
-    values = {"gate": checkpoint["gate.weight"], "bias": checkpoint["gate.bias"]}
+    values = {"gate": checkpoint["gate.weight"]}
+    if dims["vocab"]:  # a hash layer: top_k distinct experts per token id, no correction bias
+        draws = torch.rand(dims["vocab"], experts, generator=generator, device=DEVICE)
+        checkpoint["gate.tid2eid"] = values["table"] = draws.argsort(dim=1)[:, : dims["top_k"]]
+    else:
+        checkpoint["gate.bias"] = 0.02 * torch.randn(experts, generator=generator, device=DEVICE)
+        values["bias"] = checkpoint["gate.bias"]
     routed = [mlp(f"experts.{e}", scheme == "mxfp4") for e in range(experts)]
     values["w13"] = torch.stack([torch.cat((w["w1"], w["w3"])) for w in routed])  # [E, 2I, H]
     values["w2"] = torch.stack([w["w2"] for w in routed])  # [E, H, I]
@@ -97,17 +109,22 @@ def weights(dims: dict, scheme: str, seed: int) -> tuple[dict, dict]:
 
 
 def oracle(dims: dict, values: dict, limit: float, scaling: float, which: str):
-    """(transformers' block, or the replica, as a function of fp32 x [T, H] -> (out, ids);
-    which one). `which`: auto (transformers where importable), transformers or replica."""
+    """(transformers' block, or the replica, as a function of (fp32 x [T, H], token ids [T]) ->
+    (out, ids); which one). `which`: auto (transformers where importable), transformers or
+    replica."""
     if which == "replica":
-        return (lambda x: replica(x, values, dims["top_k"], limit, scaling)), "replica"
+        return partial(
+            replica, values=values, top_k=dims["top_k"], limit=limit, scaling=scaling
+        ), "replica"
     try:
         from transformers import DeepseekV4Config
         from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4SparseMoeBlock
     except ImportError:
         if which == "transformers":
             raise
-        return (lambda x: replica(x, values, dims["top_k"], limit, scaling)), "replica"
+        return partial(
+            replica, values=values, top_k=dims["top_k"], limit=limit, scaling=scaling
+        ), "replica"
     config = DeepseekV4Config(
         hidden_size=dims["hidden"],
         moe_intermediate_size=dims["intermediate"],
@@ -117,13 +134,15 @@ def oracle(dims: dict, values: dict, limit: float, scaling: float, which: str):
         routed_scaling_factor=scaling,
         swiglu_limit=limit,
         num_hidden_layers=1,
-        mlp_layer_types=["moe"],
+        mlp_layer_types=["hash_moe" if dims["vocab"] else "moe"],
+        vocab_size=dims["vocab"] or 129280,
     )
     with torch.device("meta"):
         block = DeepseekV4SparseMoeBlock(config, 0)
     state = {
         "gate.weight": values["gate"],
-        "gate.e_score_correction_bias": values["bias"],
+        **({"gate.tid2eid": values["table"]} if dims["vocab"] else {}),
+        **({} if dims["vocab"] else {"gate.e_score_correction_bias": values["bias"]}),
         "experts.gate_up_proj": values["w13"],
         "experts.down_proj": values["w2"],
         **{
@@ -134,18 +153,25 @@ def oracle(dims: dict, values: dict, limit: float, scaling: float, which: str):
     block.load_state_dict(state, assign=True)
     block.eval()
 
-    def run(x):
+    def run(x, token_ids):
         with torch.no_grad():
+            if block.is_hash:
+                ids = block.gate(x.unsqueeze(0), token_ids.unsqueeze(0))[2]
+                return block(x.unsqueeze(0), input_ids=token_ids.unsqueeze(0)).squeeze(0), ids
             ids = block.gate(x.unsqueeze(0))[2]
             return block(x.unsqueeze(0)).squeeze(0), ids
 
     return run, "transformers DeepseekV4SparseMoeBlock"
 
 
-def replica(x, values: dict, top_k: int, limit: float, scaling: float):
-    """transformers 5.24's DeepseekV4TopKRouter + DeepseekV4Experts + DeepseekV4MLP, in fp32."""
+def replica(x, token_ids, *, values: dict, top_k: int, limit: float, scaling: float):
+    """transformers 5.24's DeepseekV4TopKRouter (or DeepseekV4HashRouter) + DeepseekV4Experts +
+    DeepseekV4MLP, in fp32."""
     scores = F.softplus(x @ values["gate"].T).sqrt()  # [T, E]
-    ids = torch.topk(scores + values["bias"], top_k, dim=-1, sorted=False).indices
+    if "table" in values:  # hash: tid2eid[input_ids]
+        ids = values["table"][token_ids]
+    else:
+        ids = torch.topk(scores + values["bias"], top_k, dim=-1, sorted=False).indices
     weights = scores.gather(1, ids)
     weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * scaling
     out = torch.zeros_like(x)
@@ -178,12 +204,22 @@ def run_package(name: str, tokens: list[int], seed: int, which: str) -> list[dic
         generator = torch.Generator(device=DEVICE).manual_seed(seed + count)
         x = torch.randn(count, dims["hidden"], device=DEVICE, generator=generator)
         x = x.to(torch.bfloat16)
-        out = layer(x).float()
-        expected, ids = reference(x.float())
-        ours = chosen_experts(package, layer, x)
+        token_ids = None
+        extra = {}
+        if dims["vocab"]:  # a hash layer's keys
+            token_ids = torch.randint(
+                0, dims["vocab"], (count,), device=DEVICE, generator=generator
+            )
+            extra = {"token_ids": token_ids}
+        out = layer(x, **extra).float()
+        expected, ids = reference(x.float(), token_ids)
+        if dims["vocab"]:
+            ours = layer.tid2eid[token_ids].long().sort(dim=-1).values
+        else:
+            ours = chosen_experts(package, layer, x)
         agree = (ours == ids.sort(dim=-1).values).all(dim=-1)
         error = ((out - expected)[agree].norm() / expected[agree].norm()).item()
-        run = partial(layer, x)
+        run = partial(layer, x, **extra)
         if DEVICE == "cuda" and graph_safe(package):
             run = graphed(run)
         ms = median_ms(run)

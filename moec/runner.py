@@ -9,6 +9,7 @@ run_bytes) within what the device has free.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -71,8 +72,12 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
     x = torch.randn(tokens, spec.model.hidden_size, generator=generator).to(
         device=device, dtype=dtype
     )
-    out = layer(x)  # warm-up (and Triton compilation)
-    elapsed = _time(layer, x, device)
+    from moec.runtime.reference import token_ids_for
+
+    token_ids = token_ids_for(package.PLAN, x, generator)  # a hash-routed layer's keys
+    extra = {} if token_ids is None else {"token_ids": token_ids}
+    out = layer(x, **extra)  # warm-up (and Triton compilation)
+    elapsed = _time(functools.partial(layer, **extra), x, device)
     lines = [
         f"spec      {spec.name} (sha256 {loaded.content_hash[:16]})",
         f"backend   {package.PLAN['choices']['gemm_backend']}, layout {package.PLAN['choices']['layout']}",
@@ -82,7 +87,7 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
     ]
     if compared:
         reference = moec.load(load_spec(path, [*overrides, "experts.gemm_backend=torch"]))
-        expected = _layer(reference, device, weights, prefix, seed)(x)
+        expected = _layer(reference, device, weights, prefix, seed)(x, **extra)
         scale = expected.double().abs().max().item() or 1.0
         error = (out.double() - expected.double()).abs().max().item() / scale
         lines.append(f"vs torch  max relative error {error:.3e}")

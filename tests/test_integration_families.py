@@ -155,23 +155,6 @@ def test_patched_model_equals_transformers(saved, cache_dir):
     assert torch.equal(model.generate(tokens, **kwargs), reference.generate(tokens, **kwargs))
 
 
-def test_v4_hash_layers_are_refused_by_key(tmp_path, cache_dir):
-    from transformers import AutoModelForCausalLM
-
-    config = hf_oracle.deepseek_v4(layers=2, hash_layers=1)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with pytest.raises(
-        MoecError, match="model.layers.0.mlp is a hash_moe layer: hash-routed"
-    ) as error:
-        patch_model(model, cache_dir=cache_dir)
-    assert "keep_hash_layers=True" in error.value.report()
-    config.save_pretrained(tmp_path)
-    args = ["init", "--from-hf", str(tmp_path / "config.json")]
-    with pytest.raises(MoecError, match=r"mlp_layer_types = \[.*holds 1 hash_moe and 1 moe"):
-        moec.spec.hf.spec_from_hf(tmp_path / "config.json")
-    assert main(args + ["--layer-type", "hash_moe"]) == 2
-
-
 def test_v4_keep_hash_layers_patches_the_routed_ones(tmp_path, cache_dir):
     """keep_hash_layers=True: the hash_moe block stays transformers' own (with its token ids),
     the routed one is replaced; the model computes what it did."""

@@ -718,6 +718,28 @@ EXPECTED = {
         },
         ["convert a for gemm_gate_up"],
     ),
+    "deepseek-v4-flash": (
+        FULL,
+        {
+            "gemm_backend": "deep_gemm",
+            "layout": "masked",
+            "fuse router + select": "one launch at 1 token",
+            "routed scaling": "x1.5 folded into the top-k weights",
+            "CUDA graph": "yes",
+        },
+        [],
+    ),
+    "deepseek-v4-flash-hash": (
+        FULL,
+        {
+            "gemm_backend": "deep_gemm",
+            "top-k": "hash table, Triton",
+            "fuse router + select": "no",
+            "routed scaling": "x1.5 folded into the top-k weights",
+            "CUDA graph": "yes",
+        },
+        [],
+    ),
     "deepseek-v4-style": (
         FULL,
         {
@@ -729,6 +751,17 @@ EXPECTED = {
             "CUDA graph": "yes",
         },
         ["convert a for gemm_gate_up"],
+    ),
+    "glm-4.5": (
+        PLAIN,
+        {
+            "gemm_backend": "triton",
+            "layout": "masked",
+            "shared experts": "fused as 1 extra expert(s)",
+            "routed scaling": "x2.5 folded into the top-k weights",
+            "CUDA graph": "yes",
+        },
+        [],
     ),
     "kimi-k2": (
         FULL,

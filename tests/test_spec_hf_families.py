@@ -53,6 +53,7 @@ DEEPSEEK_V4_FLASH = {
     "num_experts_per_tok": 6,
     "num_hidden_layers": 43,
     "num_hash_layers": 3,
+    "vocab_size": 129280,
     "norm_topk_prob": True,
     "routed_scaling_factor": 1.5,
     "scoring_func": "sqrtsoftplus",
@@ -96,7 +97,7 @@ def test_v3_style_models(config, tmp_path, capsys):
 
 def test_glm_45(tmp_path, capsys):
     spec = _spec(tmp_path, capsys, GLM_45)
-    assert spec.model.model_dump(exclude={"preset"}) == {
+    assert spec.model.model_dump(exclude={"preset", "vocab_size"}) == {
         "hidden_size": 5120,
         "moe_intermediate_size": 1536,
         "n_routed_experts": 160,
@@ -151,6 +152,11 @@ def test_v4_routed_layers(tmp_path, capsys):
         "quantized",
     )
     assert (spec.activation.kind, spec.activation.swiglu_limit) == ("silu_clamped", 10.0)
+    hashed = _spec(tmp_path, capsys, DEEPSEEK_V4_FLASH, "--layer-type", "hash_moe")
+    assert (hashed.router.topk_method, hashed.model.vocab_size) == ("hash", 129280)
+    assert hashed.model.model_dump(exclude={"vocab_size"}) == spec.model.model_dump(
+        exclude={"vocab_size"}
+    )
     fp8_experts = {**DEEPSEEK_V4_FLASH, "mlp_layer_types": ["moe"] * 43, "expert_dtype": "fp8"}
     assert _spec(tmp_path, capsys, fp8_experts).quant.scheme == "fp8_block"  # one type: no flag
 
@@ -159,7 +165,7 @@ def test_v4_routed_layers(tmp_path, capsys):
     ("change", "extra", "message"),
     [
         ({}, (), "num_hash_layers = 3: holds 3 hash_moe and 40 moe layers, and a spec describes"),
-        ({}, ("--layer-type", "hash_moe"), "its 3 hash_moe layers: hash-routed layers (tid2eid"),
+        ({"vocab_size": None}, ("--layer-type", "hash_moe"), "vocab_size: is missing"),
         ({"num_hash_layers": None}, (), "mlp_layer_types: absent, so the first 3 layers are hash"),
         ({"mlp_layer_types": ["moe"] * 43}, ("--layer-type", "hash_moe"), "has no hash_moe layer"),
         ({"mlp_layer_types": ["moe", "dense"]}, (), "is not a list of DeepSeek-V4 MoE layer types"),
@@ -182,6 +188,7 @@ def test_hash_layers_on_other_model_types_are_not_dropped(tmp_path, capsys):
     assert (
         "num_hash_layers = 3: asks for hash-routed layers, which deepseek_v3 models do not" in err
     )
+    assert "(hash-routed layers (tid2eid[input_ids] chooses the experts) are DeepSeek-V4's)" in err
     err = _refused(tmp_path, capsys, DEEPSEEK_V3, "--layer-type", "moe")
     assert "--layer-type moe is for deepseek_v4 configs" in err
 
@@ -190,6 +197,7 @@ def test_hash_layers_on_other_model_types_are_not_dropped(tmp_path, capsys):
     ("example", "config", "extra"),
     [
         ("deepseek-v4-flash.toml", DEEPSEEK_V4_FLASH, ("--layer-type", "moe")),
+        ("deepseek-v4-flash-hash.toml", DEEPSEEK_V4_FLASH, ("--layer-type", "hash_moe")),
         ("glm-4.5.toml", GLM_45, ()),
     ],
 )

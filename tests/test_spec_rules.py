@@ -181,6 +181,18 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "router.n_group",
     ),
     ("noaux_tc_scoring", {"router.topk_method": "noaux_tc"}, "router.scoring_func"),
+    ("hash_routing", {"router.topk_method": "hash"}, "model.vocab_size"),
+    ("hash_routing", {"model.vocab_size": 64}, "model.vocab_size"),
+    (
+        "hash_routing",
+        {
+            "router.topk_method": "hash",
+            "model.vocab_size": 64,
+            "router.n_group": 2,
+            "router.topk_group": 1,
+        },
+        "router.n_group",
+    ),
     (
         "shared_scheme_without_shared_experts",
         {"quant.shared_scheme": "fp8_block", "model.n_shared_experts": 0},
@@ -483,6 +495,14 @@ def test_base_passes_every_rule():
             "model.n_shared_experts": 2,
         },
         {"activation": {"kind": "oai_swiglu"}},
+        {"router.topk_method": "hash", "model.vocab_size": 64, "router.scoring_func": "softmax"},
+        {  # the selection in torch beside Triton GEMMs, fused shared experts appended
+            **CUDA,
+            "router.topk_method": "hash",
+            "model.vocab_size": 64,
+            "experts.gemm_backend": "triton",
+            "experts.shared_experts": "fused",
+        },
     ],
     ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items())[:60],
 )

@@ -144,7 +144,13 @@ def _layer_fields(plan: Plan, calls: list[str]) -> dict[str, Any]:
         "workspace": bool(workspace(plan)),
         "calls": calls,
         "forward_doc": f"Route each token to its top-{layer.top_k} experts and return the "
-        f"weighted sum{shared}.",
+        f"weighted sum{shared}."
+        + (
+            " The experts of a token are tid2eid[token_id] (token_ids [T], int64 or int32)."
+            if layer.hashed
+            else ""
+        ),
+        "vocab": layer.vocab,
     }
 
 
@@ -178,6 +184,8 @@ def _weight_fields(plan: Plan) -> dict[str, Any]:
     rows = [(key, literal(value)) for key, value in values]
     rows.append(("routed", _weight_format(layer.routed, dtype)))
     rows.append(("shared", _weight_format(layer.shared, dtype) if layer.n_shared else "None"))
+    if layer.hashed:
+        rows.append(("hash_table", literal((layer.vocab, layer.top_k))))
     return {
         "parameters": parameters(plan),
         "workspace": workspace(plan),

@@ -85,7 +85,10 @@ def ignored_keys(block: Block, raw: dict[str, Any]) -> list[tuple[Fixed, Any]]:
     """(fixed key, the config's value) for each key of `raw` (spec data from the config) that
     the block computes otherwise."""
     found = []
+    hashed = raw["router"]["topk_method"] == "hash"  # V4's hash_moe layer: the table chooses
     for fixed in block.fixed:
+        if hashed and fixed.path == "router.topk_method":
+            continue
         table, key = fixed.path.split(".")
         if raw[table][key] != fixed.value:
             found.append((fixed, raw[table][key]))

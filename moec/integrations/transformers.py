@@ -21,6 +21,7 @@ import importlib
 import json
 import re
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import get_args
 
@@ -49,19 +50,25 @@ class MoecMoE(nn.Module):
     """A transformers DeepSeek MoE block's drop-in: hidden states [B, S, H] -> [B, S, H]
     through a moec `MoELayer` (which takes tokens [T, H])."""
 
-    def __init__(self, layer: nn.Module, replaces: str) -> None:
+    def __init__(self, layer: nn.Module, replaces: str, hashed: bool = False) -> None:
         super().__init__()
         self.layer = layer
         self.replaces = replaces
         """Class name of the transformers block this module took the place of."""
+        self.hashed = hashed
+        """A hash-routed layer (DeepSeek-V4's hash_moe): its experts come from the token ids."""
 
     def forward(
         self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """`input_ids`: what DeepSeek-V4's decoder layers pass every MoE block; a routed
-        layer's choice does not read them."""
+        """`input_ids` [B, S]: what DeepSeek-V4's decoder layers pass every MoE block; a hash
+        layer's experts are tid2eid[input_ids], a routed layer's choice does not read them."""
         shape = hidden_states.shape  # [B, S, H]
-        out = self.layer(hidden_states.reshape(-1, shape[-1]))  # [T, H], T = B * S
+        x = hidden_states.reshape(-1, shape[-1])  # [T, H], T = B * S
+        if self.hashed:  # the layer refuses missing ids, naming them
+            out = self.layer(x, None if input_ids is None else input_ids.reshape(-1))
+        else:
+            out = self.layer(x)
         return out.view(shape)
 
     def extra_repr(self) -> str:
@@ -91,9 +98,10 @@ def patch_model(
     the block, with one warning naming each such key; a spec file that follows the config is
     refused); "config" follows the config's keys, as DeepSeek's and SGLang's code do.
 
-    DeepSeek-V4's hash-routed (`hash_moe`) layers are something moec does not run yet: a model
-    with them is refused, naming them, unless `keep_hash_layers=True`, which leaves those blocks
-    transformers' own and replaces the routed ones."""
+    DeepSeek-V4 has two MoE layer types, routed (`moe`) and hash-routed (`hash_moe`, whose
+    experts are `tid2eid[input_ids]`): `spec` is then None (a spec per type from the config) or
+    {"moe": spec, "hash_moe": spec}; `keep_hash_layers=True` leaves the hash_moe blocks
+    transformers' own."""
     if router_keys not in ROUTER_KEYS:
         raise MoecError(
             [
@@ -103,22 +111,58 @@ def patch_model(
             ],
             kind="usage",
         )
-    names, block = _blocks_of(model, keep_hash_layers)
+    groups, block = _blocks_of(model, keep_hash_layers)
     config = model.config.get_text_config()  # Kimi-K2.5: its DeepSeek-V3 text model's
-    dtype, device = _expert_weights_format(model.get_submodule(names[0]), names[0])
+    first = next(iter(groups.values()))[0]
+    dtype, device = _expert_weights_format(model.get_submodule(first), first)
     follow = block if router_keys == "transformers" else None
-    loaded = _resolve_spec(spec, overrides, config, dtype, device, follow)
-    check_spec_fits(loaded, config, dtype, device, follow)
-    package = moec.load(loaded, cache_dir=cache_dir)
-    for name in names:
-        _replace_block(model, name, package)
+    specs = _spec_per_type(spec, groups)
+    loaded = {}  # every spec checked before any is built
+    for kind in groups:
+        loaded[kind] = _resolve_spec(specs[kind], overrides, config, dtype, device, follow, kind)
+        check_spec_fits(loaded[kind], config, dtype, device, follow, kind)
+    for kind, names in groups.items():
+        package = moec.load(loaded[kind], cache_dir=cache_dir)
+        for name in names:
+            _replace_block(model, name, package, kind == "hash_moe")
     return model
 
 
-def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[list[str], Block]:
-    """The names of the model's MoE blocks to replace and their kind; MoecError when it has
-    none, or hash-routed ones (DeepSeek-V4's hash_moe layers, which moec cannot run yet) unless
-    `keep_hash_layers` leaves them out."""
+def _spec_per_type(spec, groups: dict[str, list[str]]) -> dict:
+    """{layer type: the spec given for it, or None}: one spec for a model of one layer type,
+    a mapping by layer type for DeepSeek-V4's two; MoecError otherwise."""
+    if isinstance(spec, Mapping):
+        if set(spec) != set(groups):
+            raise MoecError(
+                [
+                    problem(
+                        "spec",
+                        f"names the layer types {sorted(spec)}, and the model has {sorted(groups)}",
+                        "a spec for each of them, or spec=None for specs from the config",
+                    )
+                ],
+                kind="usage",
+            )
+        return dict(spec)
+    if spec is not None and len(groups) > 1:
+        raise MoecError(
+            [
+                problem(
+                    "spec",
+                    f"describes one MoE layer type, and the model has {len(groups['moe'])} "
+                    f"moe and {len(groups['hash_moe'])} hash_moe layers",
+                    '{"moe": spec, "hash_moe": spec}, or spec=None for specs from the config',
+                )
+            ],
+            kind="usage",
+        )
+    return dict.fromkeys(groups, spec)
+
+
+def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list[str]], Block]:
+    """{layer type ("moe", "hash_moe"): the names of the model's MoE blocks of that type to
+    replace}, and their kind; MoecError when it has none. `keep_hash_layers` leaves
+    DeepSeek-V4's hash_moe blocks out."""
     classes = moe_block_classes()
     found = [
         (name, module) for name, module in model.named_modules() if isinstance(module, classes)
@@ -134,27 +178,25 @@ def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[list[str], Blo
             ],
             kind="usage",
         )
-    hashed = [name for name, module in found if getattr(module, "is_hash", False)]
-    if hashed and keep_hash_layers and len(hashed) < len(found):
-        found = [(name, module) for name, module in found if name not in hashed]
-    elif hashed:
-        layers = ", ".join(hashed)
+    block = hf_blocks.block_of(type(found[0][1]).__name__)
+    groups: dict[str, list[str]] = {}
+    for name, module in found:
+        layer_type = "hash_moe" if getattr(module, "is_hash", False) else "moe"
+        if layer_type == "moe" or not keep_hash_layers:
+            groups.setdefault(layer_type, []).append(name)
+    if not groups:
         raise MoecError(
             [
                 problem(
-                    "model.config.mlp_layer_types",
-                    f"{layers} {'is a' if len(hashed) == 1 else 'are'} hash_moe layer"
-                    f"{'' if len(hashed) == 1 else 's'}: hash-routed layers (tid2eid[input_ids] "
-                    "chooses the experts) are not something moec runs yet",
-                    "patch_model(..., keep_hash_layers=True) keeps them transformers' own "
-                    "and replaces the routed layers"
-                    if len(hashed) < len(found)
-                    else 'a DeepSeek-V4 model with routed ("moe") layers',
+                    "keep_hash_layers",
+                    "keeps every MoE block of this model (all are hash_moe): nothing to replace",
+                    "keep_hash_layers=False",
+                    value=True,
                 )
             ],
             kind="usage",
         )
-    return [name for name, _ in found], hf_blocks.block_of(type(found[0][1]).__name__)
+    return groups, block
 
 
 def moe_block_classes() -> tuple[type, ...]:
@@ -213,7 +255,7 @@ def _expert_weights_format(block: nn.Module, name: str) -> tuple[torch.dtype, to
     return weight.dtype, weight.device
 
 
-def _resolve_spec(spec, overrides, config, dtype, device, follow: Block | None) -> LoadedSpec:
+def _resolve_spec(spec, overrides, config, dtype, device, follow, layer_type) -> LoadedSpec:
     """The LoadedSpec patch_model builds: as given, read from a path, or from the config."""
     if isinstance(spec, LoadedSpec):
         if overrides:
@@ -231,11 +273,16 @@ def _resolve_spec(spec, overrides, config, dtype, device, follow: Block | None) 
         return spec
     if spec is not None:
         return load_spec(spec, overrides)
-    return spec_for_model(config, dtype, device, overrides, follow)
+    return spec_for_model(config, dtype, device, overrides, follow, layer_type)
 
 
 def spec_for_model(
-    config, dtype: torch.dtype, device: torch.device, overrides=(), follow: Block | None = None
+    config,
+    dtype: torch.dtype,
+    device: torch.device,
+    overrides=(),
+    follow: Block | None = None,
+    layer_type: str = "moe",
 ) -> LoadedSpec:
     """The spec of `moec init --from-hf` for a loaded model's (text) config, targeting the
     device and dtype its MoE weights are in, quantizing them on load; `overrides` on top.
@@ -243,7 +290,7 @@ def spec_for_model(
     key the config sets otherwise."""
     source = f"<{config.model_type} config>"
     try:
-        raw = _config_spec_data(config)
+        raw = _config_spec_data(config, layer_type)
     except MoecError as error:
         raise MoecError(error.problems, source, kind=error.kind) from None
     notes = hf_blocks.follow_block(follow, raw) if follow is not None else []
@@ -289,12 +336,13 @@ def check_spec_fits(
     dtype: torch.dtype,
     device: torch.device,
     follow: Block | None = None,
+    layer_type: str = "moe",
 ) -> None:
     """MoecError naming every key of the spec that does not describe the model's MoE layers:
     dims, router and activation against the config (and, with `follow`, against what that
     transformers block computes where it ignores the config); dtype and device against the
     weights."""
-    expected = _config_spec_data(config)
+    expected = _config_spec_data(config, layer_type)
     ignored = (
         {}
         if follow is None
@@ -338,10 +386,10 @@ class RouterKeysIgnored(UserWarning):
     """patch_model followed a transformers block that ignores a routing key of its config."""
 
 
-def _config_spec_data(config) -> dict:
-    """Spec data from a loaded model's (text) config: DeepSeek-V4's routed layers (hash_moe
-    blocks are refused before)."""
-    layer_type = "moe" if config.model_type == "deepseek_v4" else None
+def _config_spec_data(config, layer_type: str = "moe") -> dict:
+    """Spec data from a loaded model's (text) config, for DeepSeek-V4 of its `layer_type`
+    layers."""
+    layer_type = layer_type if config.model_type == "deepseek_v4" else None
     return spec_data_from_config(config.to_dict(), layer_type=layer_type)
 
 
@@ -398,7 +446,7 @@ def _runtime_problems(spec: dict, dtype: torch.dtype, device: torch.device) -> l
     return found
 
 
-def _replace_block(model: nn.Module, name: str, package) -> None:
+def _replace_block(model: nn.Module, name: str, package, hashed: bool) -> None:
     """Move the block's weights into a new MoELayer and put a MoecMoE in the block's place."""
     block = model.get_submodule(name)
     layer = package.MoELayer(device=block.experts.gate_up_proj.device)
@@ -407,4 +455,4 @@ def _replace_block(model: nn.Module, name: str, package) -> None:
     except ValueError as error:  # the package's WeightError lists every tensor
         raise MoecError([problem(name, str(error))], kind="usage") from None
     parent, _, attribute = name.rpartition(".")
-    setattr(model.get_submodule(parent), attribute, MoecMoE(layer, type(block).__name__))
+    setattr(model.get_submodule(parent), attribute, MoecMoE(layer, type(block).__name__, hashed))

@@ -101,7 +101,10 @@ def build_stages(plan: Plan, spec: Spec) -> None:
     routed, dtype = layer.routed, layer.dtype
     x_type = TensorType(dtype, ("T", "H"))
 
-    plan.add_stage(Input(name="input", backend="-", outputs={"x": x_type}))
+    inputs = {"x": x_type}
+    if layer.hashed:  # the hash table's keys: what the forward takes beside x
+        inputs["token_ids"] = TensorType(DType.int64, ("T",))
+    plan.add_stage(Input(name="input", backend="-", outputs=inputs))
     _router(plan, around)
     plan.connect("input", "router", "x")
     _select(plan, spec, around)
@@ -198,6 +201,8 @@ def _select(plan: Plan, spec: Spec, backend: str) -> None:
     weights = {}
     if router.topk_method == "noaux_tc":
         weights["gate_bias"] = TensorType(FP32, ("E",))
+    if router.topk_method == "hash":
+        weights["tid2eid"] = TensorType(I32, ("V", "Kr"))
     plan.add_stage(
         Select(
             name="select",
@@ -219,7 +224,15 @@ def _select(plan: Plan, spec: Spec, backend: str) -> None:
         )
     )
     plan.connect("router", "select", "logits")
-    if backend == "triton":
+    if router.topk_method == "hash":
+        plan.connect("input", "select", "token_ids")
+        plan.decide(
+            "top-k",
+            "hash table, Triton" if backend == "triton" else "hash table, torch",
+            "each token's experts are tid2eid[token_id], a gather; the weights are the scores "
+            "of those experts" + ("; one Triton program per token" if backend == "triton" else ""),
+        )
+    elif backend == "triton":
         plan.decide(
             "top-k",
             "Triton",

@@ -32,6 +32,14 @@ def fuse_router_select(plan: Plan) -> None:
     router, select = plan.stage("router"), plan.stage("select")
     if router.backend != "triton" or select.backend != "triton":
         return
+    if select.topk_method == "hash":
+        plan.decide(
+            "fuse router + select",
+            "no",
+            "the hash selection reads the token ids, which the fused router kernel does not "
+            "take: the router and the gather are two launches",
+        )
+        return
     counters = TensorType(DType.int32, (str(GATE_ONE_LAUNCH),))
     plan.absorb(
         "select",

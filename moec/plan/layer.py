@@ -132,6 +132,13 @@ class Layer:
     """Gated activation kind (moec/plan/activations.py)."""
     activation_values: tuple[tuple[str, float], ...]
     """Its parameters, (name, value) in the spec's order."""
+    vocab: int = 0
+    """Token ids of the hash table (router.topk_method = "hash"), else 0."""
+
+    @property
+    def hashed(self) -> bool:
+        """The experts come from the hash table of token ids (the forward takes them)."""
+        return self.vocab > 0
 
     @property
     def exchanges_rows(self) -> bool:
@@ -183,4 +190,5 @@ def layer_of(spec: Spec) -> Layer:
         activation_values=tuple(
             (key, value) for key, value in spec.activation.model_dump().items() if key != "kind"
         ),
+        vocab=(model.vocab_size or 0) if spec.router.topk_method == "hash" else 0,
     )

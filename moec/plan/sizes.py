@@ -27,6 +27,8 @@ def symbols(layer: Layer, tokens: int) -> dict[str, int]:
         "2Is": 2 * layer.shared_intermediate,
         "1": 1,
         "S": router_slices(layer, tokens),
+        "V": layer.vocab,
+        "Kr": layer.top_k,
     }
 
 

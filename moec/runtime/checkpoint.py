@@ -49,13 +49,16 @@ WIDE_FLOAT = "wide float"
 STORED = "stored"
 """Floating point, or uint8 / int8 bytes (packed e2m1 pairs, UE8M0 exponents): any format a
 weight or scale is stored in. Bool and wider integers are never weights."""
+EXPERT_IDS = "expert ids"
+"""int64 or int32 expert ids: a hash router's table (`gate.tid2eid`), the one integer tensor
+of a layer."""
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 INDEX = "model.safetensors.index.json"
 _UNPICKLE_ERRORS = (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError, RuntimeError)
 _UNPICKLE_ERRORS += (ValueError, TypeError, KeyError, AttributeError, ImportError)
 """What torch.load(weights_only=True) raises on a bad or disallowed file."""
-LAYER_NAME = re.compile(r"gate\.(weight|e_score_correction_bias|bias)$|(shared_)?experts\.")
+LAYER_NAME = re.compile(r"gate\.(weight|e_score_correction_bias|bias|tid2eid)$|(shared_)?experts\.")
 """How the names of an MoE layer start after its prefix: what a read without `expected`
 looks for before it suggests another prefix."""
 _SHOWN = 10
@@ -140,7 +143,8 @@ class _Wanted:
         return True
 
     def kind(self, full_name: str) -> str:
-        return self.kinds.get(full_name[len(self.prefix) :], STORED)
+        name = full_name[len(self.prefix) :]
+        return self.kinds.get(name, EXPERT_IDS if name == "gate.tid2eid" else STORED)
 
 
 # --- sources ------------------------------------------------------------------------------
@@ -374,6 +378,8 @@ def _scale_names(weight: str) -> set[str]:
 
 def _wrong_kind(dtype: torch.dtype, kind: str) -> str:
     """Why a tensor of `dtype` is no `kind` ("" when it is)."""
+    if kind == EXPERT_IDS:
+        return "" if dtype in (torch.int64, torch.int32) else "expected int64 or int32 expert ids"
     if dtype.is_floating_point:
         if kind == WIDE_FLOAT and torch.empty((), dtype=dtype).element_size() < 2:
             return "expected bf16, fp16 or fp32 values (an fp8 weight needs its scale)"

@@ -9,7 +9,8 @@ Checkpoint names, after the caller's prefix (e.g. "model.layers.3.mlp."):
 
 or DeepSeek's own names, as the DeepSeek-V4 checkpoints store them (prefix "layers.3.ffn."):
 gate.bias for the correction bias, experts.{e}.{w1,w3,w2}.weight (gate, up, down) with .scale,
-shared_experts.{w1,w3,w2}.weight (+ .scale).
+shared_experts.{w1,w3,w2}.weight (+ .scale). A hash router's table: gate.tid2eid [V, K], the
+experts of each token id.
 
 Every expert becomes w13 = [gate; up] [2I, H] and w2 = down [H, I] in its `WeightFormat`; with
 tensor parallelism each rank keeps 1/tp of every intermediate, with expert parallelism its own
@@ -61,6 +62,8 @@ class LayerWeights:
     """Shared experts stored as extra routed experts."""
     routed: WeightFormat
     shared: WeightFormat | None
+    hash_table: tuple[int, int] | None = None
+    """(token ids, top-k) of a hash router's table `gate.tid2eid`; None: the router chooses."""
 
 
 def load(layer, source, prefix: str, spec: LayerWeights) -> None:
@@ -76,6 +79,8 @@ def load(layer, source, prefix: str, spec: LayerWeights) -> None:
     if spec.has_bias:
         name = prefix + "gate.e_score_correction_bias"
         values["gate_bias"] = _take(found, "bias", (spec.routed_experts,), name, problems)
+    if spec.hash_table:
+        values["tid2eid"] = _take_table(found.get("table"), prefix + "gate.tid2eid", spec, problems)
     rank = layer.rank if spec.tp > 1 else 0
     experts = [
         _checkpoint_mlp(found, ("expert", e), f"{prefix}experts.{e + first}", spec, rank, problems)
@@ -108,6 +113,11 @@ def randomize(layer, seed: int, spec: LayerWeights) -> None:
         return torch.randn(rows, cols, generator=generator, device=device) / math.sqrt(cols)
 
     values = {"gate_weight": normal(spec.routed_experts, spec.hidden, 0)}
+    if spec.hash_table:  # k distinct experts per token id
+        generator.manual_seed(seed * 100_003 + 2)
+        vocab, top_k = spec.hash_table
+        draws = torch.rand(vocab, spec.routed_experts, generator=generator, device=device)
+        values["tid2eid"] = draws.argsort(dim=1)[:, :top_k].to(torch.int32)
     if spec.has_bias:
         generator.manual_seed(seed * 100_003 + 1)
         values["gate_bias"] = 0.02 * torch.randn(
@@ -174,6 +184,11 @@ def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
     for name, tensor in tensors:
         if name == "gate.weight":
             put("gate", tensor, name)
+        elif name == "gate.tid2eid":
+            if spec.hash_table:
+                put("table", tensor, name)
+            else:
+                problems.append(f"{prefix}{name}: unexpected (this router chooses by scores)")
         elif name in _BIAS_NAMES:
             if spec.has_bias:
                 put("bias", tensor, name)
@@ -230,6 +245,23 @@ def _take(found, key, shape, name, problems) -> torch.Tensor | None:
         problems.append(f"{name}: {tensor.dtype}: expected floating-point values")
         return None
     return tensor.float()
+
+
+def _take_table(table, name: str, spec: LayerWeights, problems) -> torch.Tensor | None:
+    """The hash table as int32 expert ids [V, K], every id an expert of the layer."""
+    if table is None:
+        problems.append(f"{name}: missing (the hash router's table)")
+        return None
+    if tuple(table.shape) != spec.hash_table:
+        problems.append(f"{name}: shape {list(table.shape)}, expected {list(spec.hash_table)}")
+        return None
+    outside = (table < 0) | (table >= spec.routed_experts)
+    if outside.any():
+        problems.append(
+            f"{name}: {int(outside.sum())} ids outside the experts 0..{spec.routed_experts - 1}"
+        )
+        return None
+    return table.to(torch.int32)
 
 
 def _checkpoint_mlp(found, key, name: str, spec: LayerWeights, rank: int, problems) -> dict:

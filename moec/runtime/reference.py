@@ -20,12 +20,13 @@ import torch.nn.functional as F
 from . import torch_matmul, torch_select
 
 
-def forward(layer, x: torch.Tensor, plan: dict, torch_gated) -> torch.Tensor:
+def forward(layer, x: torch.Tensor, plan: dict, torch_gated, token_ids=None) -> torch.Tensor:
     """out [T, H] in x's dtype: the layer's math on its own parameters. `plan` is the package's
-    PLAN, `torch_gated` its gated activation (gated_activation.torch_gated)."""
+    PLAN, `torch_gated` its gated activation (gated_activation.torch_gated); `token_ids` [T]
+    the hash table's keys, for a hash-routed layer."""
     dims = plan["choices"]["dims"]
     params = dict(layer.named_parameters())
-    weights, ids = select(x, params, plan)  # [T, K] fp32, [T, K] int32
+    weights, ids = select(x, params, plan, token_ids)  # [T, K] fp32, [T, K] int32
     tokens, top_k = ids.shape
     rows = expert_rows(x, ids, params, dims["routed"], dims["intermediate"], torch_gated)
     rows = rows.view(tokens, top_k, x.shape[1])  # [T, K, H] (-1 is ambiguous at T = 0)
@@ -49,12 +50,27 @@ SELECT_OPTIONS = (
     "fused_shared",
 )
 """The select stage's choices (plan.json) that torch_select.select_topk takes."""
+HASH_OPTIONS = ("scoring_func", "norm_topk_prob", "routed_scaling_factor", "fused_shared")
+"""Those torch_select.select_hash takes."""
 
 
-def select(x: torch.Tensor, params: dict, plan: dict):
+def token_ids_for(plan: dict, x: torch.Tensor, generator: torch.Generator):
+    """Random token ids [T] for x when the layer is hash-routed (its forward takes them), else
+    None."""
+    vocab = plan["choices"]["dims"].get("vocab", 0)
+    if not vocab:
+        return None
+    return torch.randint(0, vocab, (x.shape[0],), generator=generator).to(x.device)
+
+
+def select(x: torch.Tensor, params: dict, plan: dict, token_ids=None):
     """(topk_weights [T, K] fp32, topk_ids [T, K] int32) from fp32 router logits [T, E]."""
     (options,) = [s["choices"] for s in plan["stages"] if s["kind"] == "select"]
     options = {key: options[key] for key in SELECT_OPTIONS}
+    if options["topk_method"] == "hash":
+        hashed = {key: options[key] for key in HASH_OPTIONS}
+        logits = F.linear(x.float(), params["gate_weight"])
+        return torch_select.select_hash(logits, token_ids, params["tid2eid"], **hashed)
     if "gate_weight" in params:
         gate = params["gate_weight"]  # [E, H] fp32
     else:  # the three bf16 parts of the fp32 weight (the bf16 x 3 router)

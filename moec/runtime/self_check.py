@@ -137,16 +137,18 @@ def check_tokens(layer, plan, torch_gated, tokens: int, args, bound: float) -> s
     generator = torch.Generator().manual_seed(args.seed + 1 + tokens)
     x = torch.randn(tokens, dims["hidden"], generator=generator)
     x = x.to(args.device, getattr(torch, dims["dtype"]))
+    token_ids = reference.token_ids_for(plan, x, generator)  # a hash-routed layer's keys
+    run = (lambda: layer(x)) if token_ids is None else (lambda: layer(x, token_ids))
     try:
-        out = layer(x)
-        expected = reference.forward(layer, x, plan, torch_gated)
+        out = run()
+        expected = reference.forward(layer, x, plan, torch_gated, token_ids)
     except Exception as error:  # noqa: BLE001  (any failure of the layer is a failed check)
         raised = f"{type(error).__name__}: {last_line(error)}"
         print(f"{tokens:>6} {raised}")
         return f"T={tokens}: raised {raised}"
     error = norm_error(out, expected)
     repeats = args.repeats or REPEATS[args.device]
-    ms = median_ms(lambda: layer(x), args.device, repeats, WARMUP[args.device])
+    ms = median_ms(run, args.device, repeats, WARMUP[args.device])
     floors = {row["tokens"]: row["floor_ms"] for row in plan["cost"]}
     floor = floors.get(tokens)
     shown = f"{floor:>10.4f} {ms / floor:>9.3g}" if floor else f"{'-':>10} {'-':>9}"

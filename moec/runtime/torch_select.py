@@ -3,7 +3,8 @@
 scoring_func: softmax | sigmoid | sqrtsoftplus (sqrt(softplus(x))).
 topk_method: greedy (top-k of all experts); group_limited_greedy (top-k within the topk_group
 groups whose best expert scores highest); noaux_tc (as grouped, ranking groups by the sum of
-their top-2 scores, with `e_score_correction_bias` added to the choice but not the weights).
+their top-2 scores, with `e_score_correction_bias` added to the choice but not the weights);
+hash (DeepSeek-V4's hash_moe layers: a frozen table of token ids chooses, `select_hash`).
 """
 
 import torch
@@ -50,7 +51,6 @@ def select_topk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(topk_weights [T, K'] fp32, topk_ids [T, K'] int32), K' = top_k + fused_shared: the
     fused shared experts E.. follow every token's choice with weight 1."""
-    tokens, experts = logits.shape
     scores = scores_of(logits, scoring_func)
     if topk_method == "greedy":
         topk_ids = scores.topk(top_k, dim=-1, sorted=False).indices  # [T, K]
@@ -59,13 +59,37 @@ def select_topk(
         if n_group > 1:
             choice = _keep_groups(choice, n_group, topk_group, topk_method == "noaux_tc")
         topk_ids = choice.topk(top_k, dim=-1, sorted=False).indices  # [T, K]
+    return _weights_of(scores, topk_ids, norm_topk_prob, routed_scaling_factor, fused_shared)
+
+
+def select_hash(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    tid2eid: torch.Tensor,
+    *,
+    scoring_func: str,
+    norm_topk_prob: bool,
+    routed_scaling_factor: float,
+    fused_shared: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As select_topk, with the experts of each token from the hash table: tid2eid[token_ids]
+    [T, K]; the weights are the scores of those experts (transformers' DeepseekV4HashRouter)."""
+    scores = scores_of(logits, scoring_func)  # [T, E]
+    topk_ids = tid2eid[token_ids.long()].long()  # [T, K]
+    return _weights_of(scores, topk_ids, norm_topk_prob, routed_scaling_factor, fused_shared)
+
+
+def _weights_of(scores, topk_ids, norm_topk_prob, routed_scaling_factor, fused_shared):
+    """(weights, ids int32) of the chosen experts: their scores, renormalized and scaled as
+    asked, then the fused shared experts with weight 1."""
+    tokens, experts = scores.shape
     topk_weights = scores.gather(1, topk_ids)  # [T, K]
     if norm_topk_prob:
         topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
     if routed_scaling_factor != 1.0:
         topk_weights = topk_weights * routed_scaling_factor
     if fused_shared:
-        shared_ids = torch.arange(experts, experts + fused_shared, device=logits.device)
+        shared_ids = torch.arange(experts, experts + fused_shared, device=scores.device)
         topk_ids = torch.cat((topk_ids, shared_ids.expand(tokens, fused_shared)), dim=1)
         ones = topk_weights.new_ones(tokens, fused_shared)
         topk_weights = torch.cat((topk_weights, ones), dim=1)

@@ -9,7 +9,8 @@ select_topk   scores from fp32 logits (SCORING softmax | sigmoid | sqrtsoftplus)
               (BY_SORT, the same choice): faster in the router's 4-warp programs
               (triton_gate), slower on select_topk's one warp at 256 experts (H200,
               benchmarks/RESULTS.md run 60).
-The jit helpers (sum_partials, select_row, store_choice) are shared with triton_gate.
+The jit helpers (sum_partials, select_row, store_choice) are shared with triton_gate, and
+sum_partials, score_row and store_choice with triton_hash.
 """
 
 import torch
@@ -64,6 +65,24 @@ def top_indices(values, BLOCK: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
+def score_row(logits, E, SCORING: tl.constexpr, BLOCK_E: tl.constexpr):
+    """One token's scores [BLOCK_E] fp32 (0 past E) from its logits (-inf past E)."""
+    e = tl.arange(0, BLOCK_E)
+    if SCORING == "softmax":
+        shifted = tl.exp(logits - tl.max(logits, axis=0))
+        scores = shifted / tl.sum(shifted, axis=0)
+    elif SCORING == "sigmoid":
+        scores = tl.sigmoid(logits)
+    else:  # sqrt(softplus(x)), softplus(x) = max(x, 0) + log1p(exp(-|x|))
+        y = tl.exp(-tl.abs(logits))
+        z = 1.0 + y  # log1p(y) = log(z) * y / (z - 1): exact up to a few ulps (Kahan)
+        exact = z == 1.0
+        log1p = tl.where(exact, y, tl.log(z) * (y / tl.where(exact, 1.0, z - 1.0)))
+        scores = tl.sqrt(tl.maximum(logits, 0.0) + log1p)
+    return tl.where(e < E, scores, 0.0)
+
+
+@triton.jit
 def select_row(
     logits,
     bias_ptr,
@@ -89,18 +108,7 @@ def select_row(
     the groups and the experts each by one top-k sort, not by repeated argmax."""
     e = tl.arange(0, BLOCK_E)
     valid = e < E
-    if SCORING == "softmax":
-        shifted = tl.exp(logits - tl.max(logits, axis=0))
-        scores = shifted / tl.sum(shifted, axis=0)
-    elif SCORING == "sigmoid":
-        scores = tl.sigmoid(logits)
-    else:  # sqrt(softplus(x)), softplus(x) = max(x, 0) + log1p(exp(-|x|))
-        y = tl.exp(-tl.abs(logits))
-        z = 1.0 + y  # log1p(y) = log(z) * y / (z - 1): exact up to a few ulps (Kahan)
-        exact = z == 1.0
-        log1p = tl.where(exact, y, tl.log(z) * (y / tl.where(exact, 1.0, z - 1.0)))
-        scores = tl.sqrt(tl.maximum(logits, 0.0) + log1p)
-    scores = tl.where(valid, scores, 0.0)
+    scores = score_row(logits, E, SCORING, BLOCK_E)
     choice = scores
     if HAS_BIAS:
         choice = choice + tl.load(bias_ptr + e, mask=valid, other=0.0)

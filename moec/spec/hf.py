@@ -169,10 +169,13 @@ def spec_data_from_config(
     source = hf_families.moe_source(outer, model_type)
     if source is None:  # text_config unusable: nothing else to read
         outer.raise_problems()
-    hf_families.check_layer_type(source, layer_type)
+    layer_type = hf_families.check_layer_type(source, layer_type)
     family, reader = hf_families.FAMILIES[source.model_type], source.reader
     raw = {"name": name or _name_from(outer)}
     raw.update(model=_model_from(reader, family), router=_router_from(reader, family))
+    if layer_type == "hash_moe":  # tid2eid[token_id] chooses: a table of vocab_size rows
+        raw["router"]["topk_method"] = "hash"
+        raw["model"]["vocab_size"] = reader.integer("vocab_size", "model.vocab_size", required=True)
     raw["quant"] = _quant_from(hf_families.reader_of(source, "quantization_config"), reader)
     activation = _activation_from(reader)
     if activation:

@@ -46,9 +46,7 @@ V4_DEFAULT_LAYERS = 43
 V4_DEFAULT_HASH_LAYERS = 3
 """transformers' DeepseekV4Config defaults: `num_hidden_layers`, and the first layers that
 are hash_moe when a config gives neither `mlp_layer_types` nor `num_hash_layers`."""
-HASH_UNSUPPORTED = (
-    "hash-routed layers (tid2eid[input_ids] chooses the experts) are not something moec runs yet"
-)
+HASH_ELSEWHERE = "hash-routed layers (tid2eid[input_ids] chooses the experts) are DeepSeek-V4's"
 
 
 @dataclass(frozen=True)
@@ -94,9 +92,10 @@ def reader_of(source: Source, *keys: str) -> ConfigReader:
     return source.outer
 
 
-def check_layer_type(source: Source, layer_type: str | None) -> None:
-    """Record a problem unless the MoE layers of the config are one type moec runs, or
-    `layer_type` (`--layer-type`) picks one; hash-routed layers are refused by key."""
+def check_layer_type(source: Source, layer_type: str | None) -> str | None:
+    """The MoE layer type the spec describes ("moe" or "hash_moe"): the config's only one, or
+    the one `layer_type` (`--layer-type`) picks; None, with a problem recorded, when the config
+    has both and none is picked, or hash layers on a model type without them."""
     reader = source.reader
     if source.model_type != "deepseek_v4":
         if layer_type is not None:
@@ -111,14 +110,15 @@ def check_layer_type(source: Source, layer_type: str | None) -> None:
             reader.report(
                 "num_hash_layers",
                 hashed,
-                f"asks for hash-routed layers, which {source.model_type} models do not have, "
-                f"and {HASH_UNSUPPORTED}",
-                "remove it, or model_type deepseek_v4 with --layer-type moe",
+                f"asks for hash-routed layers, which {source.model_type} models do not have "
+                f"({HASH_ELSEWHERE})",
+                "remove it, or model_type deepseek_v4",
             )
-        return
+            return None
+        return "moe"
     key, counts = _v4_layer_counts(reader)
     if counts is None:
-        return
+        return None
     if layer_type is None:
         present = [name for name in LAYER_TYPES if counts[name]]
         if len(present) > 1:
@@ -126,16 +126,15 @@ def check_layer_type(source: Source, layer_type: str | None) -> None:
                 f"holds {counts['hash_moe']} hash_moe and {counts['moe']} moe layers, and a "
                 "spec describes one layer type"
             )
-            _report(reader, key, message, "--layer-type moe for the routed layers")
-            return
-        layer_type = present[0] if present else "moe"
-    elif not counts[layer_type]:
+            hint = "--layer-type moe for the routed layers, hash_moe for the hash-routed ones"
+            _report(reader, key, message, hint)
+            return None
+        return present[0] if present else "moe"
+    if not counts[layer_type]:
         others = " or ".join(name for name in LAYER_TYPES if counts[name])
         _report(reader, key, f"has no {layer_type} layer", f"--layer-type {others}")
-        return
-    if layer_type == "hash_moe":
-        message = f"its {counts['hash_moe']} hash_moe layers: {HASH_UNSUPPORTED}"
-        _report(reader, key, message, "--layer-type moe for the routed layers")
+        return None
+    return layer_type
 
 
 def _report(reader: ConfigReader, key: str, message: str, hint: str) -> None:

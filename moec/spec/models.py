@@ -118,6 +118,8 @@ class Model(Table):
     """K: experts each token is routed to (top-k)."""
     n_shared_experts: Count = 0
     """Shared experts every token goes through; together one MLP of n_shared * I width."""
+    vocab_size: PositiveInt | None = None
+    """V: token ids the hash table maps (router.topk_method = "hash" only: tid2eid [V, K])."""
 
 
 class Router(Table):
@@ -125,10 +127,13 @@ class Router(Table):
 
     scoring_func: Literal["softmax", "sigmoid", "sqrtsoftplus"] = "softmax"
     """How logits become scores: softmax over experts, sigmoid, or sqrt(softplus(x))."""
-    topk_method: Literal["greedy", "group_limited_greedy", "noaux_tc"] = "greedy"
+    topk_method: Literal["greedy", "group_limited_greedy", "noaux_tc", "hash"] = "greedy"
     """greedy: top-k of all experts; group_limited_greedy: top-k within the topk_group groups
     with the highest max score; noaux_tc: as grouped, ranking groups by the sum of their top-2
-    scores plus `e_score_correction_bias`, which also biases the expert choice."""
+    scores plus `e_score_correction_bias`, which also biases the expert choice; hash: a frozen
+    table from the checkpoint chooses each token's experts, `tid2eid[token_id]` (DeepSeek-V4's
+    hash_moe layers: the forward takes the token ids beside x), the weights are the scores of
+    the chosen experts."""
     n_group: PositiveInt = 1
     """Number of expert groups for the grouped methods (1 = no grouping)."""
     topk_group: PositiveInt = 1

@@ -334,6 +334,8 @@ def _grouped(spec: Spec) -> Iterator[Problem]:
     """Grouped top-k: n_group divides n_routed_experts, topk_group <= n_group, and the kept
     groups hold at least top_k experts. greedy takes no groups."""
     router, model = spec.router, spec.model
+    if router.topk_method == "hash":  # rule hash_routing
+        return
     if router.topk_method == "greedy":
         if router.n_group != 1 or router.topk_group != 1:
             yield problem(
@@ -375,6 +377,36 @@ def _grouped(spec: Spec) -> Iterator[Problem]:
             f"at most {model.n_routed_experts // 2}",
             value=router.n_group,
         )
+
+
+@rule("hash_routing")
+def _hash(spec: Spec) -> Iterator[Problem]:
+    """Hash routing takes its experts from a [vocab_size, top_k] table of token ids: it needs
+    model.vocab_size and uses no expert groups; vocab_size sizes nothing else."""
+    router, model = spec.router, spec.model
+    if router.topk_method != "hash":
+        if model.vocab_size is not None:
+            yield problem(
+                "model.vocab_size",
+                "sizes the hash table only, and this router chooses by scores",
+                'remove it, or router.topk_method = "hash"',
+                value=model.vocab_size,
+            )
+        return
+    if model.vocab_size is None:
+        yield problem(
+            "model.vocab_size",
+            "is missing: hash routing looks each token id up in a [vocab_size, top_k] table",
+            "the model's vocab_size, e.g. 129280",
+        )
+    for key in ("n_group", "topk_group"):
+        if getattr(router, key) != 1:
+            yield problem(
+                f"router.{key}",
+                "hash routing takes its experts from the table, not from expert groups",
+                "1",
+                value=getattr(router, key),
+            )
 
 
 @rule("noaux_tc_scoring")

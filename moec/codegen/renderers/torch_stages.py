@@ -37,6 +37,13 @@ def router(plan, stage: Router) -> StageCode:
 
 
 def select_options(stage: Select) -> str:
+    if stage.topk_method == "hash":  # the table chooses: no method, groups or bias
+        return call_kwargs(
+            scoring_func=stage.scoring_func,
+            norm_topk_prob=stage.norm_topk_prob,
+            routed_scaling_factor=stage.routed_scaling_factor,
+            fused_shared=stage.fused_shared,
+        )
     return call_kwargs(
         scoring_func=stage.scoring_func,
         topk_method=stage.topk_method,
@@ -51,6 +58,8 @@ def select_options(stage: Select) -> str:
 
 def select_doc(stage: Select) -> str:
     parts = [f"{stage.scoring_func} scores"]
+    if stage.topk_method == "hash":
+        parts.append("the experts tid2eid[token_id] (the hash table)")
     if stage.topk_method == "noaux_tc":
         parts.append("choice biased by e_score_correction_bias")
     if stage.topk_method != "greedy" and stage.n_group > 1:
@@ -64,8 +73,16 @@ def select_doc(stage: Select) -> str:
     return f"Top-{stage.top_k} of {stage.experts} experts: {', '.join(parts)}."
 
 
-@register("select", "torch", "stages/select.py.j2", runtime=("torch_select",))
+def _select_template(stage: Select) -> str:
+    return (
+        "stages/torch/select_hash.py.j2" if stage.topk_method == "hash" else "stages/select.py.j2"
+    )
+
+
+@register("select", "torch", _select_template, runtime=("torch_select",))
 def select(plan, stage: Select) -> StageCode:
+    if stage.topk_method == "hash":
+        return StageCode(select_doc(stage), {"options": select_options(stage)})
     fields = {
         "function": "torch_select.select_topk",
         "bias": "gate_bias" if stage.has_bias else "None",

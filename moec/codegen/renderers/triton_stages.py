@@ -56,16 +56,23 @@ def _with_router(stage: Select) -> bool:
     return "router" in stage.fused
 
 
-@register(
-    "select",
-    "triton",
-    lambda stage: "stages/triton/gate.py.j2" if _with_router(stage) else "stages/select.py.j2",
-    runtime=lambda stage: (
-        ("triton_gate", "tiles") if _with_router(stage) else ("triton_select", "tiles")
-    ),
-    requires=TRITON,
-)
+def _select_template(stage: Select) -> str:
+    if stage.topk_method == "hash":
+        return "stages/triton/select_hash.py.j2"
+    return "stages/triton/gate.py.j2" if _with_router(stage) else "stages/select.py.j2"
+
+
+def _select_runtime(stage: Select) -> tuple[str, ...]:
+    if stage.topk_method == "hash":
+        return ("triton_hash", "tiles")
+    return ("triton_gate", "tiles") if _with_router(stage) else ("triton_select", "tiles")
+
+
+@register("select", "triton", _select_template, runtime=_select_runtime, requires=TRITON)
 def select(plan, stage: Select) -> StageCode:
+    if stage.topk_method == "hash":
+        fields = {"options": select_options(stage) + ", pdl=tiles.PDL"}
+        return StageCode(select_doc(stage)[:-1] + "; one Triton program per token.", fields)
     fields = {
         "function": "triton_select.select_topk",
         "bias": "gate_bias" if stage.has_bias else "None",
