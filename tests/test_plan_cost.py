@@ -318,3 +318,19 @@ def test_a_converted_tensor_aliases_its_values():
     tokens = 8
     values, scales = tokens * H, tokens * g(H) * 4
     assert peak_bytes(plan, tokens) == values + 2 * scales
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 200_000])
+def test_a_hash_table_costs_the_rows_its_tokens_read(tokens):
+    """The select stage of a hash-routed layer reads its partial logits and the token ids, one
+    [K] int32 row of tid2eid per token (at most the whole table, V rows), and writes the
+    weights and ids."""
+    from moec.plan.tuning import router_slices
+
+    plan = plan_of("deepseek-v4-flash-hash.toml", "target.max_num_tokens=262144")
+    select = {s.stage: s for s in cost_of(plan, tokens).stages}["select"]
+    experts, top_k, vocab = 256, 6, 129280
+    logits = router_slices(plan.layer, tokens) * tokens * experts * 4
+    token_ids, table = tokens * 8, min(tokens, vocab) * top_k * 4
+    written = 2 * tokens * top_k * 4
+    assert select.bytes == pytest.approx(logits + token_ids + table + written, rel=1e-12)

@@ -12,8 +12,11 @@ so) unless the caller asks to follow the config.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from moec.errors import MoecError, problem
 
 
 @dataclass(frozen=True)
@@ -113,3 +116,34 @@ def _literal(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def spec_per_layer_type(spec, groups: dict[str, list[str]]) -> dict:
+    """{layer type: the spec given for it, or None}: one spec for a model of one layer type,
+    a mapping by layer type for DeepSeek-V4's two; MoecError otherwise."""
+    if isinstance(spec, Mapping):
+        if set(spec) != set(groups):
+            raise MoecError(
+                [
+                    problem(
+                        "spec",
+                        f"names the layer types {sorted(spec)}, and the model has {sorted(groups)}",
+                        "a spec for each of them, or spec=None for specs from the config",
+                    )
+                ],
+                kind="usage",
+            )
+        return dict(spec)
+    if spec is not None and len(groups) > 1:
+        raise MoecError(
+            [
+                problem(
+                    "spec",
+                    f"describes one MoE layer type, and the model has {len(groups['moe'])} "
+                    f"moe and {len(groups['hash_moe'])} hash_moe layers",
+                    '{"moe": spec, "hash_moe": spec}, or spec=None for specs from the config',
+                )
+            ],
+            kind="usage",
+        )
+    return dict.fromkeys(groups, spec)

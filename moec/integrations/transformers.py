@@ -21,7 +21,6 @@ import importlib
 import json
 import re
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import get_args
 
@@ -116,7 +115,7 @@ def patch_model(
     first = next(iter(groups.values()))[0]
     dtype, device = _expert_weights_format(model.get_submodule(first), first)
     follow = block if router_keys == "transformers" else None
-    specs = _spec_per_type(spec, groups)
+    specs = hf_blocks.spec_per_layer_type(spec, groups)
     loaded = {}  # every spec checked before any is built
     for kind in groups:
         loaded[kind] = _resolve_spec(specs[kind], overrides, config, dtype, device, follow, kind)
@@ -126,37 +125,6 @@ def patch_model(
         for name in names:
             _replace_block(model, name, package, kind == "hash_moe")
     return model
-
-
-def _spec_per_type(spec, groups: dict[str, list[str]]) -> dict:
-    """{layer type: the spec given for it, or None}: one spec for a model of one layer type,
-    a mapping by layer type for DeepSeek-V4's two; MoecError otherwise."""
-    if isinstance(spec, Mapping):
-        if set(spec) != set(groups):
-            raise MoecError(
-                [
-                    problem(
-                        "spec",
-                        f"names the layer types {sorted(spec)}, and the model has {sorted(groups)}",
-                        "a spec for each of them, or spec=None for specs from the config",
-                    )
-                ],
-                kind="usage",
-            )
-        return dict(spec)
-    if spec is not None and len(groups) > 1:
-        raise MoecError(
-            [
-                problem(
-                    "spec",
-                    f"describes one MoE layer type, and the model has {len(groups['moe'])} "
-                    f"moe and {len(groups['hash_moe'])} hash_moe layers",
-                    '{"moe": spec, "hash_moe": spec}, or spec=None for specs from the config',
-                )
-            ],
-            kind="usage",
-        )
-    return dict.fromkeys(groups, spec)
 
 
 def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list[str]], Block]:

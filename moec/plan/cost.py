@@ -115,6 +115,9 @@ def _weights_touched(stage: Stage, table: dict[str, int], hit: float) -> float:
     total = 0.0
     for weight in stage.weights.values():
         grouped = stage.kind == "gemm" and weight.shape[0] == "E"
+        if weight.shape[0] == "V":  # the hash table: one row read per token, at most V rows
+            total += weight_bytes(weight, table, min(table["T"], table["V"]))
+            continue
         total += weight_bytes(weight, table, hit if grouped else None)
     return total
 
