@@ -22,6 +22,7 @@ class DType(str, Enum):
     ue8m0 = "ue8m0"
     ue8m0x4 = "ue8m0x4"
     int32 = "int32"
+    int64 = "int64"
 
     @property
     def bytes(self) -> float:
@@ -46,6 +47,7 @@ _BYTES = {
     DType.ue8m0: 1,
     DType.ue8m0x4: 4,
     DType.int32: 4,
+    DType.int64: 8,
 }
 _TORCH = {
     DType.float32: "float32",
@@ -56,6 +58,7 @@ _TORCH = {
     DType.ue8m0: "uint8",
     DType.ue8m0x4: "int32",
     DType.int32: "int32",
+    DType.int64: "int64",
 }
 _SHORT = {
     DType.float32: "fp32",
@@ -66,6 +69,7 @@ _SHORT = {
     DType.ue8m0: "ue8m0",
     DType.ue8m0x4: "ue8m0x4(int32)",
     DType.int32: "i32",
+    DType.int64: "i64",
 }
 
 
