@@ -108,6 +108,18 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--name", default=None, help="package name (default: from the config)")
     _add_set(init)
 
+    eplb = commands.add_parser(
+        "eplb", help="a placement of replicated experts from a recorded load (DeepSeek's EPLB)"
+    )
+    eplb.add_argument("load", metavar="LOAD", help="a load file (the layer's write_expert_load)")
+    eplb.add_argument("-o", "--out", required=True, metavar="PLACEMENT", help="placement file")
+    eplb.add_argument("--ranks", required=True, help="expert-parallel ranks (parallel.ep_size)")
+    eplb.add_argument("--nodes", default="1", help="nodes the ranks span (default 1)")
+    eplb.add_argument("--redundant", default="0", help="redundant experts (default 0)")
+    eplb.add_argument(
+        "--groups", default="1", help="expert groups (router.n_group; default 1: global)"
+    )
+
     schema = commands.add_parser("schema", help="write the JSON Schema of spec files")
     schema.add_argument(
         "-o", "--out", default=None, help="default: schemas/moec-spec.schema.json; - prints it"
@@ -321,6 +333,17 @@ def positive_number(option: str, text: str, command: str) -> float:
     return value
 
 
+def _eplb(args: argparse.Namespace) -> int:
+    from moec.eplb import command
+
+    counts = {
+        option: whole_number(f"--{option}", getattr(args, option), low, MAX_COUNT, "moec eplb")
+        for option, low in (("ranks", 1), ("nodes", 1), ("redundant", 0), ("groups", 1))
+    }
+    print(command(args.load, args.out, **counts), end="")
+    return 0
+
+
 _COMMANDS = {
     "validate": _validate,
     "explain": _explain,
@@ -329,6 +352,7 @@ _COMMANDS = {
     "tune": _tune,
     "init": _init,
     "schema": _schema,
+    "eplb": _eplb,
 }
 
 
