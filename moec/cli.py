@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("-o", "--out", default=None, help="write to this file (png needs one)")
     explain.add_argument("--matrix", action="store_true", help="print the support matrix instead")
+    explain.add_argument(
+        "--load", default=None, metavar="FILE", help="a load file: each rank's expected rows"
+    )
     explain.add_argument("--bandwidth", help="HBM bandwidth in GB/s for the floor")
     explain.add_argument("--bf16-tflops", help="bf16 matmul rate in TFLOP/s")
     explain.add_argument("--fp8-tflops", help="fp8 grouped GEMM rate in TFLOP/s")
@@ -191,6 +194,7 @@ def _explain(args: argparse.Namespace) -> int:
                 ("--bandwidth", args.bandwidth),
                 ("--bf16-tflops", args.bf16_tflops),
                 ("--fp8-tflops", args.fp8_tflops),
+                ("--load", args.load),
             )
             if given
         ]
@@ -219,7 +223,9 @@ def _explain(args: argparse.Namespace) -> int:
         )
         if value is not None
     }
-    output = explain.explain(args.spec, args.overrides, args.tokens, args.format, ceilings)
+    output = explain.explain(
+        args.spec, args.overrides, args.tokens, args.format, ceilings, args.load
+    )
     explain.write(output, out)
     return 0
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from conftest import EXAMPLES
 from test_distributed import HIDDEN, SPEC
 
 from moec.cli import main
@@ -152,3 +153,29 @@ def test_recorded_load_is_the_routing_histogram(load_layer, tmp_path, backend):
     assert json.loads(path.read_text())["load"] == expected.tolist()
     layer.reset_expert_load()
     assert int(layer.expert_load().sum()) == 0
+
+
+def test_explain_shows_ranks_and_the_slowest_rank_under_a_load(tmp_path, capsys):
+    """Expert 0 hot: the even split's first rank takes 130 of 250 rows (2.08 x the mean); the
+    balanced placement 1.12; explain lists each rank's experts and share and the slowest
+    rank's floor, lower placed than split evenly, both above uniform routing's."""
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps({"format": "moec-load", "load": [100] + [10] * 15}))
+    placement = tmp_path / "placement.json"
+    assert main(["eplb", str(load), "-o", str(placement), "--ranks", "4", "--redundant", "4"]) == 0
+    spec = tmp_path / "ep4.toml"
+    spec.write_text(
+        (EXAMPLES / "tiny-cpu.toml").read_text()
+        + '[parallel]\ndispatch = "all2all"\nep_size = 4\nredundant_experts = 4\n'
+        + 'placement = "placement.json"\n'
+    )
+    capsys.readouterr()
+    assert main(["explain", str(spec), "--load", str(load), "--tokens", "256"]) == 0
+    text = capsys.readouterr().out
+    assert "placement: 20 physical experts on 4 rank(s), replica choice static" in text
+    assert "  rank 0:   28.0% of the rows, experts 0, " in text  # 70 of 250
+    assert "imbalance (max / mean rows per rank) 1.120 placed, 2.080 for the even split" in text
+    slowest, even, uniform = map(float, text.rstrip().splitlines()[-1].split()[1:])
+    assert uniform < slowest < even
+    assert main(["explain", str(spec), "--load", str(tmp_path / "none.json")]) == 2
+    assert "cannot read the load" in capsys.readouterr().err

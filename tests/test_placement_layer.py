@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import EXAMPLES
 from test_distributed import FP8, HIDDEN, SPEC, _error, _one_rank, _run
 
 PLACED_2 = "parallel.placement=[[5, 6, 7, 0, 1, 5], [2, 3, 4, 5, 6, 0]]"
@@ -128,3 +129,33 @@ def test_loads_replicas_from_their_experts(load_layer, tmp_path):
         assert torch.equal(layer.w2[physical], source.w2[logical])
     x = torch.randn(9, HIDDEN, generator=gen)
     assert _error(layer(x), source(x)) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["parallel.dispatch=all2all", "experts.gemm_backend=triton"],
+        ["parallel.dispatch=deepep_normal", "experts.gemm_backend=deep_gemm"],
+        ["parallel.dispatch=deepep_low_latency", "experts.layout=masked",
+         "parallel.max_tokens_per_rank=128", "target.max_num_tokens=128"],
+    ],
+    ids=["all2all-triton", "deepep-normal", "deepep-low-latency"],
+)  # fmt: skip
+def test_every_dispatch_takes_physical_ids(overrides):
+    """DeepSeek-V3 on 8 ranks with 32 redundant experts: whatever the dispatch, it reads the
+    place stage's physical ids and owns 36 physical experts per rank; the package renders."""
+    from moec.codegen import render_package
+    from moec.plan import Environment, plan_loaded
+    from moec.spec import load_spec
+
+    env = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
+    loaded = load_spec(
+        str(EXAMPLES / "deepseek-v3-fp8.toml"),
+        ["parallel.ep_size=8", "parallel.redundant_experts=32", *overrides],
+    )
+    plan = plan_loaded(loaded, env)
+    (edge,) = [e for p, e in plan.inputs("dispatch") if e.input == "topk_ids"]
+    assert (edge.tensor, plan.layer.local_experts) == ("physical_ids", 36)
+    assert plan.stage("dispatch").experts == 36
+    stages = render_package(loaded, env)["stages.py"].decode()
+    assert "placement.static_replicas(topk_ids, replica_of)" in stages
