@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("-o", "--out", default=None, help="write to this file (png needs one)")
     explain.add_argument("--matrix", action="store_true", help="print the support matrix instead")
+    explain.add_argument(
+        "--load", default=None, metavar="FILE", help="a load file: each rank's expected rows"
+    )
     explain.add_argument("--bandwidth", help="HBM bandwidth in GB/s for the floor")
     explain.add_argument("--bf16-tflops", help="bf16 matmul rate in TFLOP/s")
     explain.add_argument("--fp8-tflops", help="fp8 grouped GEMM rate in TFLOP/s")
@@ -113,6 +116,18 @@ def _parser() -> argparse.ArgumentParser:
         help="which MoE layers of a DeepSeek-V4 config the spec describes (it has both)",
     )
     _add_set(init)
+
+    eplb = commands.add_parser(
+        "eplb", help="a placement of replicated experts from a recorded load (DeepSeek's EPLB)"
+    )
+    eplb.add_argument("load", metavar="LOAD", help="a load file (the layer's write_expert_load)")
+    eplb.add_argument("-o", "--out", required=True, metavar="PLACEMENT", help="placement file")
+    eplb.add_argument("--ranks", required=True, help="expert-parallel ranks (parallel.ep_size)")
+    eplb.add_argument("--nodes", default="1", help="nodes the ranks span (default 1)")
+    eplb.add_argument("--redundant", default="0", help="redundant experts (default 0)")
+    eplb.add_argument(
+        "--groups", default="1", help="expert groups (router.n_group; default 1: global)"
+    )
 
     schema = commands.add_parser("schema", help="write the JSON Schema of spec files")
     schema.add_argument(
@@ -185,6 +200,7 @@ def _explain(args: argparse.Namespace) -> int:
                 ("--bandwidth", args.bandwidth),
                 ("--bf16-tflops", args.bf16_tflops),
                 ("--fp8-tflops", args.fp8_tflops),
+                ("--load", args.load),
             )
             if given
         ]
@@ -213,7 +229,9 @@ def _explain(args: argparse.Namespace) -> int:
         )
         if value is not None
     }
-    output = explain.explain(args.spec, args.overrides, args.tokens, args.format, ceilings)
+    output = explain.explain(
+        args.spec, args.overrides, args.tokens, args.format, ceilings, args.load
+    )
     explain.write(output, out)
     return 0
 
@@ -329,6 +347,17 @@ def positive_number(option: str, text: str, command: str) -> float:
     return value
 
 
+def _eplb(args: argparse.Namespace) -> int:
+    from moec.eplb import command
+
+    counts = {
+        option: whole_number(f"--{option}", getattr(args, option), low, MAX_COUNT, "moec eplb")
+        for option, low in (("ranks", 1), ("nodes", 1), ("redundant", 0), ("groups", 1))
+    }
+    print(command(args.load, args.out, **counts), end="")
+    return 0
+
+
 _COMMANDS = {
     "validate": _validate,
     "explain": _explain,
@@ -337,6 +366,7 @@ _COMMANDS = {
     "tune": _tune,
     "init": _init,
     "schema": _schema,
+    "eplb": _eplb,
 }
 
 

@@ -52,16 +52,24 @@ def parse_tokens(text: str | None) -> list[int]:
 
 
 def explain(
-    path: str, overrides, tokens: str | None, fmt: str, ceilings: dict[str, float]
+    path: str,
+    overrides,
+    tokens: str | None,
+    fmt: str,
+    ceilings: dict[str, float],
+    load: str | None = None,
 ) -> str | bytes:
-    """The plan of the spec at `path` in `fmt`: text for every format but png (bytes)."""
+    """The plan of the spec at `path` in `fmt`: text for every format but png (bytes); with
+    `load` (a load file), each rank's expected rows under it."""
     loaded = load_spec(path, overrides)
     spec = loaded.spec
     plan = plan_loaded(loaded)
     device = device_for(
         spec.target.device, spec.target.arch, ceilings, spec.parallel.nic_bandwidth_gbs
     )
-    data = plan_data(plan, spec, device, parse_tokens(tokens))
+    counts = parse_tokens(tokens)
+    data = plan_data(plan, spec, device, counts)
+    data["placement"] = placement_data(plan, device, counts, load)
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
     if fmt == "dot":
@@ -72,6 +80,75 @@ def explain(
     if fmt == "mermaid":
         return _mermaid(data)
     return _text(data)
+
+
+def placement_data(plan, device, tokens: list[int], load_file: str | None) -> dict[str, Any]:
+    """Each rank's experts (logical ids) and, under a recorded load, each rank's expected
+    rows, the imbalance (max / mean), and the floor of the slowest rank beside the even
+    split's (its grouped rows scaled by the imbalance, moec.plan.cost)."""
+    from moec import eplb
+    from moec.plan import cost
+
+    layer = plan.layer
+    ranks = [list(rank) for rank in layer.placement]
+    data: dict[str, Any] = {"ranks": ranks, "replica_choice": layer.replica_choice, "load": None}
+    if load_file is None:
+        return data
+    load = eplb.read_load(Path(load_file))
+    if len(load) != layer.routed_experts:
+        raise MoecError(
+            [problem("--load", f"holds {len(load)} experts, the layer {layer.routed_experts}",
+                     "a load file of this layer", value=load_file)],
+            "moec explain",
+            kind="usage",
+        )  # fmt: skip
+    redundant = layer.physical_experts - layer.routed_experts
+    rows = eplb.rank_rows(ranks, load)
+    even_rows = eplb.rank_rows(eplb.baseline(layer.routed_experts, redundant, layer.ep), load)
+    placed, even = eplb.imbalance(rows), eplb.imbalance(even_rows)
+    total = sum(load) or 1.0
+    data["load"] = {
+        "file": load_file,
+        "rank_share": [r / total for r in rows],
+        "imbalance": placed,
+        "even_imbalance": even,
+        "floors": [
+            {
+                "tokens": t,
+                "slowest_ms": cost(plan.at(t), device, t, placed).floor_ms,
+                "even_ms": cost(plan.at(t), device, t, even).floor_ms,
+                "uniform_ms": cost(plan.at(t), device, t).floor_ms,
+            }
+            for t in tokens
+        ],
+    }
+    return data
+
+
+def _placement_text(data: dict[str, Any]) -> list[str]:
+    placement, dims = data["placement"], data["choices"]["dims"]
+    ranks = placement["ranks"]
+    physical = sum(len(r) for r in ranks)
+    if len(ranks) == 1 and ranks[0] == list(range(dims["routed_experts"])):
+        return []
+    load = placement["load"]
+    lines = ["", f"placement: {physical} physical experts on {len(ranks)} rank(s), replica "
+             f"choice {placement['replica_choice']}"]  # fmt: skip
+    for index, rank in enumerate(ranks):
+        share = f"{load['rank_share'][index]:7.1%} of the rows, " if load else ""
+        lines.append(f"  rank {index}: {share}experts {', '.join(map(str, rank))}")
+    if load:
+        lines.append(
+            f"under the load of {load['file']}: imbalance (max / mean rows per rank) "
+            f"{load['imbalance']:.3f} placed, {load['even_imbalance']:.3f} for the even split"
+        )
+        lines.append(f"    {'T':>8}{'slowest ms':>14}{'even ms':>14}{'uniform ms':>14}")
+        for row in load["floors"]:
+            lines.append(
+                f"    {row['tokens']:>8}{row['slowest_ms']:>14.4f}{row['even_ms']:>14.4f}"
+                f"{row['uniform_ms']:>14.4f}"
+            )
+    return lines
 
 
 def is_explain_output(head: bytes) -> bool:
@@ -156,6 +233,8 @@ def _text(data: dict[str, Any]) -> str:
         for decision in above["decisions"]:
             lines.append(f"  {decision['what']} = {decision['choice']}: {decision['reason']}")
     lines += _cost_text(data)
+    if "placement" in data:
+        lines += _placement_text(data)
     return "\n".join(lines) + "\n"
 
 
@@ -183,9 +262,10 @@ def _stage_lines(stages: list[dict[str, Any]]) -> list[str]:
                 f"        tmp  {item['tensor']:<13} {item['type']['label']}  (within the stage)"
             )
         for item in stage["workspace"]:
-            lines.append(
-                f"        buf  {item['tensor']:<13} {item['type']['label']}  (kept zeroed)"
-            )
+            kept = "kept zeroed"
+            if stage["kind"] == "place":
+                kept = "the load counter" if item["tensor"] == "expert_counts" else "a table"
+            lines.append(f"        buf  {item['tensor']:<13} {item['type']['label']}  ({kept})")
         if stage["note"]:
             lines.append(f"        note {stage['note']}")
     return lines

@@ -124,6 +124,7 @@ def test_text_of_every_example(capsys):
 # --- json ---------------------------------------------------------------------------------
 
 TOP_KEYS = {
+    "placement",
     "moec_version",
     "spec",
     "target",

@@ -317,6 +317,37 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         {"parallel.dispatch": "all2all", "parallel.ep_size": 5},
         "parallel.ep_size",
     ),
+    (
+        "ep_divides_experts",
+        {"parallel.dispatch": "all2all", "parallel.ep_size": 2, "parallel.redundant_experts": 3},
+        "parallel.ep_size",
+    ),
+    ("placement_covers_experts", {"parallel.placement": [[0, 1, 2]]}, "parallel.placement"),
+    (
+        "placement_covers_experts",
+        {"parallel.redundant_experts": 1, "parallel.placement": [list(range(16)) + [16]]},
+        "parallel.placement",
+    ),
+    (
+        "placement_covers_experts",
+        {
+            "parallel.dispatch": "all2all",
+            "parallel.ep_size": 2,
+            "parallel.redundant_experts": 2,
+            "parallel.placement": [list(range(10)), list(range(10, 16)) + [0, 1]],
+        },
+        "parallel.placement",
+    ),
+    (
+        "replicas_not_fused_shared",
+        {
+            "parallel.redundant_experts": 2,
+            "experts.shared_experts": "fused",
+            "model.n_shared_experts": 1,
+        },
+        "experts.shared_experts",
+    ),  # fmt: skip
+    ("replicas_not_fused_shared", {"parallel.replica_choice": "random"}, "parallel.replica_choice"),
     ("dispatch_matches_ep", {"parallel.ep_size": 4}, "parallel.dispatch"),
     ("dispatch_matches_ep", {"parallel.dispatch": "all2all"}, "parallel.ep_size"),
     (

@@ -16,6 +16,7 @@ from moec.codegen.functions import render_stages, side_stream_stages, with_split
 from moec.codegen.render import environment, literal, render
 from moec.plan.activations import lower
 from moec.plan.graph import Plan
+from moec.plan.placement import physical_to_logical
 from moec.plan.sizes import dim, symbols
 from moec.plan.tuning import COMBINE_DECODE_ROWS
 from moec.version import __version__
@@ -142,6 +143,9 @@ def _layer_fields(plan: Plan, calls: list[str]) -> dict[str, Any]:
         "empty_returns_early": layer.ep == 1,
         "side_stream": bool(side_stream_stages(plan)),
         "workspace": bool(workspace(plan)),
+        "tables": bool(tables(plan)),
+        "record_load": layer.record_load,
+        "routed_experts": layer.routed_experts,
         "calls": calls,
         "forward_doc": f"Route each token to its top-{layer.top_k} experts and return the "
         f"weighted sum{shared}."
@@ -181,6 +185,8 @@ def _weight_fields(plan: Plan) -> dict[str, Any]:
         ("router_parts", any("gate_parts" in stage.weights for stage in plan.order())),
         ("fused_shared", layer.fused_shared),
     ]
+    if layer.placed:
+        values.append(("physical_to_logical", tuple(physical_to_logical(layer))))
     rows = [(key, literal(value)) for key, value in values]
     rows.append(("routed", _weight_format(layer.routed, dtype)))
     rows.append(("shared", _weight_format(layer.shared, dtype) if layer.n_shared else "None"))
@@ -189,6 +195,7 @@ def _weight_fields(plan: Plan) -> dict[str, Any]:
     return {
         "parameters": parameters(plan),
         "workspace": workspace(plan),
+        "tables": tables(plan),
         "layer_weights": rows,
         "doc": _weights_doc(plan),
     }
@@ -232,6 +239,18 @@ def workspace(plan: Plan) -> list[dict[str, Any]]:
          "dtype": tensor_type.dtype.torch}
         for stage in plan.order()
         for name, tensor_type in stage.workspace.items()
+    ]  # fmt: skip
+
+
+def tables(plan: Plan) -> list[dict[str, Any]]:
+    """Workspace buffers filled with constants when the layer is made: (name, values, whether
+    the values hold one row per rank, of which the layer takes its own)."""
+    return [
+        {"name": name, "rows": values, "per_rank": per_rank}
+        for stage in plan.order()
+        for per_rank, named in ((False, getattr(stage, "tables", ())),
+                                (True, getattr(stage, "rank_tables", ())))
+        for name, values in named
     ]  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from moec.plan import deepep
+from moec.plan import deepep, placement
 from moec.plan.backends import accepted_scale
 from moec.plan.graph import Plan
 from moec.plan.layer import Layer, QuantFormat
@@ -22,6 +22,7 @@ from moec.plan.stages import (
     Gemm,
     Input,
     Output,
+    Place,
     Quantize,
     Router,
     Select,
@@ -108,6 +109,8 @@ def build_stages(plan: Plan, spec: Spec) -> None:
     _router(plan, around)
     plan.connect("input", "router", "x")
     _select(plan, spec, around)
+    if layer.placed or layer.record_load:
+        _place(plan)
     if layer.n_shared and not layer.fused_shared:
         _shared_expert(plan, gemm)
 
@@ -244,6 +247,65 @@ def _select(plan: Plan, spec: Spec, backend: str) -> None:
         plan.decide("top-k", "torch", "elementwise top-k: a few percent of the layer's bytes")
 
 
+def _place(plan: Plan) -> None:
+    """Logical ids to physical replicas after the selection (every dispatch then sees
+    physical ids, rank r owning r * L ..), and the per-expert token counter."""
+    layer = plan.layer
+    tables: list = []
+    rank_tables: list = []
+    workspace = {}
+    if layer.placed and layer.replica_choice == "static":
+        rank_tables.append(("replica_of", tuple(map(tuple, placement.static_choice(layer)))))
+        workspace["replica_of"] = TensorType(I32, ("E",))
+    elif layer.placed:
+        table, counts = placement.replica_table(layer)
+        tables += [("replica_table", tuple(map(tuple, table))), ("replica_count", tuple(counts))]
+        workspace["replica_table"] = TensorType(I32, ("E", str(len(table[0]))))
+        workspace["replica_count"] = TensorType(I32, ("E",))
+    if layer.record_load:
+        workspace["expert_counts"] = TensorType(DType.int64, ("E",))
+    plan.add_stage(
+        Place(
+            name="place",
+            backend="torch",
+            experts=layer.routed_experts,
+            physical=layer.physical_experts,
+            top_k=layer.top_k,
+            mapped=layer.placed,
+            replica_choice=layer.replica_choice,
+            record_load=layer.record_load,
+            tables=tuple(tables),
+            rank_tables=tuple(rank_tables),
+            outputs={"physical_ids": TensorType(I32, ("T", "K"))},
+            workspace=workspace,
+            origin=("parallel.placement", "parallel.redundant_experts", "parallel.record_load"),
+        )
+    )
+    plan.connect("select", "place", "topk_ids")
+    if layer.placed:
+        counts = [len(r) for r in placement.replicas(layer)]
+        how = (
+            "each rank's fixed replica: its own, else its node's, else one spread by rank"
+            if layer.replica_choice == "static"
+            else "a hash of each (token, k) position among the expert's replicas"
+        )
+        plan.decide(
+            "expert placement",
+            f"{layer.physical_experts} physical experts for {layer.routed_experts} logical "
+            f"({max(counts)} replicas at most), {layer.local_experts} per rank",
+            f"parallel.placement and redundant_experts; the ids after the selection become "
+            f"physical ({layer.replica_choice}: {how}), so every dispatch and GEMM backend "
+            "runs on physical experts",
+        )
+    if layer.record_load:
+        plan.decide(
+            "expert load",
+            "recorded",
+            "parallel.record_load: the tokens of each logical expert are added to a device "
+            "counter on every forward (no host sync, CUDA-graph safe)",
+        )
+
+
 def _quantize(plan: Plan, name: str, fmt: QuantFormat, backend: str, shape, out: str) -> None:
     """Activation quantization: token rows (shape [T, H]) or the grouped intermediate."""
     scale = fmt.activation_scale()
@@ -334,7 +396,10 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
         )
     )
     plan.connect(source, "dispatch", tensor, "x")
-    plan.connect("select", "dispatch", "topk_ids")
+    if plan.has("place"):
+        plan.connect("place", "dispatch", "physical_ids", "topk_ids")
+    else:
+        plan.connect("select", "dispatch", "topk_ids")
     if mode != "local":  # the weights travel with the tokens; the expert ranks apply them
         plan.connect("select", "dispatch", "topk_weights")
     if quantize is not None:

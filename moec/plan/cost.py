@@ -62,11 +62,13 @@ def experts_hit(experts: int, top_k: int, tokens: int, total_experts: int | None
     return experts * (1.0 - (1.0 - top_k / total) ** tokens)
 
 
-def cost(plan: Plan, device: Device, tokens: int) -> Cost:
-    """Bytes, FLOPs and floor of every stage, and of the layer, at `tokens` tokens."""
+def cost(plan: Plan, device: Device, tokens: int, rows_factor: float = 1.0) -> Cost:
+    """Bytes, FLOPs and floor of every stage, and of the layer, at `tokens` tokens; a rank
+    whose experts receive `rows_factor` times the mean rows (a placement under a recorded
+    load, moec/eplb.py) has its grouped rows scaled by it."""
     layer = plan.layer
     table = symbols(layer, tokens)
-    rows = useful_rows(layer, tokens)
+    rows = round(useful_rows(layer, tokens) * rows_factor)
     # The rank's local experts see the tokens of every expert-parallel rank.
     hit = experts_hit(layer.local_experts, layer.top_k, tokens * layer.ep, layer.routed_experts)
     if layer.fused_shared and tokens:

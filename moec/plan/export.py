@@ -21,6 +21,9 @@ Top-level keys (pinned by tests/test_explain.py):
     above         null, or with a GEMM split (gemm_backend auto per token bucket) the plan run
                   above `up_to` tokens: {up_to, gemm_backend, stages (those that differ, as
                   in "stages"), decisions (those that differ)}
+    placement     (`moec explain` only, not plan.json) {ranks: each rank's logical experts,
+                  replica_choice, load: null, or with --load {file, rank_share, imbalance,
+                  even_imbalance, floors: [{tokens, slowest_ms, even_ms, uniform_ms}]}}
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ STAGE_ORDER = (
     "input",
     "router",
     "select",
+    "place",
     "quantize",
     "dispatch",
     "gemm_gate_up",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moec.plan.types import DType, ScaleType
+from moec.spec import placement
 from moec.spec.models import Spec
 from moec.spec.normalize import BLOCK_DEFAULTS
 
@@ -109,7 +110,13 @@ class Layer:
     routed_experts: int
     """All routed experts of the model."""
     local_experts: int
-    """Routed experts on this rank."""
+    """Routed (physical) experts on this rank."""
+    placement: tuple[tuple[int, ...], ...]
+    """The logical expert of each rank's physical experts (parallel.placement), rank by rank."""
+    replica_choice: str
+    """static or random (parallel.replica_choice)."""
+    record_load: bool
+    """The layer counts the tokens of each logical expert (parallel.record_load)."""
     top_k: int
     routed: QuantFormat
     shared: QuantFormat
@@ -147,6 +154,16 @@ class Layer:
         return self.dispatch in ("all2all", "deepep_normal")
 
     @property
+    def physical_experts(self) -> int:
+        """Routed experts of all ranks, replicas included."""
+        return self.local_experts * self.ep
+
+    @property
+    def placed(self) -> bool:
+        """Physical experts differ from the logical ones: the dispatch maps ids after select."""
+        return [e for rank in self.placement for e in rank] != list(range(self.routed_experts))
+
+    @property
     def grouped_experts(self) -> int:
         """Experts of the grouped GEMM: the local routed ones plus fused shared experts."""
         return self.local_experts + (self.n_shared if self.fused_shared else 0)
@@ -171,7 +188,10 @@ def layer_of(spec: Spec) -> Layer:
         // parallel.tp_size,
         n_shared=model.n_shared_experts,
         routed_experts=model.n_routed_experts,
-        local_experts=model.n_routed_experts // parallel.ep_size,
+        local_experts=(model.n_routed_experts + parallel.redundant_experts) // parallel.ep_size,
+        placement=tuple(tuple(rank) for rank in placement.of(parallel, model.n_routed_experts)),
+        replica_choice=parallel.replica_choice,
+        record_load=parallel.record_load,
         top_k=model.num_experts_per_tok,
         routed=quant_format(spec.quant.scheme, spec),
         shared=quant_format(spec.quant.shared_scheme or spec.quant.scheme, spec),

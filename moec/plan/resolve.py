@@ -17,7 +17,7 @@ from moec.plan.layer import Layer
 from moec.plan.layouts import masked_peak_bytes
 from moec.plan.tables import find_backend_times
 from moec.spec.models import Spec
-from moec.spec.rules import arch_number
+from moec.spec.rules import arch_number, placed
 
 GIB = 1024**3
 MASKED_BUDGET_FRACTION = 0.2
@@ -120,6 +120,7 @@ def _fuse_shared(spec: Spec, gemm: str, decide) -> bool:
                 spec.quant.scheme == "fp8_per_tensor",
             ),
             ("expert parallelism would put them on one rank", spec.parallel.ep_size > 1),
+            ("the layer places replicated experts", placed(spec)),
             ("tensor parallelism splits them by columns", spec.parallel.tp_size > 1),
         )
         if present

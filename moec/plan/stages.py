@@ -98,6 +98,27 @@ class Select(Stage):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Place(Stage):
+    """Logical expert ids to physical ones (a replica of each), and the load record."""
+
+    kind: ClassVar[str] = "place"
+    experts: int
+    """Logical routed experts."""
+    physical: int
+    """Physical experts of all ranks."""
+    top_k: int
+    mapped: bool
+    """The ids change (replicas, or a placement of its own); else the stage only records."""
+    replica_choice: str
+    """static (each rank's fixed replica per expert) or random (a hash of the position)."""
+    record_load: bool
+    tables: tuple[tuple[str, tuple[int, ...] | tuple[tuple[int, ...], ...]], ...] = ()
+    """Workspace buffers filled with these values when the layer is made, by name."""
+    rank_tables: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
+    """Workspace buffers filled with their rank's row of these values."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Quantize(Stage):
     """Activation quantization for the expert GEMMs."""
 

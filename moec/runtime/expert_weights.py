@@ -64,14 +64,17 @@ class LayerWeights:
     shared: WeightFormat | None
     hash_table: tuple[int, int] | None = None
     """(token ids, top-k) of a hash router's table `gate.tid2eid`; None: the router chooses."""
+    physical_to_logical: tuple[int, ...] = ()
+    """The logical expert of each physical expert of all ranks (rank r holds physical
+    r * local_experts ..); empty: physical = logical. Replicas read one checkpoint tensor."""
 
 
 def load(layer, source, prefix: str, spec: LayerWeights) -> None:
     """Read the checkpoint, check every tensor, convert to this layer's formats, copy in.
     Raises WeightError listing every problem."""
-    first = _first_expert(layer, spec)
-    wanted = _this_rank(first, spec) if spec.ep > 1 else None
-    found, problems = _collect(read_tensors(source, prefix, wanted), prefix, first, spec)
+    logical = _local_logical(layer, spec)
+    wanted = _this_rank(set(logical), spec) if spec.ep > 1 else None
+    found, problems = _collect(read_tensors(source, prefix, wanted), prefix, set(logical), spec)
     values: dict[str, torch.Tensor] = {}
     values["gate_weight"] = _take(
         found, "gate", (spec.routed_experts, spec.hidden), prefix + "gate.weight", problems
@@ -82,10 +85,11 @@ def load(layer, source, prefix: str, spec: LayerWeights) -> None:
     if spec.hash_table:
         values["tid2eid"] = _take_table(found.get("table"), prefix + "gate.tid2eid", spec, problems)
     rank = layer.rank if spec.tp > 1 else 0
-    experts = [
-        _checkpoint_mlp(found, ("expert", e), f"{prefix}experts.{e + first}", spec, rank, problems)
-        for e in range(spec.local_experts)
-    ]
+    converted = {  # once per logical expert: its replicas share it
+        e: _checkpoint_mlp(found, ("expert", e), f"{prefix}experts.{e}", spec, rank, problems)
+        for e in dict.fromkeys(logical)
+    }
+    experts = [converted[e] for e in logical]
     shared = None
     if spec.n_shared:
         name = f"{prefix}shared_experts"
@@ -138,34 +142,33 @@ def randomize(layer, seed: int, spec: LayerWeights) -> None:
             out["w2_input"] = torch.tensor(1.0 / 448.0, device=device)
         return out
 
-    first = _first_expert(layer, spec)
-    experts = [
-        mlp(spec.intermediate, 16 + 4 * (first + e), spec.routed) for e in range(spec.local_experts)
-    ]
+    experts = [mlp(spec.intermediate, 16 + 4 * e, spec.routed) for e in _local_logical(layer, spec)]
     shared = mlp(spec.shared_intermediate, 8, spec.shared) if spec.n_shared else None
     _copy_in(layer, _assemble(values, experts, shared, spec))
 
 
-def _first_expert(layer, spec: LayerWeights) -> int:
-    """Global id of this rank's first routed expert."""
-    return layer.rank * spec.local_experts if spec.ep > 1 else 0
+def _local_logical(layer, spec: LayerWeights) -> list[int]:
+    """The logical expert of each of this rank's physical experts, in order."""
+    first = layer.rank * spec.local_experts if spec.ep > 1 else 0
+    physical = range(first, first + spec.local_experts)
+    return [spec.physical_to_logical[p] if spec.physical_to_logical else p for p in physical]
 
 
-def _this_rank(first: int, spec: LayerWeights):
-    """Which checkpoint names an expert-parallel rank reads: all but the other ranks' routed
-    experts (ids out of range are read, to be reported)."""
+def _this_rank(logical: set[int], spec: LayerWeights):
+    """Which checkpoint names an expert-parallel rank reads: all but the routed experts it
+    holds no replica of (ids out of range are read, to be reported)."""
 
     def wanted(name: str) -> bool:
         match = _EXPERT.fullmatch(name)
         if match is None:
             return True
         expert = int(match.group(1))
-        return expert >= spec.routed_experts or first <= expert < first + spec.local_experts
+        return expert >= spec.routed_experts or expert in logical
 
     return wanted
 
 
-def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
+def _collect(tensors, prefix: str, logical: set[int], spec: LayerWeights):
     """Sort checkpoint tensors by what they are: {key: tensor} and the problems found."""
     found: dict[tuple, torch.Tensor] = {}
     problems: list[str] = []
@@ -195,13 +198,13 @@ def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
             else:
                 problems.append(f"{prefix}{name}: unexpected (this router has no correction bias)")
         elif name in ("experts.gate_up_proj", "experts.down_proj"):
-            _split_fused(put, name, tensor[first : first + spec.local_experts])
+            _split_fused(put, name, tensor, logical)
         elif match := _EXPERT.fullmatch(name):
             expert = int(match.group(1))
             if expert >= spec.routed_experts:
                 problems.append(f"{prefix}{name}: unexpected (expert id >= {spec.routed_experts})")
-            elif 0 <= expert - first < spec.local_experts:
-                key = ("expert", expert - first, _proj(match.group(2)), _field(match.group(3)))
+            elif expert in logical:
+                key = ("expert", expert, _proj(match.group(2)), _field(match.group(3)))
                 put(key, tensor, name)
         elif match := _SHARED.fullmatch(name):
             if spec.n_shared:
@@ -213,9 +216,10 @@ def _collect(tensors, prefix: str, first: int, spec: LayerWeights):
     return found, problems
 
 
-def _split_fused(put, name: str, fused: torch.Tensor) -> None:
-    """transformers' fused in-memory experts -> per-expert gate / up / down weights."""
-    for expert in range(fused.shape[0]):
+def _split_fused(put, name: str, fused: torch.Tensor, logical: set[int]) -> None:
+    """transformers' fused in-memory experts -> the gate / up / down weights of the experts
+    this rank holds (an id beyond the tensor is left missing, to be reported)."""
+    for expert in sorted(e for e in logical if e < fused.shape[0]):
         if name.endswith("gate_up_proj"):
             half = fused.shape[1] // 2
             put(("expert", expert, "gate", "weight"), fused[expert, :half], name)

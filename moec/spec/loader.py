@@ -20,7 +20,7 @@ import tomli
 from pydantic import BaseModel, ValidationError
 
 from moec.errors import MoecError, Problem, problem
-from moec.spec import models, rules
+from moec.spec import models, placement, rules
 from moec.spec.locate import key_lines, line_of, long_number
 from moec.spec.normalize import normalize
 from moec.spec.presets import PRESETS, apply_preset
@@ -106,13 +106,17 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
             str(path),
             kind="usage",
         ) from None
-    return parse_spec(text, str(path), overrides)
+    return parse_spec(text, str(path), overrides, folder=path.parent)
 
 
 def parse_spec(
-    text: str, source: str = "<spec>", overrides: list[str] | tuple[str, ...] = ()
+    text: str,
+    source: str = "<spec>",
+    overrides: list[str] | tuple[str, ...] = (),
+    folder: Path | None = None,
 ) -> LoadedSpec:
-    """Check a spec given as TOML text."""
+    """Check a spec given as TOML text; `folder` is where its relative file names (a
+    placement file) start (default: the current folder)."""
     if text.startswith("\ufeff"):  # tomli's message would be "Invalid statement" at 1:1
         raise MoecError(
             [
@@ -144,7 +148,7 @@ def parse_spec(
         raise MoecError([_unreadable_value(text, error)], source) from None
     lines = key_lines(text)
     raw, set_paths = apply_overrides(raw, overrides, source)
-    return check_raw(raw, source, text, lines, set_paths, tuple(overrides))
+    return check_raw(raw, source, text, lines, set_paths, tuple(overrides), folder)
 
 
 _TOO_DEEP = "TOML nested too deeply to read (arrays or tables inside each other)"
@@ -168,6 +172,7 @@ def check_raw(
     lines: dict[str, int] | None = None,
     set_paths: set[str] | None = None,
     overrides: tuple[str, ...] = (),
+    folder: Path | None = None,
 ) -> LoadedSpec:
     """Validate parsed spec data (the TOML already read and the overrides applied)."""
     lines = lines or {}
@@ -186,6 +191,9 @@ def check_raw(
             return found.located(line_of(lines, "model.preset"), f"from preset {preset_name}")
         return found.located(line_of(lines, found.path))
 
+    raw, read_problem = _read_placement(raw, folder)
+    if read_problem is not None:
+        raise MoecError([locate(read_problem)], source)
     try:
         spec = models.Spec.model_validate(raw)
     except ValidationError as error:
@@ -196,6 +204,25 @@ def check_raw(
     if found:
         raise MoecError(_sorted(found), source)
     return LoadedSpec(spec, source, text, overrides, lines)
+
+
+def _read_placement(
+    raw: dict[str, Any], folder: Path | None
+) -> tuple[dict[str, Any], Problem | None]:
+    """parallel.placement naming a file: its placement replaces the name in `raw`, so that the
+    spec (its hash, the package's spec.json) holds the placement itself."""
+    parallel = raw.get("parallel")
+    name = parallel.get("placement") if isinstance(parallel, dict) else None
+    if not isinstance(name, str) or name == "even":
+        return raw, None
+    if not name:
+        hint = '"even" or a placement file'
+        return raw, problem("parallel.placement", "is an empty path", hint, value=name)
+    path = Path(name)
+    read, found = placement.read(path if path.is_absolute() else (folder or Path()) / path)
+    if found is not None:
+        return raw, found
+    return {**raw, "parallel": {**parallel, "placement": read}}, None
 
 
 def _from_set(path: str, set_paths: set[str], lines: dict[str, int]) -> bool:

@@ -65,7 +65,8 @@ def layer_bytes(spec: Spec, tokens: int) -> LayerBytes:
     model, parallel = spec.model, spec.parallel
     hidden = model.hidden_size
     intermediate = -(-model.moe_intermediate_size // parallel.tp_size)
-    local_experts = -(-model.n_routed_experts // parallel.ep_size)
+    physical = model.n_routed_experts + parallel.redundant_experts
+    local_experts = -(-physical // parallel.ep_size)
     routed = local_experts * 3 * hidden * intermediate * bytes_per_weight(spec, spec.quant.scheme)
     shared_scheme = spec.quant.shared_scheme or spec.quant.scheme
     shared = model.n_shared_experts * 3 * hidden * intermediate

@@ -245,6 +245,23 @@ class Parallel(Table):
     ranks of different nodes over the NIC (the cost model uses both)."""
     nic_bandwidth_gbs: PositiveFloat | None = None
     """One-way network bandwidth per GPU between nodes, GB/s; default the device table's."""
+    redundant_experts: Count = 0
+    """Physical experts beyond the n_routed_experts logical ones: replicas of hot experts (as
+    SGLang's ep_num_redundant_experts), spread over the expert-parallel ranks, each rank holding
+    (n_routed_experts + redundant_experts) / ep_size."""
+    placement: Literal["even"] | list[list[Count]] | str = "even"
+    """Which logical expert each rank's physical experts hold. "even": rank r holds experts
+    r * E/ep_size .. in order, the replicas after them round-robin; a list of ep_size lists
+    (each rank's experts, equal lengths); or the path of a JSON file written by `moec eplb`
+    (relative to the spec's folder), read into the spec."""
+    replica_choice: Literal["static", "random"] = "static"
+    """Which replica of an expert a token goes to. static: one fixed replica per rank (its own
+    rank's, else one of its node's, else one spread by rank); random: a deterministic hash of
+    the token's position and top-k slot picks one (SGLang's dynamic dispatch)."""
+    record_load: bool = False
+    """Count the tokens routed to each logical expert in a device tensor the layer adds to on
+    every forward (no host sync; `expert_load()`, `reset_expert_load()`,
+    `write_expert_load(path)`), for `moec eplb`."""
 
 
 class Target(Table):

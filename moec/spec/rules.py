@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from moec.errors import Problem, problem
-from moec.spec import memory
+from moec.spec import memory, placement
 from moec.spec.models import Spec
 
 Check = Callable[[Spec], Iterator[Problem]]
@@ -644,14 +644,73 @@ def _tp(spec: Spec) -> Iterator[Problem]:
 
 @rule("ep_divides_experts")
 def _ep(spec: Spec) -> Iterator[Problem]:
-    """Expert parallelism gives each rank n_routed_experts / ep_size whole experts."""
-    if spec.model.n_routed_experts % spec.parallel.ep_size:
+    """Expert parallelism gives each rank (n_routed_experts + redundant_experts) / ep_size whole
+    physical experts."""
+    redundant = spec.parallel.redundant_experts
+    physical = spec.model.n_routed_experts + redundant
+    if physical % spec.parallel.ep_size:
+        what = f"n_routed_experts = {spec.model.n_routed_experts}"
+        if redundant:
+            what = f"the {physical} physical experts ({what} + redundant_experts = {redundant})"
         yield problem(
             "parallel.ep_size",
-            f"does not divide n_routed_experts = {spec.model.n_routed_experts}",
-            "a divisor of n_routed_experts",
+            f"does not divide {what}",
+            "a divisor of n_routed_experts + redundant_experts",
             value=spec.parallel.ep_size,
         )
+
+
+@rule("placement_covers_experts")
+def _placement(spec: Spec) -> Iterator[Problem]:
+    """A placement other than "even" lists ep_size ranks of equal length, together
+    n_routed_experts + redundant_experts physical experts, each a routed expert's id, every
+    routed expert at least once."""
+    parallel = spec.parallel
+    if parallel.placement == "even":
+        return
+    found = placement.problems(
+        [list(rank) for rank in parallel.placement],
+        spec.model.n_routed_experts,
+        parallel.redundant_experts,
+        parallel.ep_size,
+    )
+    for message in found:
+        yield problem(
+            "parallel.placement",
+            message,
+            "each rank's list of logical expert ids, as `moec eplb` writes them",
+        )
+
+
+@rule("replicas_not_fused_shared")
+def _replicas_fused(spec: Spec) -> Iterator[Problem]:
+    """Fused shared experts take the grouped GEMM's last expert slots; with redundant experts or
+    a placement of its own a layer keeps them separate."""
+    parallel = spec.parallel
+    if spec.experts.shared_experts == "fused" and placed(spec):
+        yield problem(
+            "experts.shared_experts",
+            "fused shared experts cannot sit beside a placement of replicated experts",
+            '"separate", "overlapped" or "auto", or parallel.redundant_experts = 0 and '
+            'placement = "even"',
+            value="fused",
+        )
+    if parallel.replica_choice != "static" and not parallel.redundant_experts:
+        yield problem(
+            "parallel.replica_choice",
+            "chooses among replicas, and redundant_experts = 0 makes none",
+            "remove it, or set parallel.redundant_experts",
+            value=parallel.replica_choice,
+        )
+
+
+def placed(spec: Spec) -> bool:
+    """Whether physical experts differ from the logical ones (replicas, or another order)."""
+    parallel = spec.parallel
+    return bool(parallel.redundant_experts) or parallel.placement not in (
+        "even",
+        placement.even(spec.model.n_routed_experts, 0, parallel.ep_size),
+    )
 
 
 @rule("dispatch_matches_ep")

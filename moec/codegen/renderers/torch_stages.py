@@ -19,6 +19,7 @@ from moec.plan.stages import (
     Combine,
     Dispatch,
     Gemm,
+    Place,
     Quantize,
     Router,
     Select,
@@ -94,6 +95,23 @@ def select(plan, stage: Select) -> StageCode:
 def input_scale_arg(stage, weight: str) -> str:
     """`, <weight>` when the stage reads that static input scale, else nothing."""
     return f", {weight}" if weight in stage.weights else ""
+
+
+@register("place", "torch", "stages/torch/place.py.j2", runtime=("placement",))
+def place(plan, stage: Place) -> StageCode:
+    if not stage.mapped:
+        mapping, what = "topk_ids", "The ids unchanged (physical = logical)"
+    elif stage.replica_choice == "static":
+        mapping = "placement.static_replicas(topk_ids, replica_of)"
+        what = "Each logical id [T, K] to this rank's replica of its expert"
+    else:
+        mapping = "placement.random_replicas(topk_ids, replica_table, replica_count)"
+        what = "Each logical id [T, K] to a replica of its expert picked by a hash of its position"
+    doc = f"{what}, of {stage.physical} physical experts for {stage.experts} logical"
+    if stage.record_load:
+        doc += "; each logical expert's tokens added to expert_counts"
+    fields = {"record": stage.record_load, "top_k": stage.top_k, "mapping": mapping}
+    return StageCode(doc + ".", fields)
 
 
 @register("quantize", "torch", "stages/torch/quantize.py.j2", runtime=("torch_matmul",))

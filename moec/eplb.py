@@ -1,0 +1,197 @@
+"""`moec eplb`: a placement of replicated experts from a recorded load, by DeepSeek's
+hierarchical balancing (github.com/deepseek-ai/EPLB; its facts, this code moec's own).
+
+    load [E] ──▶ 1. pack the expert groups to nodes (equal group counts, balanced loads)
+             ──▶ 2. in each node, replicate the expert whose replicas carry the most load,
+                    until the node's physical experts are filled
+             ──▶ 3. pack each node's replicas to its GPUs (equal counts, balanced loads)
+             ──▶ placement [ranks][experts per rank] of logical ids
+
+Packing is greedy: items by descending load (ties by index), each to the lightest pack that
+still has room. A replica's load is its expert's load over its replica count. Where the groups
+do not divide over the nodes, the same steps run with one group and one node (DeepSeek's
+global policy). Pure Python: the numbers are a few hundred.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from moec.errors import MoecError, problem
+from moec.spec import placement as placements
+
+LOAD_FORMAT = "moec-load"
+
+
+def pack(loads: list[float], packs: int) -> tuple[list[int], list[int]]:
+    """Each item's pack and its position in the pack: len(loads) / packs items per pack,
+    heaviest first into the lightest pack with room (the first such on a tie)."""
+    per_pack = len(loads) // packs
+    if per_pack == 1:
+        return list(range(len(loads))), [0] * len(loads)
+    weight, count = [0.0] * packs, [0] * packs
+    pack_of, position = [0] * len(loads), [0] * len(loads)
+    for item in sorted(range(len(loads)), key=lambda i: -loads[i]):
+        chosen = min((p for p in range(packs) if count[p] < per_pack), key=weight.__getitem__)
+        pack_of[item], position[item] = chosen, count[chosen]
+        weight[chosen] += loads[item]
+        count[chosen] += 1
+    return pack_of, position
+
+
+def replicate(loads: list[float], slots: int) -> tuple[list[int], list[int]]:
+    """`slots` physical experts for len(loads) logical ones: each logical once, then a
+    replica of the one whose replicas carry the most load (the first on a tie), repeatedly.
+    Returns (the logical expert of each physical one, each logical expert's replica count)."""
+    physical, counts = list(range(len(loads))), [1] * len(loads)
+    for _ in range(slots - len(loads)):
+        hottest = max(range(len(loads)), key=lambda e: loads[e] / counts[e])
+        physical.append(hottest)
+        counts[hottest] += 1
+    return physical, counts
+
+
+def rebalance(
+    load: list[float], physical: int, groups: int, nodes: int, ranks: int
+) -> list[list[int]]:
+    """The placement of `physical` experts over `ranks` GPUs on `nodes` nodes for one layer's
+    `load` per logical expert, its experts in `groups` groups (hierarchical when the groups
+    divide over the nodes, else global)."""
+    if groups % nodes:
+        groups, nodes = 1, 1
+    experts = len(load)
+    size = experts // groups
+    group_load = [sum(load[g * size : (g + 1) * size]) for g in range(groups)]
+    node_of, position = pack(group_load, nodes)
+    placement: list[list[int]] = []
+    for node in range(nodes):
+        mine = sorted((position[g], g) for g in range(groups) if node_of[g] == node)
+        logical = [e for _, g in mine for e in range(g * size, (g + 1) * size)]
+        node_load = [load[e] for e in logical]
+        copies, counts = replicate(node_load, physical // nodes)
+        gpus, per_gpu = ranks // nodes, physical // ranks
+        gpu_of, slot = pack([node_load[c] / counts[c] for c in copies], gpus)
+        node_ranks = [[0] * per_gpu for _ in range(gpus)]
+        for j, copy in enumerate(copies):
+            node_ranks[gpu_of[j]][slot[j]] = logical[copy]
+        placement += node_ranks
+    return placement
+
+
+def rank_rows(placement: list[list[int]], load: list[float]) -> list[float]:
+    """Expected rows of each rank: its experts' loads, each shared evenly by its replicas."""
+    counts = [0] * len(load)
+    for rank in placement:
+        for e in rank:
+            counts[e] += 1
+    return [sum(load[e] / counts[e] for e in rank) for rank in placement]
+
+
+def imbalance(rows: list[float]) -> float:
+    """Max over mean rows per rank (1 = balanced); 1 for no load at all."""
+    mean = sum(rows) / len(rows)
+    return max(rows) / mean if mean else 1.0
+
+
+def read_load(path: Path) -> list[float]:
+    """The load in a file the layer's `write_expert_load` wrote ({"format": "moec-load",
+    "load": [tokens per logical expert]}); MoecError naming the file otherwise."""
+    from moec.spec.loader import read_user_text
+
+    hint = f'a JSON file {{"format": "{LOAD_FORMAT}", "load": [...]}} (write_expert_load)'
+    try:
+        data = json.loads(read_user_text(path))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        raise MoecError([problem("", f"cannot read the load: {reason}", hint)], str(path)) from None
+    load = data.get("load") if isinstance(data, dict) else None
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != LOAD_FORMAT
+        or not isinstance(load, list)
+        or not load
+        or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            for v in load
+        )
+    ):
+        raise MoecError(
+            [problem("", "is not a load file of non-negative token counts", hint)], str(path)
+        )
+    return [float(v) for v in load]
+
+
+def check_shape(experts: int, physical: int, groups: int, nodes: int, ranks: int) -> list:
+    """Problems of the counts (command-line argument names)."""
+    found = []
+    if physical % ranks:
+        found.append(
+            problem("--ranks", f"does not divide the {physical} physical experts",
+                    "a divisor of the experts plus --redundant", value=ranks)
+        )  # fmt: skip
+    if ranks % nodes:
+        found.append(problem("--nodes", f"does not divide --ranks {ranks}", "", value=nodes))
+    if experts % groups:
+        found.append(
+            problem("--groups", f"does not divide the load's {experts} experts", "", value=groups)
+        )
+    return found
+
+
+def is_placement_file(head: bytes) -> bool:
+    """Whether a file's first bytes are a placement moec eplb wrote (what -o may replace)."""
+    try:
+        data = json.loads(head)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("format") == placements.FORMAT
+
+
+def baseline(experts: int, redundant: int, ranks: int) -> list[list[int]]:
+    """What the balance is measured against: the experts split evenly by index without
+    replicas where the ranks divide them, else parallel.placement = "even" with the replicas."""
+    return placements.even(experts, 0 if experts % ranks == 0 else redundant, ranks)
+
+
+def document(load: list[float], placement: list[list[int]], **settings: int) -> dict:
+    """The placement file: the placement, the settings, and the imbalance before (baseline)
+    and after."""
+    ranks, redundant = len(placement), settings.get("redundant_experts", 0)
+    before = imbalance(rank_rows(baseline(len(load), redundant, ranks), load))
+    after = imbalance(rank_rows(placement, load))
+    return placements.document(
+        placement, len(load), **settings, imbalance={"before": before, "after": after}
+    )
+
+
+def command(load_file: str, out: str, ranks: int, nodes: int, redundant: int, groups: int) -> str:
+    """`moec eplb`: read the load, balance, write the placement file; the report to print."""
+    from moec.codegen.write import write_text
+
+    load = read_load(Path(load_file))
+    physical = len(load) + redundant
+    found = check_shape(len(load), physical, groups, nodes, ranks)
+    if found:
+        raise MoecError(found, "moec eplb", kind="usage")
+    placement = rebalance(load, physical, groups, nodes, ranks)
+    data = document(load, placement, redundant_experts=redundant, nodes=nodes, groups=groups)
+    text = json.dumps(data, indent=1)
+    write_text(Path(out), text + "\n", is_placement_file)
+    policy = (
+        "hierarchical"
+        if groups % nodes == 0
+        else "global (the groups do not divide over the nodes)"
+    )
+    before, after = data["imbalance"]["before"], data["imbalance"]["after"]
+    rows = rank_rows(placement, load)
+    lines = [
+        f"{len(load)} experts + {redundant} redundant on {ranks} ranks, {nodes} node(s), "
+        f"{groups} group(s): {policy}",
+        f"imbalance (max / mean rows per rank): {before:.3f} even, {after:.3f} balanced",
+        *(f"  rank {r}: {rows[r]:.1f} rows, experts {placement[r]}" for r in range(ranks)),
+        f"wrote {out} (parallel.placement = {json.dumps(out)}, "
+        f"parallel.redundant_experts = {redundant})",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,181 @@
+"""`moec eplb` and the load record: DeepSeek's hierarchical balancing against hand-computed
+placements and the example in its README (github.com/deepseek-ai/EPLB), the imbalance it
+reports, the command's files and errors, and the layer's per-expert token counter."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import EXAMPLES
+from test_distributed import HIDDEN, SPEC
+
+from moec.cli import main
+from moec.eplb import imbalance, pack, rank_rows, rebalance, replicate
+from moec.spec import parse_spec
+
+README_LOAD = [
+    [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+    [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27],
+]
+README_PLACEMENT = [
+    [5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
+    [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1],
+]
+"""EPLB's README: 2 layers of 12 experts in 4 groups, 16 physical experts on 2 nodes of 4 GPUs."""
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_readme_example(layer):
+    placement = rebalance(README_LOAD[layer], 16, 4, 2, 8)
+    assert [e for rank in placement for e in rank] == README_PLACEMENT[layer]
+
+
+def test_hand_computed():
+    # pack: heaviest first into the lightest pack with room, the first on a tie
+    assert pack([5, 1, 1, 4, 5, 4], 2) == ([0, 0, 1, 0, 1, 1], [0, 2, 2, 1, 0, 1])
+    # replicate: the expert whose replicas carry the most, repeatedly
+    assert replicate([10, 1, 1, 8], 6) == ([0, 1, 2, 3, 0, 3], [2, 1, 1, 2])
+    # global (one group): 0 and 3 replicated, each rank 10 rows
+    assert rebalance([10, 1, 1, 8], 6, 1, 1, 2) == [[0, 3, 1], [0, 3, 2]]
+    # hierarchical: group {0, 1} to node 0, {2, 3} to node 1, each replicates its hottest
+    assert rebalance([10, 1, 1, 8], 6, 2, 2, 2) == [[0, 0, 1], [3, 3, 2]]
+    # groups that do not divide over the nodes: the global policy
+    assert rebalance([10, 1, 1, 8], 6, 1, 2, 2) == [[0, 3, 1], [0, 3, 2]]
+
+
+def test_imbalance_on_a_skewed_load():
+    """Expert 0 takes 100 of 250 rows: evenly split by index its rank takes 130 (2.08 x the
+    mean); with 4 replicas its 5 copies carry 20 each and the ranks 70, 60, 60, 60 (1.12, the
+    best whole replicas of 20 and 10 allow)."""
+    load = [100.0] + [10.0] * 15
+    even = [list(range(r * 4, r * 4 + 4)) for r in range(4)]
+    assert imbalance(rank_rows(even, load)) == pytest.approx(130 / 62.5)
+    placement = rebalance(load, 20, 1, 1, 4)
+    assert sorted(rank_rows(placement, load)) == [60, 60, 60, 70]
+    assert imbalance(rank_rows(placement, load)) == pytest.approx(70 / 62.5)
+
+
+def test_command_writes_a_placement_the_spec_takes(tmp_path, capsys):
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps({"format": "moec-load", "load": README_LOAD[0]}))
+    out = tmp_path / "placement.json"
+    argv = ["eplb", str(load), "-o", str(out), "--ranks", "8", "--nodes", "2",
+            "--redundant", "4", "--groups", "4"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    # even: 8 ranks do not divide 12 experts, so "even" with replicas of 0-3: rank 2 holds 4
+    # and 5, 269 rows of the mean 129.1; balanced: rank 6 holds 0 and 1, 156 rows
+    assert "imbalance (max / mean rows per rank): 2.083 even, 1.208 balanced" in printed
+    data = json.loads(out.read_text())
+    assert [e for rank in data["physical_to_logical"] for e in rank] == README_PLACEMENT[0]
+    assert main(argv) == 0  # its own file: replaced
+    spec = """
+name = "placed"
+[model]
+hidden_size = 256
+moe_intermediate_size = 128
+n_routed_experts = 12
+num_experts_per_tok = 2
+[parallel]
+dispatch = "all2all"
+ep_size = 8
+redundant_experts = 4
+placement = "placement.json"
+"""
+    loaded = parse_spec(spec, "<spec>", folder=tmp_path)
+    assert loaded.spec.parallel.placement == data["physical_to_logical"]
+
+
+def test_command_errors(tmp_path, capsys):
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps({"format": "moec-load", "load": [1, 2, 3, 4]}))
+    foreign = tmp_path / "notes.json"
+    foreign.write_text("{}")
+    cases = [
+        (["--ranks", "3"], str(tmp_path / "p.json"), "--ranks = 3: does not divide"),
+        (["--ranks", "2", "--groups", "3"], str(tmp_path / "p.json"), "--groups = 3"),
+        (["--ranks", "0"], str(tmp_path / "p.json"), '--ranks = "0": must be a whole number'),
+        (["--ranks", "2"], str(foreign), "was not written by moec"),
+    ]
+    for extra, out, message in cases:
+        assert main(["eplb", str(load), "-o", out, *extra]) == 2
+        assert message in capsys.readouterr().err
+    load.write_text(json.dumps({"format": "moec-load", "load": [1, -2]}))
+    assert main(["eplb", str(load), "-o", str(tmp_path / "p.json"), "--ranks", "2"]) == 2
+    assert "not a load file" in capsys.readouterr().err
+    assert foreign.read_text() == "{}"
+
+
+def test_bad_placement_files(tmp_path):
+    from moec.errors import MoecError
+
+    spec = SPEC + '[parallel]\nplacement = "p.json"\nredundant_experts = 1\n'
+    for text, message in [
+        ("[[0]]", "not a placement file"),
+        ('{"format": "moec-placement", "physical_to_logical": [[0, true]]}', "not an expert id"),
+        ('{"format": "moec-placement", "physical_to_logical": [[0, 1, 2, 3, 4, 5, 6, 8, 9]]}',
+         "beyond the 8 routed experts"),
+        ("{", "is not JSON"),
+    ]:  # fmt: skip
+        (tmp_path / "p.json").write_text(text)
+        with pytest.raises(MoecError) as caught:
+            parse_spec(spec, "<spec>", folder=tmp_path)
+        assert message in caught.value.report()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_recorded_load_is_the_routing_histogram(load_layer, tmp_path, backend):
+    """Over three forwards the counter holds the histogram of the selected experts (computed
+    here from the router's fp32 logits by torch_select), reset starts it again, and the load
+    file holds it."""
+    from moec.runtime.torch_select import select_topk
+
+    overrides = ["parallel.record_load=true", f"experts.gemm_backend={backend}",
+                 "experts.layout=contiguous", "parallel.redundant_experts=2",
+                 "parallel.replica_choice=random"]  # fmt: skip
+    layer = load_layer(SPEC, *overrides).MoELayer().random_(11)
+    gen = torch.Generator().manual_seed(35)
+    expected = torch.zeros(8, dtype=torch.int64)
+    for tokens in (5, 1, 12):
+        x = torch.randn(tokens, HIDDEN, generator=gen)
+        layer(x)
+        logits = torch.nn.functional.linear(x.float(), layer.gate_weight)
+        _, ids = select_topk(
+            logits, layer.gate_bias, scoring_func="sigmoid", topk_method="noaux_tc", n_group=4,
+            topk_group=2, top_k=3, norm_topk_prob=True, routed_scaling_factor=1.0, fused_shared=0,
+        )  # fmt: skip
+        expected += torch.bincount(ids.flatten().long(), minlength=8)
+    assert torch.equal(layer.expert_load(), expected) and expected.sum() == 18 * 3
+    path = tmp_path / "load.json"
+    assert layer.write_expert_load(path) == expected.tolist()
+    assert json.loads(path.read_text())["load"] == expected.tolist()
+    layer.reset_expert_load()
+    assert int(layer.expert_load().sum()) == 0
+
+
+def test_explain_shows_ranks_and_the_slowest_rank_under_a_load(tmp_path, capsys):
+    """Expert 0 hot: the even split's first rank takes 130 of 250 rows (2.08 x the mean); the
+    balanced placement 1.12; explain lists each rank's experts and share and the slowest
+    rank's floor, lower placed than split evenly, both above uniform routing's."""
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps({"format": "moec-load", "load": [100] + [10] * 15}))
+    placement = tmp_path / "placement.json"
+    assert main(["eplb", str(load), "-o", str(placement), "--ranks", "4", "--redundant", "4"]) == 0
+    spec = tmp_path / "ep4.toml"
+    spec.write_text(
+        (EXAMPLES / "tiny-cpu.toml").read_text()
+        + '[parallel]\ndispatch = "all2all"\nep_size = 4\nredundant_experts = 4\n'
+        + 'placement = "placement.json"\n'
+    )
+    capsys.readouterr()
+    assert main(["explain", str(spec), "--load", str(load), "--tokens", "256"]) == 0
+    text = capsys.readouterr().out
+    assert "placement: 20 physical experts on 4 rank(s), replica choice static" in text
+    assert "  rank 0:   28.0% of the rows, experts 0, " in text  # 70 of 250
+    assert "imbalance (max / mean rows per rank) 1.120 placed, 2.080 for the even split" in text
+    slowest, even, uniform = map(float, text.rstrip().splitlines()[-1].split()[1:])
+    assert uniform < slowest < even
+    assert main(["explain", str(spec), "--load", str(tmp_path / "none.json")]) == 2
+    assert "cannot read the load" in capsys.readouterr().err
