@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH_CPU ?= torch==2.13.0
 GPU_TESTS ?= tests/kernels tests/gpu
 
-.PHONY: demo test setup lint schema clean gpu-test
+.PHONY: demo test setup lint schema clean gpu-test deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -56,6 +56,14 @@ gpu-test:
 	  $(GPU_ENV) $(PY) -m pytest -q -p no:cacheprovider $(GPU_ARGS) $(GPU_LAYER_TESTS); \
 	  code=$$?; [ $$code -eq 0 ] || [ $$code -eq 5 ] || status=1; fi; \
 	exit $$status
+
+# On a CUDA host: DeepGEMM and DeepEP V1 built from source into DEPS_PREFIX and checked
+# (scripts/build_deps.sh --help; DEPS_ARGS e.g. "--deep-gemm-src ../DeepGEMM deep_gemm"), then
+# `. $(DEPS_PREFIX)/env.sh` puts them on PYTHONPATH.
+DEPS_PREFIX ?= .deps/build
+DEPS_ARGS ?=
+deps:
+	PYTHON=$(PY) scripts/build_deps.sh --prefix $(DEPS_PREFIX) $(DEPS_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check moec tests benchmarks
