@@ -202,3 +202,35 @@ def test_packed_rows_round_trip():
     assert [p.shape for p in unpack_rows(pack_rows(parts, index[:0]), parts)] == [
         (0, p.shape[1]) for p in parts
     ]
+
+
+def test_packed_rows_of_a_rank_given_no_tokens():
+    """A rank given no tokens packs empty parts, which torch calls contiguous whatever their
+    strides (top-k = 1 leaves a [0, 1] weights part with last stride 2, say): they pack to no rows
+    instead of failing the byte view."""
+    from moec.runtime.all2all import pack_rows, unpack_rows
+
+    parts = [
+        torch.empty(8).as_strided((0, 1), (1, 2)),
+        torch.empty(8, dtype=torch.int32).as_strided((0, 1), (1, 3)),
+        torch.empty(8).bfloat16().as_strided((0, 4), (4, 1)),
+    ]
+    packed = pack_rows(parts, torch.zeros(0, dtype=torch.long))
+    assert packed.shape[0] == 0
+    assert [p.shape for p in unpack_rows(packed, parts)] == [(0, 1), (0, 1), (0, 4)]
+
+
+def test_top_1_rank_without_tokens(load_layer, tmp_path):
+    """Expert parallel with top-k = 1 and a rank given no tokens (normal at decode), for every
+    backend that runs on the CPU: the empty rank returns no rows, the other its tokens' output."""
+    top1 = ["model.num_experts_per_tok=1"]
+    x = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(17))
+    cases = [
+        [*top1, "experts.layout=contiguous"],
+        [*top1, "experts.layout=masked", *FP8],
+        [*top1, "experts.gemm_backend=triton", "experts.layout=contiguous", *FP8],
+    ]
+    results = _run(load_layer, tmp_path, 2, [(_ep(2) + c, False, {}) for c in cases], x, [0, 0, 5])
+    for overrides, outputs in zip(cases, results, strict=True):
+        assert outputs[0].shape == (0, HIDDEN), overrides
+        assert _error(outputs[1], _one_rank(load_layer, x, overrides)) <= 1e-5, overrides

@@ -63,7 +63,12 @@ def pack_rows(parts: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
     starts, widths, row_bytes = _row_layout(parts)
     packed = torch.empty(len(index), row_bytes, dtype=torch.uint8, device=index.device)
     for part, start, width in zip(parts, starts, widths, strict=True):
-        packed[:, start : start + width] = part.contiguous().view(torch.uint8)[index]
+        # An empty part counts as contiguous whatever its strides (a rank given no tokens, top-k
+        # = 1), and a byte view needs a unit last stride: such a part is copied with fresh ones.
+        part = part.contiguous()
+        if part.stride(-1) != 1:
+            part = part.clone(memory_format=torch.contiguous_format)
+        packed[:, start : start + width] = part.view(torch.uint8)[index]
     return packed
 
 
