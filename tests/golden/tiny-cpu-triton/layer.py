@@ -8,6 +8,9 @@ Shapes: T tokens, H = 256 hidden, I = 128 intermediate, E = 9 experts, K = 3 top
 E x max_m rows of the grouped layout (masked).
 """
 
+import itertools
+import weakref
+
 import torch
 from torch import nn
 
@@ -17,6 +20,9 @@ NAME = "tiny_cpu_triton"
 DTYPE = torch.bfloat16
 HIDDEN = 256
 WORLD_SIZE = 1  # one rank
+
+_LAYERS: "weakref.WeakValueDictionary[int, MoELayer]" = weakref.WeakValueDictionary()
+_IDS = itertools.count()
 
 
 class MoELayer(nn.Module):
@@ -37,6 +43,8 @@ class MoELayer(nn.Module):
             )
         self.group = group
         self.rank = _rank(group)
+        self.op_id = next(_IDS)  # this layer's key in _LAYERS, for the custom op
+        _LAYERS[self.op_id] = self
         for name, (shape, param_dtype) in weights.PARAMETERS.items():
             tensor = torch.empty(shape, dtype=param_dtype, device=device)
             self.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
@@ -54,6 +62,14 @@ class MoELayer(nn.Module):
         weights_on = next(self.parameters()).device
         if x.device != weights_on:
             raise ValueError(f"{NAME}: x is on {x.device}, the weights on {weights_on}")
+        if torch.compiler.is_compiling():
+            # torch.compile sees one opaque op, as serving engines treat an MoE layer: its
+            # fake gives the output's shape; the graph and CUDA graphs capture around it.
+            return moe_forward(x, list(self.parameters()), self.op_id)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The forward's computation, after the checks."""
         if x.shape[0] == 0:
             return torch.empty_like(x)
         topk_weights, topk_ids = stages.select(
@@ -76,6 +92,23 @@ class MoELayer(nn.Module):
         """Fill with random weights of realistic scale (router bias included)."""
         weights.randomize(self, seed)
         return self
+
+
+@torch.library.custom_op(
+    f"moec::{__package__.replace('.', '_')}_forward", mutates_args=()
+)
+def moe_forward(
+    x: torch.Tensor, params: list[torch.Tensor], layer: int
+) -> torch.Tensor:
+    """MoELayer.forward as a torch custom op: the layer `layer` (an op_id), whose parameters
+    are `params` (passed so the graph depends on them), on tokens x."""
+    with torch.no_grad():
+        return _LAYERS[layer]._forward(x)
+
+
+@moe_forward.register_fake
+def _(x: torch.Tensor, params: list[torch.Tensor], layer: int) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 def _rank(group) -> int:
