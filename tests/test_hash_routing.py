@@ -152,3 +152,15 @@ def test_explain_shows_the_token_ids_input(saved, capsys):
     assert "in   token_ids     i64[T]  <- input" in text
     assert "w    tid2eid       i32[V, Kr]" in text
     assert "top-k = hash table, torch: each token's experts are tid2eid[token_id]" in text
+
+
+def test_hash_layer_compiles_fullgraph_equal_to_eager(hash_layer):
+    """torch.compile traces a hash layer as one custom op taking x and the token ids."""
+    torch._dynamo.reset()
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(9))
+    ids = _ids(7, 10)
+    expected = hash_layer(x, ids)
+    compiled = torch.compile(hash_layer, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x, ids), expected)
+    assert not torch.equal(compiled(x, _ids(7, 11)), expected)  # the ids reach the op
+    torch._dynamo.reset()
