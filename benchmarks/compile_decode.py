@@ -22,9 +22,8 @@ import statistics
 import time
 
 import torch
-from torch import nn
-
 from common import DEVICE, import_package
+from torch import nn
 
 
 class Patched(nn.Module):
