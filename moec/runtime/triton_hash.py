@@ -15,7 +15,13 @@ import triton
 import triton.language as tl
 
 from .triton_numerics import launch_options, wait_inputs
-from .triton_select import SLICES_AT_ONCE, score_row, store_choice, sum_partials
+from .triton_select import (
+    SLICES_AT_ONCE,
+    finish_choice,
+    score_row,
+    store_choice,
+    sum_partials,
+)
 
 
 @triton.jit
@@ -57,14 +63,9 @@ def _select_hash_kernel(
     routed = slot < TOP_K
     top_ids = tl.load(table_ptr + token * stride_tv + slot, mask=routed, other=0)
     top_weights = tl.where(routed, tl.gather(scores, top_ids, 0), 0.0)
-    total = tl.sum(top_weights, axis=0)
-    if NORMALIZE:  # as the torch backend: w / (sum + 1e-20) * scale
-        top_weights = top_weights / (total + 1e-20)
-    if ROUTED_SCALING != 1.0:
-        top_weights = top_weights * ROUTED_SCALING
-    shared = slot >= TOP_K  # the fused shared experts E.., weight 1
-    top_ids = tl.where(shared, E + slot - TOP_K, top_ids)
-    top_weights = tl.where(shared, 1.0, top_weights)
+    top_ids, top_weights = finish_choice(
+        top_ids, top_weights, E, TOP_K, NORMALIZE, ROUTED_SCALING, BLOCK_K
+    )
     store_choice(
         ids_ptr + t * stride_it, weights_ptr + t * stride_wt, top_ids, top_weights,
         TOP_K + FUSED_SHARED, BLOCK_K,

@@ -165,12 +165,29 @@ def select_row(
             top_ids = tl.where(slot == k, top.to(tl.int32), top_ids)
             top_weights = tl.where(slot == k, weight, top_weights)
             choice = tl.where(e == top, float("-inf"), choice)
-    total = tl.sum(top_weights, axis=0)  # one reduction either way: the same sum
+    # one reduction either way: the same sum
+    return finish_choice(top_ids, top_weights, E, TOP_K, NORMALIZE, ROUTED_SCALING, BLOCK_K)
+
+
+@triton.jit
+def finish_choice(
+    top_ids,
+    top_weights,
+    E,
+    TOP_K: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    ROUTED_SCALING: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """A token's chosen (ids, weights) in its first TOP_K of BLOCK_K slots -> the row as
+    stored: weights renormalized and scaled, the fused shared experts E.. after, weight 1."""
+    slot = tl.arange(0, BLOCK_K)
+    total = tl.sum(top_weights, axis=0)
     if NORMALIZE:  # as the torch backend: w / (sum + 1e-20) * scale
         top_weights = top_weights / (total + 1e-20)
     if ROUTED_SCALING != 1.0:
         top_weights = top_weights * ROUTED_SCALING
-    shared = slot >= TOP_K  # the fused shared experts E.., weight 1
+    shared = slot >= TOP_K
     top_ids = tl.where(shared, E + slot - TOP_K, top_ids)
     top_weights = tl.where(shared, 1.0, top_weights)
     return top_ids, top_weights
