@@ -207,3 +207,20 @@ def oracle_routing(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         _, _, ids = block.gate(x)
     return ids.sort(dim=-1).values
+
+
+def init_spec(folder: Path, *args: str) -> str:
+    """The README's flow on a saved model: `moec init --from-hf config.json -o spec.toml`, for
+    the CPU in fp32, with `args` after it (more `--set`s, `--layer-type`); the spec's path."""
+    from moec.cli import main
+
+    spec = folder / "spec.toml"
+    command = ["init", "--from-hf", str(folder / "config.json"), "-o", str(spec)]
+    command += ["--set", "target.device=cpu", "--set", "target.dtype=float32", *args]
+    assert main(command) == 0
+    return str(spec)
+
+
+def tokens(seed: int = 0) -> torch.Tensor:
+    """A [2, 7] batch of token ids below 64 (every tiny model's vocabulary holds them)."""
+    return torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(seed))

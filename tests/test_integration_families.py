@@ -21,7 +21,6 @@ import pytest
 import torch
 
 import moec
-from moec.cli import main
 from moec.errors import MoecError
 from moec.integrations.transformers import RouterKeysIgnored, patch_model
 
@@ -56,19 +55,6 @@ def _load(folder):
 
     config = AutoConfig.from_pretrained(folder)
     return hf_oracle.causal_lm_class(config).from_pretrained(folder, dtype=torch.float32).eval()
-
-
-def _init(folder, *extra: str) -> str:
-    spec = folder / "spec.toml"
-    args = ["init", "--from-hf", str(folder / "config.json"), "-o", str(spec), *extra]
-    for item in ("target.device=cpu", "target.dtype=float32"):
-        args += ["--set", item]
-    assert main(args) == 0
-    return str(spec)
-
-
-def _tokens(seed: int) -> torch.Tensor:
-    return torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(seed))
 
 
 def _block_bound(config) -> float:
@@ -115,7 +101,7 @@ def test_init_and_load_weights_give_transformers_block(saved, cache_dir):
     """init on config.json, load_weights from model.safetensors: one block as transformers'."""
     reference = _load(saved)
     config = reference.config.get_text_config()
-    package = moec.load(_init(saved, *_extra(saved)), cache_dir=cache_dir)
+    package = moec.load(hf_oracle.init_spec(saved, *_extra(saved)), cache_dir=cache_dir)
     name = hf_oracle.moe_names(reference)[0]
     block = reference.get_submodule(name)
     prefix = _checkpoint_prefix(saved, name)
@@ -146,7 +132,7 @@ def test_patched_model_equals_transformers(saved, cache_dir):
     reference, model = _load(saved), _load(saved)
     patch_model(model, cache_dir=cache_dir)
     assert not [name for name in model.state_dict() if "gate_up_proj" in name]
-    tokens = _tokens(3)
+    tokens = hf_oracle.tokens(3)
     with torch.no_grad():
         expected, logits = reference(tokens).logits, model(tokens).logits
     bound = 2 * U32 * summed_terms(model.config.get_text_config(), tokens.shape[1])
@@ -163,7 +149,7 @@ def test_v4_keep_hash_layers_patches_the_routed_ones(tmp_path, cache_dir):
     patch_model(model, keep_hash_layers=True, cache_dir=cache_dir)
     kinds = [type(model.get_submodule(f"model.layers.{i}.mlp")).__name__ for i in range(2)]
     assert kinds == ["DeepseekV4SparseMoeBlock", "MoecMoE"]
-    tokens = _tokens(5)
+    tokens = hf_oracle.tokens(5)
     with torch.no_grad():
         expected, logits = reference(tokens).logits, model(tokens).logits
     bound = 2 * U32 * summed_terms(model.config, tokens.shape[1])
@@ -180,7 +166,7 @@ def test_v2_keys_transformers_ignores_follow_transformers_and_say_so(saved_v2_ke
         'scoring_func = "sigmoid" in the config, but DeepseekV2TopkRouter always scores' in message
     )
     assert "norm_topk_prob = true in the config, but DeepseekV2TopkRouter never" in message
-    tokens = _tokens(4)
+    tokens = hf_oracle.tokens(4)
     with torch.no_grad():
         expected, logits = reference(tokens).logits, model(tokens).logits
     config = model.config
@@ -193,7 +179,7 @@ def test_v2_keys_transformers_ignores_follow_transformers_and_say_so(saved_v2_ke
 
 
 def test_v2_spec_that_follows_the_config_is_refused_naming_both_keys(saved_v2_keys, cache_dir):
-    spec = _init(saved_v2_keys)  # init describes the config: sigmoid, renormalized
+    spec = hf_oracle.init_spec(saved_v2_keys)  # init describes the config: sigmoid, renormalized
     with pytest.raises(MoecError) as error:
         patch_model(_load(saved_v2_keys), spec, cache_dir=cache_dir)
     report = error.value.report()

@@ -31,7 +31,6 @@ import pytest
 import torch
 
 from moec import load_spec
-from moec.cli import main
 from moec.errors import MoecError
 from moec.integrations.transformers import MoecMoE, check_version, patch_model, spec_for_model
 
@@ -66,12 +65,7 @@ def _load(folder):
 
 def _spec_from_hf(folder, *sets: str) -> str:
     """The README's flow: `moec init --from-hf config.json -o spec.toml`, then edits."""
-    spec = folder / "spec.toml"
-    args = ["init", "--from-hf", str(folder / "config.json"), "-o", str(spec)]
-    for item in ("target.device=cpu", "target.dtype=float32", *sets):
-        args += ["--set", item]
-    assert main(args) == 0
-    return str(spec)
+    return hf_oracle.init_spec(folder, *(arg for item in sets for arg in ("--set", item)))
 
 
 def _moe_names(model) -> list[str]:
@@ -92,10 +86,6 @@ def _block_io(model, tokens) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     for hook in hooks:
         hook.remove()
     return seen
-
-
-def _tokens(seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(seed))
 
 
 def summed_terms(config, seq_len: int) -> int:
@@ -135,7 +125,7 @@ def test_blocks_equal_transformers_within_float32_bound(saved, cache_dir):
     config = model.config
     terms = config.hidden_size + config.moe_intermediate_size
     terms += config.num_experts_per_tok + config.n_shared_experts
-    for name, (x, expected) in _block_io(reference, _tokens()).items():
+    for name, (x, expected) in _block_io(reference, hf_oracle.tokens()).items():
         with torch.no_grad():
             out = model.get_submodule(name)(x)
         assert out.shape == expected.shape == x.shape
@@ -146,7 +136,7 @@ def test_blocks_equal_transformers_within_float32_bound(saved, cache_dir):
 def test_logits_equal_transformers_within_float32_bound(saved, cache_dir):
     reference, model = _load(saved), _load(saved)
     patch_model(model, _spec_from_hf(saved), cache_dir=cache_dir)
-    tokens = _tokens(1)
+    tokens = hf_oracle.tokens(1)
     with torch.no_grad():
         expected, logits = reference(tokens).logits, model(tokens).logits
     bound = 2 * U32 * summed_terms(model.config, tokens.shape[1])
@@ -156,7 +146,7 @@ def test_logits_equal_transformers_within_float32_bound(saved, cache_dir):
 def test_greedy_generate_gives_the_same_tokens(saved, cache_dir):
     reference, model = _load(saved), _load(saved)
     patch_model(model, _spec_from_hf(saved), cache_dir=cache_dir)
-    tokens = _tokens(2)
+    tokens = hf_oracle.tokens(2)
     kwargs = dict(attention_mask=torch.ones_like(tokens), max_new_tokens=8, do_sample=False)
     expected = reference.generate(tokens, **kwargs)
     assert torch.equal(model.generate(tokens, **kwargs), expected)
@@ -166,13 +156,13 @@ def test_greedy_generate_gives_the_same_tokens(saved, cache_dir):
 def test_fp8_blocks_within_e4m3_bound(saved_fp8, cache_dir, scheme):
     reference, model = _load(saved_fp8), _load(saved_fp8)
     patch_model(model, overrides=[f"quant.scheme={scheme}"], cache_dir=cache_dir)
-    for name, (x, expected) in _block_io(reference, _tokens(3)).items():
+    for name, (x, expected) in _block_io(reference, hf_oracle.tokens(3)).items():
         with torch.no_grad():
             out = model.get_submodule(name)(x)
         error = ((out - expected).norm() / expected.norm()).item()
         assert error <= 4 * U_E4M3, name
     with torch.no_grad():
-        assert torch.isfinite(model(_tokens(4)).logits).all()
+        assert torch.isfinite(model(hf_oracle.tokens(4)).logits).all()
 
 
 def test_spec_that_does_not_describe_the_model_is_refused(saved, cache_dir):
