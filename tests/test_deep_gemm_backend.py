@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from moec.plan import make_plan
+from moec.spec.loader import load_spec
+
 STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SPEC = """
 name = "dg"
 [model]
@@ -88,10 +92,20 @@ def test_contiguous_layout_is_told_by_expert_ends(stand_in, load_layer):
     assert "worst-case M" in decision["reason"] and "T=1" in decision["reason"]
     gemms = [s for s in package.PLAN["stages"] if s["kind"] == "gemm"]
     assert [s["choices"]["psum_from"] for s in gemms] == [16, 16]
+    assert [s["choices"]["psum_branch"] for s in gemms] == [True, True]
     stages = (Path(package.__file__).parent / "stages.py").read_text()
     assert stages.count("deep_gemm_grouped.fp8_contiguous_psum(") == 2
     assert stages.count("if routing.row_of.shape[0] < 16:") == 2
     assert stages.count("deep_gemm_grouped.fp8_contiguous(") == 2
+    # DeepGEMM only past auto's split (DeepSeek-V3 on the H200: T > 1024): the psum form alone
+    spec = load_spec(
+        str(EXAMPLES / "deepseek-v3-fp8.toml"),
+        overrides=["experts.gemm_backend=auto", "experts.layout=contiguous"],
+    ).spec
+    deep = [
+        s for s in make_plan(spec).at(4096).order() if s.kind == "gemm" and s.backend == "deep_gemm"
+    ]
+    assert [(s.psum_from, s.psum_branch) for s in deep] == [(1025, False), (1025, False)]
     masked = load_layer(
         SPEC.format(target=CUDA),
         "experts.gemm_backend=deep_gemm",

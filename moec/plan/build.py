@@ -480,6 +480,7 @@ def _gemm(plan: Plan, role: str, out_name: str, weight) -> None:
             k_value=values[k],
             torch_kernel=kernel,
             psum_from=psum_from,
+            psum_branch=psum_from is not None and psum_from > plan.backends.min_tokens,
             accepts={"a": grouped_type(a_dtype, k, layout, a_scale)},
             outputs={out_name: grouped_type(layer.dtype, n, layout)},
             weights=weights,

@@ -179,6 +179,9 @@ class Gemm(Stage):
     """contiguous, DeepGEMM: from this many tokens on, the layout is told by each expert's end
     row (routing.ends, its psum form), below by each row's expert (routing.m_indices); None:
     m_indices only (other backends, the masked layout)."""
+    psum_branch: bool = False
+    """Whether the stage branches on T at psum_from (its plan's token range starts below it);
+    False: one form for every T the stage sees."""
 
     @property
     def weight(self) -> str:

@@ -37,7 +37,7 @@ def gemm(plan, stage: Gemm) -> StageCode:
     psum = stage.psum_from is not None
     fields = {
         "function": f"{function}_psum" if psum else function,
-        "few_tokens": function if psum and stage.psum_from > plan.backends.min_tokens else "",
+        "few_tokens": function if stage.psum_branch else "",
         "psum_from": stage.psum_from,
         "a_scale": "a_scale" if quantized else "None",
         "weight": stage.weight,
