@@ -12,7 +12,7 @@ import re
 import hf_oracle
 import pytest
 import torch
-from test_integration_families import U32, _block_bound, _init, _load, _tokens, summed_terms
+from test_integration_families import U32, _block_bound, _load, summed_terms
 
 import moec
 from moec.cli import main
@@ -33,7 +33,7 @@ def saved(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hash_layer(saved, cache_dir):
     """The spec init writes for the hash_moe layers, built, loaded from model.safetensors."""
-    package = moec.load(_init(saved, "--layer-type", "hash_moe"), cache_dir=cache_dir)
+    package = moec.load(hf_oracle.init_spec(saved, "--layer-type", "hash_moe"), cache_dir=cache_dir)
     return package.MoELayer(device="cpu").load_weights(saved / "model.safetensors", PREFIX)
 
 
@@ -42,7 +42,7 @@ def _ids(count: int, seed: int) -> torch.Tensor:
 
 
 def test_init_writes_a_hash_spec(saved, capsys):
-    spec = moec.load_spec(_init(saved, "--layer-type", "hash_moe")).spec
+    spec = moec.load_spec(hf_oracle.init_spec(saved, "--layer-type", "hash_moe")).spec
     assert (spec.router.topk_method, spec.model.vocab_size) == ("hash", 64)
     assert (spec.router.scoring_func, spec.router.norm_topk_prob) == ("sqrtsoftplus", True)
     capsys.readouterr()
@@ -111,7 +111,9 @@ def test_a_table_id_outside_the_experts_is_refused(hash_layer, saved):
 def test_triton_layer_equals_torch_layer(saved, hash_layer, cache_dir):
     """The Triton package (GEMMs and elementwise stages interpreted; the selection a torch
     gather in both) on the same weights and ids: the same float32 sums in other orders."""
-    spec = _init(saved, "--layer-type", "hash_moe", "--set", "experts.gemm_backend=triton")
+    spec = hf_oracle.init_spec(
+        saved, "--layer-type", "hash_moe", "--set", "experts.gemm_backend=triton"
+    )
     package = moec.load(spec, cache_dir=cache_dir)
     layer = package.MoELayer(device="cpu").load_weights(saved / "model.safetensors", PREFIX)
     x, ids = torch.randn(6, 64, generator=torch.Generator().manual_seed(6)), _ids(6, 7)
@@ -126,7 +128,7 @@ def test_patched_v4_with_hash_layers_equals_transformers(saved, cache_dir):
     patched = [model.get_submodule(f"model.layers.{i}.mlp") for i in range(2)]
     assert all(isinstance(block, MoecMoE) for block in patched)
     assert [block.hashed for block in patched] == [True, False]
-    tokens = _tokens(8)
+    tokens = hf_oracle.tokens(8)
     with torch.no_grad():
         expected, logits = reference(tokens).logits, model(tokens).logits
     bound = 2 * U32 * summed_terms(model.config, tokens.shape[1])
@@ -136,7 +138,7 @@ def test_patched_v4_with_hash_layers_equals_transformers(saved, cache_dir):
 
 
 def test_one_spec_for_two_layer_types_is_refused(saved, cache_dir):
-    spec = _init(saved, "--layer-type", "moe")
+    spec = hf_oracle.init_spec(saved, "--layer-type", "moe")
     with pytest.raises(MoecError, match="describes one MoE layer type, and the model has 1 moe"):
         patch_model(_load(saved), spec, cache_dir=cache_dir)
     with pytest.raises(MoecError, match=r"names the layer types \['moe'\], and the model has"):
@@ -144,7 +146,7 @@ def test_one_spec_for_two_layer_types_is_refused(saved, cache_dir):
 
 
 def test_explain_shows_the_token_ids_input(saved, capsys):
-    spec = _init(saved, "--layer-type", "hash_moe")
+    spec = hf_oracle.init_spec(saved, "--layer-type", "hash_moe")
     capsys.readouterr()
     assert main(["explain", spec, "--tokens", "1"]) == 0
     text = capsys.readouterr().out
