@@ -66,11 +66,36 @@ _SHOWN = 10
 
 
 class WeightError(ValueError):
-    """Every problem of one load (missing, unexpected, mis-shaped or unreadable tensors)."""
+    """Every problem of one load (missing, unexpected, mis-shaped or unreadable tensors).
 
-    def __init__(self, problems: list[str]) -> None:
+    `problems` holds them all; the message a screenful: the first _LINES, then how many more,
+    each line at most _WIDTH characters (a long name shortened in its middle). `unchanged`:
+    the load raised before writing any parameter, which the message says."""
+
+    def __init__(self, problems: list[str], unchanged: bool = False) -> None:
         self.problems = [_one_line(text) for text in problems]
-        super().__init__("cannot load the weights:\n  " + "\n  ".join(self.problems))
+        self.unchanged = unchanged
+        shown = [_clip(text, _WIDTH) for text in self.problems[:_LINES]]
+        if len(self.problems) > _LINES:
+            shown.append(f"and {len(self.problems) - _LINES} more problems")
+        tail = "\nthe layer is unchanged: no parameter was written" if unchanged else ""
+        super().__init__("cannot load the weights:\n  " + "\n  ".join(shown) + tail)
+
+
+_LINES = 20
+"""Most problems a WeightError's message lists."""
+_WIDTH = 400
+"""Most characters of one problem in the message."""
+_NAME_WIDTH = 120
+"""Most characters of one name a problem quotes."""
+
+
+def _clip(text: str, width: int = _NAME_WIDTH) -> str:
+    """`text`, or its head and tail around an ellipsis when it is longer than `width`."""
+    if len(text) <= width:
+        return text
+    keep = width - 3
+    return text[: keep - keep // 3] + "..." + text[len(text) - keep // 3 :]
 
 
 def _one_line(text: str) -> str:
@@ -476,7 +501,7 @@ def _describe(source) -> str:
 
 
 def _listing(names: list[str]) -> str:
-    shown = ", ".join(names[:_SHOWN])
+    shown = ", ".join(_clip(name) for name in names[:_SHOWN])
     return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
 
