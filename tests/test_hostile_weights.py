@@ -332,13 +332,48 @@ def test_long_names_are_shortened_with_an_ellipsis(package):
     assert line.rstrip().endswith(": unexpected")
 
 
-def test_many_missing_shards_give_a_screenful(package, tmp_path):
+def test_many_missing_shards_are_one_bounded_problem(package, tmp_path):
     weight_map = {f"gate.weight_{i}": f"model-{i:05d}.safetensors" for i in range(20_000)}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     error = _refused(package.MoELayer().random_(0), tmp_path)
-    assert len(str(error).splitlines()) <= 25 and len(str(error)) < 10_000
-    assert "names the shard model-00000.safetensors" in str(error)
-    assert "more problems" in str(error)
+    assert len(str(error).splitlines()) <= 25 and len(str(error)) < 4_000
+    [problem] = [p for p in error.problems if "names the shards" in p]
+    assert "names the shards model-00000.safetensors, model-00001.safetensors" in problem
+    assert "and 19990 more, which are not a file in" in problem
+
+
+def test_an_index_naming_a_tensor_twice_is_a_problem(package, tmp_path):
+    """JSON keeps the last of two equal keys: which shard holds the tensor is unknown."""
+    from safetensors.torch import save_file
+
+    checkpoint = _checkpoint()
+    save_file({k: v.contiguous() for k, v in checkpoint.items()}, tmp_path / "a.safetensors")
+    entries = ",".join(f'"{name}": "a.safetensors"' for name in checkpoint)
+    text = '{"metadata": {}, "weight_map": {' + entries + ', "gate.weight": "b.safetensors"}}'
+    (tmp_path / "model.safetensors.index.json").write_text(text)
+    error = _refused(package.MoELayer().random_(0), tmp_path)
+    assert any("names gate.weight more than once" in p for p in error.problems)
+
+
+def test_static_activation_scales_are_checked(cache_dir):
+    import moec
+    from moec.spec import parse_spec
+
+    overrides = ["quant.activation_scheme=static", "quant.scheme=fp8_per_tensor", "name=hostile_st"]
+    package = moec.load(parse_spec(SPEC, "<hostile spec>", overrides), cache_dir=cache_dir)
+    checkpoint = _checkpoint()
+    for name in list(checkpoint):
+        if name.endswith("_scale_inv"):
+            checkpoint[name] = checkpoint[name].amax().reshape(1)
+            checkpoint[name.replace("weight_scale_inv", "input_scale")] = torch.tensor(0.01)
+    package.MoELayer().load_weights(checkpoint)  # valid
+    checkpoint["experts.2.up_proj.input_scale"] = torch.tensor(-0.01)
+    checkpoint["shared_experts.down_proj.input_scale"] = torch.tensor(0.0)
+    error = _refused(package.MoELayer().random_(0), checkpoint)
+    assert sorted(error.problems) == [
+        "experts.2.up_proj.input_scale: -0.009999999776482582: an activation scale is > 0",
+        "shared_experts.down_proj.input_scale: 0.0: an activation scale is > 0",
+    ]
 
 
 def test_weight_error_message_is_bounded_but_keeps_every_problem():

@@ -331,24 +331,34 @@ def _read_folder(path: Path, wanted, problems, found, allow_pickle, progress):
             problems.append(f"{path}: a folder without *.safetensors files or {INDEX}")
             return
     bar = _Progress(len(shards), _is_terminal() if progress is None else progress)
+    absent: list[str] = []
     for number, (shard, names) in enumerate(sorted(shards.items()), start=1):
         file = path / shard
         if not file.is_file():
-            problems.append(
-                f"{index}: names the shard {shard}, which is not a file in {path}"
-                if indexed
-                else f"{file}: not a regular file (a fifo, socket, device or broken link)"
-            )
+            if indexed:
+                absent.append(shard)
+            else:
+                problems.append(
+                    f"{file}: not a regular file (a fifo, socket, device or broken link)"
+                )
         else:
             yield from _read_safetensors(file, wanted, problems, found, names)
         bar.show(number, shard)
     bar.close()
+    if absent:
+        which = f"the shard {absent[0]}" if len(absent) == 1 else f"the shards {_listing(absent)}"
+        problems.append(
+            f"{index}: names {which}, which {'is' if len(absent) == 1 else 'are'} not a file in {path}"
+        )
 
 
 def _shards_from_index(index: Path, wanted, problems, found) -> dict[str, set[str]]:
     """{shard file name: the wanted names it holds}, from model.safetensors.index.json."""
+    twice: list[str] = []
     try:
-        data = json.loads(index.read_text(encoding="utf-8"))
+        data = json.loads(
+            index.read_text(encoding="utf-8"), object_pairs_hook=lambda pairs: _object(pairs, twice)
+        )
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         problems.append(f"{index}: not a JSON index: {error}")
         return {}
@@ -356,6 +366,11 @@ def _shards_from_index(index: Path, wanted, problems, found) -> dict[str, set[st
     if not isinstance(weight_map, dict):
         problems.append(f'{index}: has no "weight_map" object of tensor names to shard files')
         return {}
+    if twice:
+        problems.append(
+            f"{index}: names {_listing(sorted(set(twice)))} more than once (which shard is meant? "
+            "keep one)"
+        )
     shards: dict[str, set[str]] = {}
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
@@ -365,6 +380,16 @@ def _shards_from_index(index: Path, wanted, problems, found) -> dict[str, set[st
         if wanted.wants(name):
             shards.setdefault(shard, set()).add(name)
     return shards
+
+
+def _object(pairs: list[tuple[str, object]], twice: list[str]) -> dict:
+    """A JSON object, its keys given more than once added to `twice` (json keeps the last)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out and isinstance(value, str):  # a tensor name of weight_map
+            twice.append(key)
+        out[key] = value
+    return out
 
 
 # --- checks of each tensor ----------------------------------------------------------------

@@ -307,7 +307,17 @@ def _checkpoint_mlp(found, names, key, name: str, spec: LayerWeights, rank: int,
         if integer:
             problems.append(f"{name}.*_proj.input_scale: {integer[0]}: expected floating point")
             return {}
+        if any(s.numel() != 1 for s in inputs):
+            problems.append(f"{name}.*_proj.input_scale: expected one value each")
+            return {}
         gate, up, down = (s.float().reshape(()) for s in inputs)
+        for proj, value in (("gate", gate), ("up", up), ("down", down)):
+            if value <= 0:  # nan and inf: read_tensors reports them
+                label = names.get(
+                    (kind, index, proj, "input_scale"), f"{name}.{proj}_proj.input_scale"
+                )
+                problems.append(f"{label}: {float(value)}: an activation scale is > 0")
+                return {}
         result["w13_input"] = torch.maximum(gate, up)
         result["w2_input"] = down
     return result
