@@ -184,6 +184,45 @@ def test_deepseek_names_are_named_in_problems(package):
     assert problem.startswith("experts.2.w3.scale: 1 of its 2 scales")
 
 
+def _sparse(tensor):
+    return tensor.float().to_sparse()
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "problem"),
+    [
+        ("gate.weight", _sparse, "gate.weight: a torch.sparse_coo tensor: pass it dense"),
+        (
+            "experts.0.gate_proj.weight_scale_inv",
+            _sparse,
+            "experts.0.gate_proj.weight_scale_inv: a torch.sparse_coo tensor",
+        ),
+        (
+            "gate.weight",
+            lambda t: torch.full(t.shape, 1e300, dtype=torch.float64),
+            "gate.weight: values beyond fp32",
+        ),
+        (
+            "experts.1.up_proj.weight_scale_inv",
+            lambda t: t.double() * 1e300,
+            "experts.1.up_proj.weight_scale_inv: scales beyond fp32",
+        ),
+        (
+            "shared_experts.down_proj.weight",
+            lambda t: torch.full(t.shape, 1e39, dtype=torch.float64),
+            "shared_experts.down_proj.weight: 32768 of its 32768 values are beyond what bf16",
+        ),
+    ],
+)
+def test_values_no_layer_can_hold_are_refused(package, name, make, problem):
+    """Sparse tensors, and finite values in a wide dtype that are beyond fp32 (router, scales)
+    or bf16 (weights quantized on load) once converted."""
+    checkpoint = _checkpoint()
+    checkpoint[name] = make(checkpoint[name])
+    error = _refused(package.MoELayer().random_(0), checkpoint)
+    assert len(error.problems) == 1 and error.problems[0].startswith(problem)
+
+
 # --- fp8 formats --------------------------------------------------------------------------
 
 

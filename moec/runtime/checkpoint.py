@@ -401,6 +401,9 @@ def _check(name: str, tensor: torch.Tensor, kind: str, problems: list[str]) -> N
     if tensor.device.type == "meta":
         problems.append(f"{name}: on the meta device, it holds no values")
         return
+    if tensor.layout != torch.strided:
+        problems.append(f"{name}: a {tensor.layout} tensor: pass it dense (tensor.to_dense())")
+        return
     reason = _wrong_kind(tensor.dtype, kind)
     if reason:
         problems.append(f"{name}: {tensor.dtype} {list(tensor.shape)}: {reason}")

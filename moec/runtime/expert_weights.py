@@ -258,7 +258,11 @@ def _take(found, key, shape, name, problems) -> torch.Tensor | None:
     if not tensor.dtype.is_floating_point:
         problems.append(f"{name}: {tensor.dtype}: expected floating-point values")
         return None
-    return tensor.float()
+    values = tensor.float()
+    if bool(torch.isfinite(tensor).all()) and not bool(torch.isfinite(values).all()):
+        problems.append(f"{name}: values beyond fp32 (the router computes in fp32)")
+        return None
+    return values
 
 
 def _take_table(table, name: str, spec: LayerWeights, problems) -> torch.Tensor | None:

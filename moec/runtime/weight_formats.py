@@ -89,7 +89,7 @@ class WeightFormat:
                     f"{sname}: unexpected for a {self.scheme} checkpoint of float weights"
                 )
                 return None
-            return self.from_float(value.float())
+            return self._from_wide(value, wname, problems)
         if self.scheme == "mxfp4":
             stored = (shape[0], shape[1] // 2)
             if value.dtype not in (torch.uint8, torch.int8) or tuple(value.shape) != stored:
@@ -105,7 +105,7 @@ class WeightFormat:
                 return None
             if value.element_size() != 1:
                 # A float weight where fp8 is expected: quantize it, as a bf16 checkpoint is.
-                return self.from_float(value.float())
+                return self._from_wide(value, wname, problems)
             if value.dtype != torch.float8_e4m3fn and value.dtype not in _OTHER_FP8:
                 problems.append(
                     f"{wname}: {value.dtype} values: expected float8_e4m3fn (or float8_e5m2 / "
@@ -114,6 +114,18 @@ class WeightFormat:
                 )
                 return None
         return self._checkpoint_scale(value, scale, shape, wname, sname, problems)
+
+    def _from_wide(self, value, wname: str, problems: list[str]) -> Pair | None:
+        """A bf16 / fp16 / fp32 / fp64 weight in this format, its values within bf16's range
+        (non-finite values are reported by read_tensors)."""
+        values = value.float()
+        beyond = int((values.abs() > BF16_MAX).sum())
+        if beyond and bool(torch.isfinite(value).all()):
+            problems.append(
+                f"{wname}: {beyond} of its {value.numel()} values are beyond what bf16 holds "
+                f"({BF16_MAX:.4g})"
+            )
+        return None if beyond else self.from_float(values)
 
     def _from_mxfp4(self, value, scale, shape, name, problems, names) -> Pair | None:
         """An mxfp4 checkpoint pair (or a float weight, quantized to mxfp4 first), checked as
@@ -143,15 +155,17 @@ class WeightFormat:
             )
             return None
         exponents = scale.dtype == torch.uint8
-        scale = _scale_values(scale)
+        stored, scale = scale, _scale_values(scale)
         if scale.numel() == 1 and math.prod(expected) == 1:  # [], [1] or [1, 1]: one scale
             scale = scale.reshape(expected)
         if tuple(scale.shape) != expected:
             problems.append(f"{sname}: shape {list(scale.shape)}, expected {list(expected)}")
             return None
         if not bool(torch.isfinite(scale).all()):
-            if exponents:  # read_tensors reports float scales that are not finite
+            if exponents:
                 problems.append(f"{sname}: UE8M0 exponent 255 (nan): not a scale")
+            elif bool(torch.isfinite(stored).all()):  # read_tensors reports the others
+                problems.append(f"{sname}: scales beyond fp32 (the scales of this layer)")
             return None
         nonpositive = (scale <= 0).flatten().nonzero()
         if len(nonpositive):
