@@ -66,11 +66,36 @@ _SHOWN = 10
 
 
 class WeightError(ValueError):
-    """Every problem of one load (missing, unexpected, mis-shaped or unreadable tensors)."""
+    """Every problem of one load (missing, unexpected, mis-shaped or unreadable tensors).
 
-    def __init__(self, problems: list[str]) -> None:
+    `problems` holds them all; the message a screenful: the first _LINES, then how many more,
+    each line at most _WIDTH characters (a long name shortened in its middle). `unchanged`:
+    the load raised before writing any parameter, which the message says."""
+
+    def __init__(self, problems: list[str], unchanged: bool = False) -> None:
         self.problems = [_one_line(text) for text in problems]
-        super().__init__("cannot load the weights:\n  " + "\n  ".join(self.problems))
+        self.unchanged = unchanged
+        shown = [_clip(text, _WIDTH) for text in self.problems[:_LINES]]
+        if len(self.problems) > _LINES:
+            shown.append(f"and {len(self.problems) - _LINES} more problems")
+        tail = "\nthe layer is unchanged: no parameter was written" if unchanged else ""
+        super().__init__("cannot load the weights:\n  " + "\n  ".join(shown) + tail)
+
+
+_LINES = 20
+"""Most problems a WeightError's message lists."""
+_WIDTH = 400
+"""Most characters of one problem in the message."""
+_NAME_WIDTH = 120
+"""Most characters of one name a problem quotes."""
+
+
+def _clip(text: str, width: int = _NAME_WIDTH) -> str:
+    """`text`, or its head and tail around an ellipsis when it is longer than `width`."""
+    if len(text) <= width:
+        return text
+    keep = width - 3
+    return text[: keep - keep // 3] + "..." + text[len(text) - keep // 3 :]
 
 
 def _one_line(text: str) -> str:
@@ -306,24 +331,34 @@ def _read_folder(path: Path, wanted, problems, found, allow_pickle, progress):
             problems.append(f"{path}: a folder without *.safetensors files or {INDEX}")
             return
     bar = _Progress(len(shards), _is_terminal() if progress is None else progress)
+    absent: list[str] = []
     for number, (shard, names) in enumerate(sorted(shards.items()), start=1):
         file = path / shard
         if not file.is_file():
-            problems.append(
-                f"{index}: names the shard {shard}, which is not a file in {path}"
-                if indexed
-                else f"{file}: not a regular file (a fifo, socket, device or broken link)"
-            )
+            if indexed:
+                absent.append(shard)
+            else:
+                problems.append(
+                    f"{file}: not a regular file (a fifo, socket, device or broken link)"
+                )
         else:
             yield from _read_safetensors(file, wanted, problems, found, names)
         bar.show(number, shard)
     bar.close()
+    if absent:
+        which = f"the shard {absent[0]}" if len(absent) == 1 else f"the shards {_listing(absent)}"
+        problems.append(
+            f"{index}: names {which}, which {'is' if len(absent) == 1 else 'are'} not a file in {path}"
+        )
 
 
 def _shards_from_index(index: Path, wanted, problems, found) -> dict[str, set[str]]:
     """{shard file name: the wanted names it holds}, from model.safetensors.index.json."""
+    twice: list[str] = []
     try:
-        data = json.loads(index.read_text(encoding="utf-8"))
+        data = json.loads(
+            index.read_text(encoding="utf-8"), object_pairs_hook=lambda pairs: _object(pairs, twice)
+        )
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         problems.append(f"{index}: not a JSON index: {error}")
         return {}
@@ -331,6 +366,11 @@ def _shards_from_index(index: Path, wanted, problems, found) -> dict[str, set[st
     if not isinstance(weight_map, dict):
         problems.append(f'{index}: has no "weight_map" object of tensor names to shard files')
         return {}
+    if twice:
+        problems.append(
+            f"{index}: names {_listing(sorted(set(twice)))} more than once (which shard is meant? "
+            "keep one)"
+        )
     shards: dict[str, set[str]] = {}
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
@@ -342,6 +382,16 @@ def _shards_from_index(index: Path, wanted, problems, found) -> dict[str, set[st
     return shards
 
 
+def _object(pairs: list[tuple[str, object]], twice: list[str]) -> dict:
+    """A JSON object, its keys given more than once added to `twice` (json keeps the last)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out and isinstance(value, str):  # a tensor name of weight_map
+            twice.append(key)
+        out[key] = value
+    return out
+
+
 # --- checks of each tensor ----------------------------------------------------------------
 
 
@@ -350,6 +400,9 @@ def _check(name: str, tensor: torch.Tensor, kind: str, problems: list[str]) -> N
     finite. (The tensor is yielded anyway, so that a caller does not report it missing.)"""
     if tensor.device.type == "meta":
         problems.append(f"{name}: on the meta device, it holds no values")
+        return
+    if tensor.layout != torch.strided:
+        problems.append(f"{name}: a {tensor.layout} tensor: pass it dense (tensor.to_dense())")
         return
     reason = _wrong_kind(tensor.dtype, kind)
     if reason:
@@ -476,7 +529,7 @@ def _describe(source) -> str:
 
 
 def _listing(names: list[str]) -> str:
-    shown = ", ".join(names[:_SHOWN])
+    shown = ", ".join(_clip(name) for name in names[:_SHOWN])
     return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
 

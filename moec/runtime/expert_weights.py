@@ -74,28 +74,35 @@ def load(layer, source, prefix: str, spec: LayerWeights) -> None:
     Raises WeightError listing every problem."""
     logical = _local_logical(layer, spec)
     wanted = _this_rank(set(logical), spec) if spec.ep > 1 else None
-    found, problems = _collect(read_tensors(source, prefix, wanted), prefix, set(logical), spec)
+    try:
+        found, names, problems = _collect(
+            read_tensors(source, prefix, wanted), prefix, set(logical), spec
+        )
+    except WeightError as error:  # the checkpoint's own problems, before any tensor is copied
+        raise WeightError(error.problems, unchanged=True) from None
     values: dict[str, torch.Tensor] = {}
     values["gate_weight"] = _take(
         found, "gate", (spec.routed_experts, spec.hidden), prefix + "gate.weight", problems
     )
     if spec.has_bias:
-        name = prefix + "gate.e_score_correction_bias"
+        name = names.get("bias", prefix + "gate.e_score_correction_bias")
         values["gate_bias"] = _take(found, "bias", (spec.routed_experts,), name, problems)
     if spec.hash_table:
         values["tid2eid"] = _take_table(found.get("table"), prefix + "gate.tid2eid", spec, problems)
     rank = layer.rank if spec.tp > 1 else 0
     converted = {  # once per logical expert: its replicas share it
-        e: _checkpoint_mlp(found, ("expert", e), f"{prefix}experts.{e}", spec, rank, problems)
+        e: _checkpoint_mlp(
+            found, names, ("expert", e), f"{prefix}experts.{e}", spec, rank, problems
+        )
         for e in dict.fromkeys(logical)
     }
     experts = [converted[e] for e in logical]
     shared = None
     if spec.n_shared:
         name = f"{prefix}shared_experts"
-        shared = _checkpoint_mlp(found, ("shared", None), name, spec, rank, problems)
+        shared = _checkpoint_mlp(found, names, ("shared", None), name, spec, rank, problems)
     if problems:
-        raise WeightError(problems)
+        raise WeightError(problems, unchanged=True)
     _copy_in(layer, _assemble(values, experts, shared, spec))
 
 
@@ -169,8 +176,10 @@ def _this_rank(logical: set[int], spec: LayerWeights):
 
 
 def _collect(tensors, prefix: str, logical: set[int], spec: LayerWeights):
-    """Sort checkpoint tensors by what they are: {key: tensor} and the problems found."""
+    """Sort checkpoint tensors by what they are: {key: tensor}, {key: its name in the
+    checkpoint} and the problems found."""
     found: dict[tuple, torch.Tensor] = {}
+    names: dict[tuple, str] = {}
     problems: list[str] = []
     twice: set[str] = set()  # names already reported
 
@@ -183,6 +192,7 @@ def _collect(tensors, prefix: str, logical: set[int], spec: LayerWeights):
                 "experts.1 beside experts.01): keep one"
             )
         found[key] = tensor
+        names[key] = prefix + name
 
     for name, tensor in tensors:
         if name == "gate.weight":
@@ -213,7 +223,7 @@ def _collect(tensors, prefix: str, logical: set[int], spec: LayerWeights):
                 problems.append(f"{prefix}{name}: unexpected (this layer has no shared experts)")
         else:
             problems.append(f"{prefix}{name}: unexpected")
-    return found, problems
+    return found, names, problems
 
 
 def _split_fused(put, name: str, fused: torch.Tensor, logical: set[int]) -> None:
@@ -222,10 +232,10 @@ def _split_fused(put, name: str, fused: torch.Tensor, logical: set[int]) -> None
     for expert in sorted(e for e in logical if e < fused.shape[0]):
         if name.endswith("gate_up_proj"):
             half = fused.shape[1] // 2
-            put(("expert", expert, "gate", "weight"), fused[expert, :half], name)
-            put(("expert", expert, "up", "weight"), fused[expert, half:], name)
+            put(("expert", expert, "gate", "weight"), fused[expert, :half], f"{name}[{expert}]")
+            put(("expert", expert, "up", "weight"), fused[expert, half:], f"{name}[{expert}]")
         else:
-            put(("expert", expert, "down", "weight"), fused[expert], name)
+            put(("expert", expert, "down", "weight"), fused[expert], f"{name}[{expert}]")
 
 
 def _field(name: str) -> str:
@@ -248,7 +258,11 @@ def _take(found, key, shape, name, problems) -> torch.Tensor | None:
     if not tensor.dtype.is_floating_point:
         problems.append(f"{name}: {tensor.dtype}: expected floating-point values")
         return None
-    return tensor.float()
+    values = tensor.float()
+    if bool(torch.isfinite(tensor).all()) and not bool(torch.isfinite(values).all()):
+        problems.append(f"{name}: values beyond fp32 (the router computes in fp32)")
+        return None
+    return values
 
 
 def _take_table(table, name: str, spec: LayerWeights, problems) -> torch.Tensor | None:
@@ -268,7 +282,7 @@ def _take_table(table, name: str, spec: LayerWeights, problems) -> torch.Tensor 
     return table.to(torch.int32)
 
 
-def _checkpoint_mlp(found, key, name: str, spec: LayerWeights, rank: int, problems) -> dict:
+def _checkpoint_mlp(found, names, key, name: str, spec: LayerWeights, rank: int, problems) -> dict:
     """One expert's (or the shared experts') w13 and w2 for this rank, from the checkpoint."""
     kind, index = key
     shared = kind == "shared"
@@ -283,6 +297,7 @@ def _checkpoint_mlp(found, key, name: str, spec: LayerWeights, rank: int, proble
             shape,
             f"{name}.{proj}_proj",
             problems,
+            (names.get((kind, index, proj, "weight")), names.get((kind, index, proj, "scale"))),
         )
     if any(part is None for part in converted.values()):
         return {}
@@ -296,7 +311,17 @@ def _checkpoint_mlp(found, key, name: str, spec: LayerWeights, rank: int, proble
         if integer:
             problems.append(f"{name}.*_proj.input_scale: {integer[0]}: expected floating point")
             return {}
+        if any(s.numel() != 1 for s in inputs):
+            problems.append(f"{name}.*_proj.input_scale: expected one value each")
+            return {}
         gate, up, down = (s.float().reshape(()) for s in inputs)
+        for proj, value in (("gate", gate), ("up", up), ("down", down)):
+            if value <= 0:  # nan and inf: read_tensors reports them
+                label = names.get(
+                    (kind, index, proj, "input_scale"), f"{name}.{proj}_proj.input_scale"
+                )
+                problems.append(f"{label}: {float(value)}: an activation scale is > 0")
+                return {}
         result["w13_input"] = torch.maximum(gate, up)
         result["w2_input"] = down
     return result
@@ -362,6 +387,9 @@ def _stack(name: str, parts: list[Pair], single: bool = False) -> dict[str, torc
 
 
 def _copy_in(layer, values: dict[str, torch.Tensor]) -> None:
+    """Every value onto the layer's device and checked against its parameter, then copied in:
+    nothing is written unless everything can be."""
+    moved = {}
     for name, tensor in values.items():
         param = getattr(layer, name)
         if tuple(tensor.shape) != tuple(param.shape) or tensor.dtype != param.dtype:
@@ -371,6 +399,10 @@ def _copy_in(layer, values: dict[str, torch.Tensor]) -> None:
                         f"{name}: built {list(tensor.shape)} {tensor.dtype}, the layer holds "
                         f"{list(param.shape)} {param.dtype}"
                     )
-                ]
+                ],
+                unchanged=True,
             )
-        param.data.copy_(tensor.to(param.device))
+        moved[name] = tensor.to(param.device)
+    with torch.no_grad():
+        for name, tensor in moved.items():
+            getattr(layer, name).data.copy_(tensor)

@@ -54,84 +54,141 @@ class WeightFormat:
         return quant.quantize_blocks(w, self.block[0], self.block[1], pow2=self.pow2)
 
     def from_checkpoint(
-        self, value, scale, shape: tuple[int, int], name: str, problems: list[str]
+        self,
+        value,
+        scale,
+        shape: tuple[int, int],
+        name: str,
+        problems: list[str],
+        names: tuple[str | None, str | None] = (None, None),
     ) -> Pair | None:
         """Check a checkpoint weight of logical shape [N, K] and its scale; convert them.
-        Problems are appended to `problems` (None is returned then)."""
+        Problems are appended to `problems` (None is returned then), naming the checkpoint
+        tensors: `names` (weight, scale) as the checkpoint spells them, else `name`.weight and
+        `name`.weight_scale_inv."""
         if self.source == "mxfp4":
-            return self._from_mxfp4(value, scale, shape, name, problems)
+            return self._from_mxfp4(value, scale, shape, name, problems, names)
+        wname = names[0] or f"{name}.weight"
+        sname = names[1] or f"{name}.weight_scale_inv"
         if value is None:
-            problems.append(f"{name}.weight: missing")
+            problems.append(f"{wname}: missing")
             return None
         packed = self.checkpoint_quantized and self.scheme == "mxfp4"
         if not packed and not value.dtype.is_floating_point:
             problems.append(
-                f"{name}.weight: {value.dtype} {list(value.shape)}: expected floating-point "
+                f"{wname}: {value.dtype} {list(value.shape)}: expected floating-point "
                 "values (integer bytes are weights only in a packed mxfp4 checkpoint)"
             )
             return None
         if not self.checkpoint_quantized or self.scheme == "bf16":
             if tuple(value.shape) != tuple(shape):
-                problems.append(f"{name}.weight: shape {list(value.shape)}, expected {list(shape)}")
+                problems.append(f"{wname}: shape {list(value.shape)}, expected {list(shape)}")
                 return None
             if scale is not None:
                 problems.append(
-                    f"{name}.weight_scale_inv: unexpected for a {self.scheme} checkpoint of "
-                    "float weights"
+                    f"{sname}: unexpected for a {self.scheme} checkpoint of float weights"
                 )
                 return None
-            return self.from_float(value.float())
+            return self._from_wide(value, wname, problems)
         if self.scheme == "mxfp4":
             stored = (shape[0], shape[1] // 2)
             if value.dtype not in (torch.uint8, torch.int8) or tuple(value.shape) != stored:
                 problems.append(
-                    f"{name}.weight: {value.dtype} {list(value.shape)}, expected packed uint8 "
+                    f"{wname}: {value.dtype} {list(value.shape)}, expected packed uint8 "
                     f"{list(stored)}"
                 )
                 return None
             value = value.view(torch.uint8)
         else:
             if tuple(value.shape) != tuple(shape):
-                problems.append(f"{name}.weight: shape {list(value.shape)}, expected {list(shape)}")
+                problems.append(f"{wname}: shape {list(value.shape)}, expected {list(shape)}")
                 return None
             if value.element_size() != 1:
                 # A float weight where fp8 is expected: quantize it, as a bf16 checkpoint is.
-                return self.from_float(value.float())
-        return self._checkpoint_scale(value, scale, shape, name, problems)
+                return self._from_wide(value, wname, problems)
+            if value.dtype != torch.float8_e4m3fn and value.dtype not in _OTHER_FP8:
+                problems.append(
+                    f"{wname}: {value.dtype} values: expected float8_e4m3fn (or float8_e5m2 / "
+                    "float8_e4m3fnuz, converted exactly) with its scale, or bf16 / fp16 / fp32 "
+                    "weights (quantized on load)"
+                )
+                return None
+        return self._checkpoint_scale(value, scale, shape, wname, sname, problems)
 
-    def _from_mxfp4(self, value, scale, shape, name, problems) -> Pair | None:
+    def _from_wide(self, value, wname: str, problems: list[str]) -> Pair | None:
+        """A bf16 / fp16 / fp32 / fp64 weight in this format, its values within bf16's range
+        (non-finite values are reported by read_tensors)."""
+        values = value.float()
+        beyond = int((values.abs() > BF16_MAX).sum())
+        if beyond and bool(torch.isfinite(value).all()):
+            problems.append(
+                f"{wname}: {beyond} of its {value.numel()} values are beyond what bf16 holds "
+                f"({BF16_MAX:.4g})"
+            )
+        return None if beyond else self.from_float(values)
+
+    def _from_mxfp4(self, value, scale, shape, name, problems, names) -> Pair | None:
         """An mxfp4 checkpoint pair (or a float weight, quantized to mxfp4 first), checked as
         mxfp4 weights are, stored as e4m3 blocks."""
         mxfp4 = WeightFormat("mxfp4", (1, 32), True, self.checkpoint_quantized, False, self.dtype)
-        pair = mxfp4.from_checkpoint(value, scale, shape, name, problems)
+        pair = mxfp4.from_checkpoint(value, scale, shape, name, problems, names)
         if pair is None:
             return None
         try:
             return quant.e2m1_to_e4m3_blocks(pair[0], pair[1], self.block[0])
         except ValueError as error:
-            problems.append(f"{name}.weight: mxfp4 to e4m3: {error}")
+            problems.append(f"{names[0] or name + '.weight'}: mxfp4 to e4m3: {error}")
             return None
 
-    def _checkpoint_scale(self, value, scale, shape, name, problems) -> Pair | None:
+    def _checkpoint_scale(self, value, scale, shape, wname, sname, problems) -> Pair | None:
         if self.block is None:
             expected = (1,)
         else:
             expected = (math.ceil(shape[0] / self.block[0]), math.ceil(shape[1] / self.block[1]))
         if scale is None:
-            problems.append(f"{name}.weight_scale_inv: missing")
+            problems.append(f"{sname}: missing")
             return None
         if not scale.dtype.is_floating_point and scale.dtype != torch.uint8:
             problems.append(
-                f"{name}.weight_scale_inv: {scale.dtype}: expected floating-point scales, or "
+                f"{sname}: {scale.dtype}: expected floating-point scales, or "
                 "UE8M0 exponents as uint8"
             )
             return None
-        scale = _scale_values(scale)
+        exponents = scale.dtype == torch.uint8
+        stored, scale = scale, _scale_values(scale)
         if scale.numel() == 1 and math.prod(expected) == 1:  # [], [1] or [1, 1]: one scale
             scale = scale.reshape(expected)
         if tuple(scale.shape) != expected:
+            problems.append(f"{sname}: shape {list(scale.shape)}, expected {list(expected)}")
+            return None
+        if not bool(torch.isfinite(scale).all()):
+            if exponents:
+                problems.append(f"{sname}: UE8M0 exponent 255 (nan): not a scale")
+            elif bool(torch.isfinite(stored).all()):  # read_tensors reports the others
+                problems.append(f"{sname}: scales beyond fp32 (the scales of this layer)")
+            return None
+        nonpositive = (scale <= 0).flatten().nonzero()
+        if len(nonpositive):
             problems.append(
-                f"{name}.weight_scale_inv: shape {list(scale.shape)}, expected {list(expected)}"
+                f"{sname}: {len(nonpositive)} of its {scale.numel()} scales are zero or negative "
+                f"(the first: block {_block_index(int(nonpositive[0]), scale)}); a scale is > 0"
+            )
+            return None
+        if value.dtype in _OTHER_FP8:
+            converted = _to_e4m3(value, scale, self.block)
+            if converted is None:
+                problems.append(
+                    f"{wname}: {value.dtype} values that float8_e4m3fn cannot hold exactly (a "
+                    "block spans more powers of two than e4m3 holds); expected float8_e4m3fn, "
+                    "or bf16 / fp16 / fp32 weights (quantized on load)"
+                )
+                return None
+            value, scale = converted
+        overflow = _overflowing_block(value, scale, self.block, self.scheme == "mxfp4")
+        if overflow is not None:
+            problems.append(
+                f"{sname}: block {overflow}: its largest weight times its scale exceeds what "
+                f"bf16 holds ({BF16_MAX:.4g}): not a scale of this weight ({wname})"
             )
             return None
         needs_pow2 = self.pow2 and self.scheme in ("fp8_block", "mxfp8")
@@ -160,6 +217,61 @@ class WeightFormat:
             b = quant.quantize_with_scale(b.float() * b_scale, scale)
             return torch.cat((a, b)), scale
         return torch.cat((a, b)), (None if a_scale is None else torch.cat((a_scale, b_scale)))
+
+
+BF16_MAX = torch.finfo(torch.bfloat16).max
+_OTHER_FP8 = tuple(
+    getattr(torch, name)
+    for name in ("float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+)
+"""One-byte float formats of a checkpoint's weight values converted exactly to e4m3fn, where
+each block's values fit (the scale absorbing the exponent range)."""
+_E4M3_MAX = 448.0
+
+
+def _block_index(flat: int, scale: torch.Tensor) -> str:
+    """A scale's position by its flat index: "(row, col)" of the block grid, or "0"."""
+    if scale.dim() < 2:
+        return str(flat)
+    return str(tuple(divmod(flat, scale.shape[1])))
+
+
+def _block_amax(value: torch.Tensor, block, packed: bool) -> torch.Tensor:
+    """The largest magnitude of each block's values, in the shape of its scales."""
+    values = (quant.unpack_e2m1(value) if packed else value.float()).abs()
+    if block is None:
+        return values.amax().reshape(1)
+    return quant._blocked(values, *block).amax(dim=(1, 3))
+
+
+def _overflowing_block(value, scale, block, packed: bool) -> str | None:
+    """The first block whose largest value times its scale is beyond bf16 (None: none is)."""
+    product = _block_amax(value, block, packed) * scale.reshape(
+        -1 if block is None else scale.shape
+    )
+    bad = (~(product <= BF16_MAX)).flatten().nonzero()
+    return _block_index(int(bad[0]), scale) if len(bad) else None
+
+
+def _to_e4m3(value: torch.Tensor, scale: torch.Tensor, block) -> Pair | None:
+    """Another one-byte float format's values as e4m3fn, exactly: each block shifted by a power
+    of two that brings its largest value within e4m3's range, the scale multiplied by it. None
+    when a block's values do not all survive (too wide a range of exponents)."""
+    values = value.float()
+    amax = _block_amax(value, block, False)
+    shift = torch.ceil(torch.log2(amax / _E4M3_MAX))
+    shift = torch.where(amax > 0, shift, torch.zeros_like(shift))
+    shift = shift + (amax * torch.exp2(-shift) > _E4M3_MAX).float()  # log2 rounded down
+    factor = torch.exp2(shift)
+    if block is None:
+        full = factor.reshape(())
+    else:
+        full = quant.dequantize_blocks(torch.ones_like(values), factor, *block)
+    e4m3 = (values / full).to(torch.float8_e4m3fn)
+    if not torch.equal(e4m3.float() * full, values):
+        return None
+    return e4m3, scale * factor.reshape(scale.shape)
 
 
 def _scale_values(scale: torch.Tensor) -> torch.Tensor:
