@@ -9,7 +9,9 @@ one is a problem like any other.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -136,19 +138,87 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+BROKEN_PIPE = 128 + 13
+"""Exit status when the reader of standard output went away (`| head`): a Unix tool's, killed
+by SIGPIPE, and no message."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = _Output(stdout)
     try:
-        _refuse_empty(args)
-        return _COMMANDS[args.command](args)
-    except MoecError as error:
-        print(error.report(), file=sys.stderr)
+        try:
+            _refuse_empty(args)
+            code = _COMMANDS[args.command](args)
+            sys.stdout.flush()  # here, not at exit, where a failure is only "Exception ignored"
+            return code
+        except MoecError as error:
+            print(error.report(), file=sys.stderr)
+            return 2
+        except OSError as error:  # the OS refused a path no command checked: still no traceback
+            where = f"moec {args.command}"
+            print(os_error(error, where, "cannot read or write").report(), file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+    except OutputLost as lost:
+        _discard(stdout)  # what is still buffered, so that the exit's flush has nothing to fail
+        if lost.errno == errno.EPIPE:
+            return BROKEN_PIPE
+        failure = OSError(lost.errno, lost.reason)
+        print(os_error(failure, "<standard output>").report(), file=sys.stderr)
         return 2
-    except OSError as error:  # the OS refused a path no command checked: still no traceback
-        print(os_error(error, "", "cannot read or write").report(), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    finally:
+        sys.stdout = stdout
+
+
+class OutputLost(Exception):
+    """A write to standard output failed: its errno and the OS's reason."""
+
+    def __init__(self, number: int, reason: str) -> None:
+        super().__init__(reason)
+        self.errno, self.reason = number, reason
+
+
+class _Output:
+    """Standard output whose write failures are OutputLost, told apart from the OSErrors of the
+    paths a command reads and writes; None (the descriptor closed at start) fails the same."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self._call("write", text)
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def _call(self, method: str, *args):
+        if self.stream is None:
+            raise OutputLost(errno.EBADF, "standard output is closed")
+        try:
+            return getattr(self.stream, method)(*args)
+        except OSError as error:
+            raise OutputLost(error.errno or errno.EIO, error.strerror or str(error)) from None
+        except ValueError as error:  # "I/O operation on closed file"
+            raise OutputLost(errno.EBADF, str(error)) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _discard(stream) -> None:
+    """Point the descriptor of `stream` at /dev/null (as Python's docs advise on a broken pipe):
+    what it still buffers is dropped at exit without a second error."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+    except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture): nothing to do
+        pass
 
 
 def _refuse_empty(args: argparse.Namespace) -> None:

@@ -12,12 +12,38 @@ status 0 when every T is within the bound, 1 when one is not, 2 when it cannot r
 import sys
 
 from . import PLAN, MoELayer, gated_activation, self_check
+from .layer import MAX_SEED
+
+MAX_REPEATS = 10_000
+"""The most timed runs per T --repeats takes."""
 
 
 def main(argv: list[str] | None = None) -> int:
+    check_bounds(argv)
     return self_check.main(
         "tiny_cpu", MoELayer, PLAN, gated_activation.torch_gated, argv
     )
+
+
+def check_bounds(argv: list[str] | None) -> None:
+    """Exit 2 with a usage message when a number is outside what the layer takes, as `moec run`
+    bounds its own: --seed from 0 to MAX_SEED, each of --tokens up to the spec's
+    target.max_num_tokens, --repeats up to MAX_REPEATS."""
+    parser = self_check._arguments("tiny_cpu", PLAN)
+    args = parser.parse_args(argv)
+    most = PLAN["choices"]["dims"]["max_tokens"]
+    if not 0 <= args.seed <= MAX_SEED:
+        parser.error(
+            f"--seed must be a whole number from 0 to {MAX_SEED}, got {args.seed}"
+        )
+    over = [tokens for tokens in args.tokens if tokens > most]
+    if over:
+        parser.error(
+            f"--tokens {over[0]} is more than target.max_num_tokens = {most}, the most one "
+            "forward of this layer takes"
+        )
+    if args.repeats is not None and args.repeats > MAX_REPEATS:
+        parser.error(f"--repeats must be at most {MAX_REPEATS}, got {args.repeats}")
 
 
 if __name__ == "__main__":

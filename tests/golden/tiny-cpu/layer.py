@@ -9,6 +9,7 @@ E x max_m rows of the grouped layout (masked).
 """
 
 import itertools
+import operator
 import weakref
 
 import torch
@@ -20,6 +21,7 @@ NAME = "tiny_cpu"
 DTYPE = torch.bfloat16
 HIDDEN = 256
 WORLD_SIZE = 1  # one rank
+MAX_SEED = 2**32 - 1  # the largest seed random_ takes (as `moec run --seed`)
 
 _LAYERS: "weakref.WeakValueDictionary[int, MoELayer]" = weakref.WeakValueDictionary()
 _IDS = itertools.count()
@@ -43,6 +45,7 @@ class MoELayer(nn.Module):
             )
         self.group = group
         self.rank = _rank(group)
+        self.weights_set = False  # until load_weights or random_ succeeds: no forward
         self.op_id = next(_IDS)  # this layer's key in _LAYERS, for the custom op
         _LAYERS[self.op_id] = self
         for name, (shape, param_dtype) in weights.PARAMETERS.items():
@@ -52,6 +55,15 @@ class MoELayer(nn.Module):
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Route each token to its top-4 experts and return the weighted sum plus the shared experts."""
+        if not self.weights_set:
+            raise ValueError(
+                f"{NAME}: the layer has no weights yet: call load_weights(checkpoint) or "
+                "random_(seed) before the first forward"
+            )
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{NAME}: x must be a torch.Tensor [T, {HIDDEN}], got {type(x).__name__}"
+            )
         if x.dim() != 2 or x.shape[1] != HIDDEN:
             raise ValueError(f"{NAME}: x must be [T, {HIDDEN}], got {list(x.shape)}")
         if x.dtype != DTYPE:
@@ -90,12 +102,69 @@ class MoELayer(nn.Module):
         """Load HF / DeepSeek checkpoint tensors (state dict, safetensors file or folder, or
         (name, tensor) pairs); names are taken after `prefix`, e.g. "model.layers.3.mlp."."""
         weights.load(self, source, prefix)
+        self.weights_set = True
         return self
 
     def random_(self, seed: int = 0) -> "MoELayer":
-        """Fill with random weights of realistic scale (router bias included)."""
+        """Fill with random weights of realistic scale (router bias included); `seed` a whole
+        number from 0 to MAX_SEED."""
+        if isinstance(seed, bool):
+            raise TypeError(f"{NAME}: random_(seed): seed must be an int, got bool")
+        try:
+            seed = operator.index(seed)  # a numpy integer too; not a float, str or None
+        except TypeError:
+            raise TypeError(
+                f"{NAME}: random_(seed): seed must be an int, got {type(seed).__name__}"
+            ) from None
+        if not 0 <= seed <= MAX_SEED:
+            raise ValueError(
+                f"{NAME}: random_(seed): seed must be a whole number from 0 to {MAX_SEED}, "
+                f"got {seed!r}"
+            )
         weights.randomize(self, seed)
+        self.weights_set = True
         return self
+
+    def to(self, *args, **kwargs) -> "MoELayer":
+        """Move the layer to another device; its dtypes are the build's (no conversion)."""
+        dtype = torch._C._nn._parse_to(*args, **kwargs)[1]
+        if dtype is not None:
+            self._keep_dtypes(dtype, f".to({dtype})")
+        return super().to(*args, **kwargs)
+
+    def half(self) -> "MoELayer":
+        self._keep_dtypes(torch.float16, ".half()")
+        return super().half()
+
+    def float(self) -> "MoELayer":
+        self._keep_dtypes(torch.float32, ".float()")
+        return super().float()
+
+    def double(self) -> "MoELayer":
+        self._keep_dtypes(torch.float64, ".double()")
+        return super().double()
+
+    def bfloat16(self) -> "MoELayer":
+        self._keep_dtypes(torch.bfloat16, ".bfloat16()")
+        return super().bfloat16()
+
+    def _keep_dtypes(self, dtype: torch.dtype, call: str) -> None:
+        """Refuse a conversion that would change a floating parameter's dtype: the kernels
+        and stages are generated for the build's dtypes (a no-op conversion passes)."""
+        changed = [
+            (name, tensor.dtype)
+            for name, tensor in itertools.chain(
+                self.named_parameters(), self.named_buffers()
+            )
+            if tensor.is_floating_point() and tensor.dtype != dtype
+        ]
+        if changed:
+            name, was = changed[0]
+            raise TypeError(
+                f"{NAME}: {call} would convert {name} from {was} to {dtype}: the layer's "
+                f"parameters keep the dtypes it was built for (x and output {DTYPE}); move it "
+                "with .to(device), or rebuild with --set target.dtype=..."
+            )
 
 
 @torch.library.custom_op(
