@@ -209,3 +209,28 @@ def test_examples_are_what_init_writes(example, config, extra, tmp_path, capsys)
     shipped = load_spec(EXAMPLES / example).spec
     for table in ("model", "router", "quant", "activation"):
         assert getattr(shipped, table) == getattr(written, table), table
+
+
+def test_fp8_formats_and_mxfp4_quant_method(tmp_path, capsys):
+    """`fmt` is read: e4m3 and e5m2 checkpoints give the same fp8_block spec (e5m2 values load
+    converted to e4m3 exactly, block by block, or are refused naming the tensor); any other
+    format is refused by key. HF's mxfp4 format is not called "not a scheme": moec has mxfp4,
+    for DeepSeek-V4's fp4 experts, and the message says so."""
+    specs = []
+    for fmt in ("e4m3", "e5m2"):
+        config_path = write_config(
+            tmp_path, {**DEEPSEEK_V3, "quantization_config": {**FP8, "fmt": fmt}}
+        )
+        out_path = tmp_path / f"{fmt}.toml"
+        code, _, err = init(capsys, "--from-hf", str(config_path), "-o", str(out_path))
+        assert code == 0, err
+        specs.append(load_spec(out_path).spec.quant)
+    assert specs[0] == specs[1] and specs[0].scheme == "fp8_block"
+    err = _refused(tmp_path, capsys, {**DEEPSEEK_V3, "quantization_config": {**FP8, "fmt": "e3m4"}})
+    assert 'quantization_config.fmt = "e3m4": is not an fp8 format moec reads' in err
+    assert '"e4m3" or "e5m2"' in err
+    mxfp4 = {"quant_method": "mxfp4"}
+    err = _refused(tmp_path, capsys, {**DEEPSEEK_V3, "quantization_config": mxfp4})
+    assert "not a scheme moec runs" not in err
+    assert 'quant_method = "mxfp4": is a checkpoint format moec does not read' in err
+    assert 'expert_dtype "fp4"' in err

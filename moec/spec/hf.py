@@ -252,6 +252,11 @@ def _quant_from(reader: ConfigReader, moe: ConfigReader) -> dict[str, Any]:
     block = sub.integers("weight_block_size", "quant.weight_block")
     activation = sub.text("activation_scheme", "quant.activation_scheme")
     expert_dtype = _expert_dtype(sub, moe)
+    fmt = sub.text("fmt", "quant")
+    if fmt not in (None, "e4m3", "e5m2") and not reader.overridden("quant"):
+        # e5m2 values load converted to e4m3 exactly, block by block (their scale takes the
+        # exponent), or are refused naming the tensor: the spec is the same as for e4m3
+        sub.report("fmt", fmt, "is not an fp8 format moec reads", '"e4m3" or "e5m2"')
     if method is None:
         return {"scheme": "bf16"}  # reported, or overridden by --set
     # activation_scheme as written, when written: the rules say what each scheme takes
@@ -275,7 +280,17 @@ def _quant_from(reader: ConfigReader, moe: ConfigReader) -> dict[str, Any]:
         return {"scheme": "fp8_block", "weight_block": block, **written, "checkpoint": "quantized"}
     if method == "fp8":
         return {"scheme": "fp8_per_tensor", **written, "checkpoint": "quantized"}
-    if not reader.overridden("quant"):
+    if reader.overridden("quant"):
+        return {"scheme": "bf16"}
+    if method == "mxfp4":  # moec's mxfp4 is DeepSeek-V4's fp4 experts, not this format
+        sub.report(
+            "quant_method",
+            method,
+            "is a checkpoint format moec does not read (moec's mxfp4 reads DeepSeek-V4's fp4 "
+            'experts: quant_method "fp8" with expert_dtype "fp4")',
+            '"fp8" (expert_dtype "fp4" for mxfp4 experts) or "mxfp8"',
+        )
+    else:
         sub.report("quant_method", method, "is not a scheme moec runs", '"fp8" or "mxfp8"')
     return {"scheme": "bf16"}
 
