@@ -110,6 +110,11 @@ def patch_model(
             ],
             kind="usage",
         )
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise TypeError(
+            f"patch_model: model must be a transformers model (an nn.Module with a config), "
+            f"got {type(model).__name__}"
+        )
     groups, block = _blocks_of(model, keep_hash_layers)
     config = model.config.get_text_config()  # Kimi-K2.5: its DeepSeek-V3 text model's
     first = next(iter(groups.values()))[0]
@@ -120,11 +125,40 @@ def patch_model(
     for kind in groups:
         loaded[kind] = _resolve_spec(specs[kind], overrides, config, dtype, device, follow, kind)
         check_spec_fits(loaded[kind], config, dtype, device, follow, kind)
+    replaced: list[str] = []  # one block at a time, so that each one's old weights are freed
     for kind, names in groups.items():
         package = moec.load(loaded[kind], cache_dir=cache_dir)
         for name in names:
-            _replace_block(model, name, package, kind == "hash_moe")
+            try:
+                _replace_block(model, name, package, kind == "hash_moe")
+            except MoecError as error:
+                raise _partly_patched(error, replaced) from None
+            replaced.append(name)
     return model
+
+
+def _partly_patched(error: MoecError, replaced: list[str]) -> MoecError:
+    """The error of a block that did not load, saying which blocks before it were replaced:
+    they compute what transformers' blocks did, so the model still runs, half moec's."""
+    if not replaced:
+        return MoecError(
+            [*error.problems, problem("model", "is unchanged: no block was replaced")], kind="usage"
+        )
+    shown = ", ".join(replaced[:4]) + (
+        f" and {len(replaced) - 4} more" if len(replaced) > 4 else ""
+    )
+    return MoecError(
+        [
+            *error.problems,
+            problem(
+                "model",
+                f"has {len(replaced)} block(s) replaced before this one ({shown}); they compute "
+                "what the transformers blocks did and the model still runs, the later blocks "
+                "are transformers' own",
+            ),
+        ],
+        kind="usage",
+    )
 
 
 def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list[str]], Block]:
@@ -135,6 +169,18 @@ def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list
     found = [
         (name, module) for name, module in model.named_modules() if isinstance(module, classes)
     ]
+    patched = sum(isinstance(module, MoecMoE) for module in model.modules())
+    if not found and patched:
+        raise MoecError(
+            [
+                problem(
+                    "model",
+                    f"is already patched: its {patched} MoE block(s) are moec's (MoecMoE)",
+                    "patch_model once per model, or a fresh model",
+                )
+            ],
+            kind="usage",
+        )
     if not found:
         raise MoecError(
             [
