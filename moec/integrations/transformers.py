@@ -110,9 +110,9 @@ def patch_model(
             ],
             kind="usage",
         )
-    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+    if not isinstance(model, nn.Module):
         raise TypeError(
-            f"patch_model: model must be a transformers model (an nn.Module with a config), "
+            f"patch_model: model must be a transformers model (a torch nn.Module), "
             f"got {type(model).__name__}"
         )
     groups, block = _blocks_of(model, keep_hash_layers)
