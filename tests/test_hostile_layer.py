@@ -140,3 +140,21 @@ def test_the_check_bounds_its_numbers(check, capsys, argv, fragment):
 def test_the_check_runs_at_its_bounds(check, capsys):
     assert check.main(["--seed", "4294967295", "--tokens", "256", "--repeats", "1"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("ok: within")
+
+
+def test_a_triton_package_built_for_cuda_refuses_a_cpu_layer(load_layer, monkeypatch):
+    """Built for CUDA, its Triton kernels cannot run on the CPU unless interpreted: refused when
+    the layer is made, naming the target, instead of failing in Triton's driver lookup."""
+    package = load_layer(
+        str(EXAMPLES / "tiny-cpu-triton.toml"),
+        "target.device=cuda",
+        "target.arch=sm90",
+        "name=tiny_cuda_triton",
+    )
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="built for CUDA: its Triton kernels run on a CUDA"):
+        package.MoELayer(device="cpu")
+    with pytest.raises(ValueError, match="not on cpu"):
+        package.MoELayer()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert package.MoELayer(device="cpu").rank == 0  # interpreted: allowed

@@ -155,6 +155,8 @@ def _layer_fields(plan: Plan, calls: list[str]) -> dict[str, Any]:
             else ""
         ),
         "vocab": layer.vocab,
+        # Triton kernels built for a GPU: a CPU layer would fail in Triton's driver lookup
+        "triton_needs_cuda": layer.device == "cuda" and "triton" in plan.requires,
     }
 
 
