@@ -302,6 +302,8 @@ def with_elementwise(kernel, **tiles):
         ({V3_KEY: [7, *USER_BUCKETS]}, "bucket 0 of fp8_block/H7168/I2048/E256/K8 that is not an"),
         (unsorted_buckets(), "bucket 1 of fp8_block/H7168/I2048/E256/K8 with max_tokens = 8, not"),
         (with_gemm(num_warps=0), "with num_warps = 0, not a power of two"),
+        (with_gemm(num_warps=65536), "with num_warps = 65536, not a power of two up to 32 (1024"),
+        (with_elementwise("act", num_warps=64), "act with num_warps = 64, not a power of two up"),
         (with_gemm(num_stages="3"), "with num_stages = '3', not a positive integer"),
         (with_gemm(GROUP_SIZE_M=True), "with GROUP_SIZE_M = True, not a positive integer"),
         (with_gemm(SWAP_AB=1), "with SWAP_AB = 1, not true or false"),

@@ -39,10 +39,11 @@ BUCKET_KEYS = {
 }
 """What every bucket of a table holds (a bucket may hold more, e.g. its measured "ms"), each
 key with the kind of value it takes (a key of _VALUE_OK)."""
-POWER_OF_TWO_KEYS = frozenset(
-    {"BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_T", "BLOCK_H", "BLOCK_I", "num_warps"}
-)
-"""Tile keys Triton needs as powers of two (block shapes, warps)."""
+POWER_OF_TWO_KEYS = frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_T", "BLOCK_H", "BLOCK_I"})
+"""Tile keys Triton needs as powers of two (block shapes; warps below)."""
+MAX_WARPS = 32
+"""num_warps of one program at most: 1024 threads, the most a CUDA thread block holds on every
+GPU (Triton would fail only at the launch)."""
 COUNT_KEYS = frozenset({"GROUP_SIZE_M", "num_stages", "FP8_ACC", "PROGRAMS", "TERMS_AT_ONCE"})
 """Tile keys that are positive integers."""
 FLAG_KEYS = frozenset({"SWAP_AB", "TMA", "WARP_SPECIALIZE"})
@@ -325,6 +326,9 @@ _VALUE_OK = {
         _tile_count(value) and value & (value - 1) == 0
     ),
     f"a positive integer up to {MAX_TILE_VALUE}": _tile_count,
+    f"a power of two up to {MAX_WARPS} (1024 threads, a CUDA program's limit)": lambda value: (
+        _positive_int(value) and value <= MAX_WARPS and value & (value - 1) == 0
+    ),
 }
 """What each kind of bucket or tile value accepts, by the words an error says it with."""
 
@@ -333,6 +337,8 @@ def _tile_kind(name: str) -> str | None:
     """The kind of value a tile key takes (a key of _VALUE_OK); None for no tile key."""
     if name in FLAG_KEYS:
         return "true or false"
+    if name == "num_warps":
+        return f"a power of two up to {MAX_WARPS} (1024 threads, a CUDA program's limit)"
     if name in POWER_OF_TWO_KEYS:
         return f"a power of two up to {MAX_TILE_VALUE}"
     return f"a positive integer up to {MAX_TILE_VALUE}" if name in COUNT_KEYS else None
