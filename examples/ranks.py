@@ -40,7 +40,10 @@ def main() -> None:
         tokens = 8 + rank  # each rank its own batch, of its own size
         x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(rank))
         out = layer(x.to(device=device, dtype=dtype))
-        print(f"rank {rank} of {dist.get_world_size()}: {tokens} tokens -> {list(out.shape)}")
+        print(
+            f"rank {rank} of {dist.get_world_size()}: {tokens} tokens -> {list(out.shape)}",
+            flush=True,
+        )
     finally:
         dist.destroy_process_group()
 

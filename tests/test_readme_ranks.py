@@ -41,5 +41,6 @@ def test_readme_runs_two_ranks(tmp_path):
         )
         assert done.returncode == 0, done.stderr[-2000:]
         outputs.append(done.stdout)
-    ranks = sorted(line for line in outputs[1].splitlines() if line.startswith("rank "))
+    # the two ranks write to one pipe: their lines may interleave, so find each line's words
+    ranks = sorted(re.findall(r"rank \d of 2: \d+ tokens -> \[\d+, \d+\]", outputs[1]))
     assert ranks == ["rank 0 of 2: 8 tokens -> [8, 256]", "rank 1 of 2: 9 tokens -> [9, 256]"]
