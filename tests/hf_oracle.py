@@ -196,6 +196,13 @@ def save_model(config, folder: Path, seed: int = 0) -> torch.nn.Module:
     return model.get_submodule(moe_names(model)[0])
 
 
+def saved_folder(tmp_path_factory, name: str, config) -> Path:
+    """A fresh folder holding the model of `config`, saved by save_model (for module fixtures)."""
+    folder = tmp_path_factory.mktemp(f"hf_{name}")
+    save_model(config, folder)
+    return folder
+
+
 def oracle(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The transformers MoE block's output for tokens x [T, H]."""
     with torch.no_grad():

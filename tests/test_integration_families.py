@@ -35,19 +35,15 @@ MODELS = {
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def saved(request, tmp_path_factory):
-    folder = tmp_path_factory.mktemp(f"hf_{request.param}")
-    hf_oracle.save_model(MODELS[request.param](), folder)
-    return folder
+    return hf_oracle.saved_folder(tmp_path_factory, request.param, MODELS[request.param]())
 
 
 @pytest.fixture(scope="module")
 def saved_v2_keys(tmp_path_factory):
     """A DeepSeek-V2 whose config asks for renormalized sigmoid scores: keys transformers'
     DeepseekV2 router ignores (it always takes the softmax, unnormalized)."""
-    folder = tmp_path_factory.mktemp("hf_v2_keys")
     config = hf_oracle.deepseek_v2("greedy", layers=3, norm_topk_prob=True, scoring_func="sigmoid")
-    hf_oracle.save_model(config, folder)
-    return folder
+    return hf_oracle.saved_folder(tmp_path_factory, "v2_keys", config)
 
 
 def _load(folder):

@@ -44,17 +44,14 @@ MODELS = {
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def saved(request, tmp_path_factory):
-    folder = tmp_path_factory.mktemp(f"hf_{request.param}")
-    hf_oracle.save_model(MODELS[request.param](), folder)
-    return folder
+    return hf_oracle.saved_folder(tmp_path_factory, request.param, MODELS[request.param]())
 
 
 @pytest.fixture(scope="module")
 def saved_fp8(tmp_path_factory):
     """A V3 model whose dims hold whole 128-wide fp8 blocks."""
-    folder = tmp_path_factory.mktemp("hf_v3_128")
-    hf_oracle.save_model(hf_oracle.deepseek_v3(hidden=128, intermediate=128, layers=3), folder)
-    return folder
+    config = hf_oracle.deepseek_v3(hidden=128, intermediate=128, layers=3)
+    return hf_oracle.saved_folder(tmp_path_factory, "v3_128", config)
 
 
 def _load(folder):
