@@ -5,6 +5,7 @@
 # same). DeepGEMM builds (scripts/build_deps.sh) while the kernel tests of KERNEL_TESTS run;
 # then prefill_ab.py for each run of RUNS ("label:package,...:reference:tokens", in turn), then
 # the tests of LAYER_TESTS (one process: they hold whole layers). Everything lands in $OUT.
+# PROFILE=1: each run's kernels at its largest T; ROUNDS: prefill_ab's rounds (default 3).
 #   RUNS="fp8:bench_v3_fp8_dg_before,bench_v3_fp8_deep_gemm:bench_v3_fp8_torch:2048,4096" \
 #   KERNEL_TESTS="tests/kernels/test_route.py" LAYER_TESTS="tests/gpu/test_deep_gemm.py" \
 #   bash benchmarks/prefill_session.sh
@@ -32,7 +33,7 @@ echo "deps: exit $? ($(( $(date +%s) - start )) s)"; tail -n 2 "$OUT/deps.log"
 for run in ${RUNS:-}; do
   IFS=: read -r label names reference tokens <<< "$run"
   (cd benchmarks && timeout "${RUN_SECONDS:-300}" python3 prefill_ab.py --packages "$names" \
-    --reference "$reference" --tokens "$tokens" ${PROFILE:+--profile} --out "$OUT/prefill_$label.json") \
+    --reference "$reference" --tokens "$tokens" ${PROFILE:+--profile} ${ROUNDS:+--rounds $ROUNDS} --out "$OUT/prefill_$label.json") \
     > "$OUT/prefill_$label.log" 2>&1
   echo "== $label: exit $? ($(( $(date +%s) - start )) s)"; grep -v "^      " "$OUT/prefill_$label.log" | tail -n 24
 done

@@ -145,6 +145,7 @@ def _layer_fields(plan: Plan, calls: list[str]) -> dict[str, Any]:
         "workspace": bool(workspace(plan)),
         "tables": bool(tables(plan)),
         "record_load": layer.record_load,
+        "router_parts": _router_parts(plan),
         "routed_experts": layer.routed_experts,
         "calls": calls,
         "forward_doc": f"Route each token to its top-{layer.top_k} experts and return the "
@@ -170,6 +171,11 @@ def _weight_format(fmt, dtype: str) -> str:
     )
 
 
+def _router_parts(plan: Plan) -> bool:
+    """Whether the layer holds the router weight as bf16 parts (`gate_parts`), not fp32."""
+    return any("gate_parts" in stage.weights for stage in plan.order())
+
+
 def _weight_fields(plan: Plan) -> dict[str, Any]:
     layer = plan.layer
     dtype = layer.dtype.torch
@@ -184,7 +190,7 @@ def _weight_fields(plan: Plan) -> dict[str, Any]:
         ("tp", layer.tp),
         ("ep", layer.ep),
         ("has_bias", select.has_bias),
-        ("router_parts", any("gate_parts" in stage.weights for stage in plan.order())),
+        ("router_parts", _router_parts(plan)),
         ("fused_shared", layer.fused_shared),
     ]
     if layer.placed:
@@ -199,6 +205,7 @@ def _weight_fields(plan: Plan) -> dict[str, Any]:
         "workspace": workspace(plan),
         "tables": tables(plan),
         "layer_weights": rows,
+        "router_parts": _router_parts(plan),
         "doc": _weights_doc(plan),
     }
 

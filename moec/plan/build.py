@@ -161,7 +161,8 @@ def _router(plan: Plan, around: str) -> None:
     if split:
         weights = {"gate_parts": TensorType(DType.bfloat16, ("3", "E", "H"))}
         note = (
-            "x W^T with W = three bf16 parts (fp32 to one rounding), fp32 sums; H split in S "
+            "x W^T with W = three bf16 parts (fp32 to one rounding), fp32 sums, only the parts "
+            "not all zero (one for a bf16 checkpoint weight, counted at load); H split in S "
             "slices at few tokens, their partial logits added by select"
         )
         logits = TensorType(FP32, ("S", "T", "E"))
@@ -187,7 +188,9 @@ def _router(plan: Plan, around: str) -> None:
             "bf16 x 3 parts in Triton",
             "a bf16 x times each bf16 part of the fp32 weight is exact in fp32 and the tensor "
             "cores sum in fp32: the fp32 GEMM's logits up to summation order, at the bf16 rate "
-            "(three bf16 GEMMs) instead of the fp32 rate",
+            "(three bf16 GEMMs) instead of the fp32 rate; a weight the checkpoint stores in bf16 "
+            "(DeepSeek's) has zero second and third parts, so the layer reads its first part "
+            "alone: one bf16 GEMM, the same logits",
         )
     else:
         plan.decide(

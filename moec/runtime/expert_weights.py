@@ -104,6 +104,8 @@ def load(layer, source, prefix: str, spec: LayerWeights) -> None:
     if problems:
         raise WeightError(problems, unchanged=True)
     _copy_in(layer, _assemble(values, experts, shared, spec))
+    if spec.router_parts:
+        count_router_parts(layer)
 
 
 def _router_values(values: dict, spec: LayerWeights) -> dict:
@@ -113,9 +115,19 @@ def _router_values(values: dict, spec: LayerWeights) -> dict:
     return values
 
 
+def count_router_parts(layer) -> None:
+    """Set `layer.router_parts`: how many of the router weight's bf16 parts, from the first,
+    are not all zero (one for a weight the checkpoint stores in bf16, as DeepSeek's do; at
+    least one). The kernels read only those: the same logits, fewer GEMMs. A host sync: when
+    the weights are set, never in a forward."""
+    used = layer.gate_parts.flatten(1).ne(0).any(dim=1).tolist()
+    layer.router_parts = max((i + 1 for i, nonzero in enumerate(used) if nonzero), default=1)
+
+
 def randomize(layer, seed: int, spec: LayerWeights) -> None:
     """Random weights of realistic scale: N(0, 1/fan_in) per expert, drawn per global expert so
-    every rank layout builds the same layer; router bias N(0, 0.02)."""
+    every rank layout builds the same layer; the router weight N(0, 1/hidden) rounded to bf16,
+    as DeepSeek's checkpoints store it; router bias N(0, 0.02)."""
     device = next(layer.parameters()).device
     generator = torch.Generator(device=device)
 
@@ -123,7 +135,8 @@ def randomize(layer, seed: int, spec: LayerWeights) -> None:
         generator.manual_seed(seed * 100_003 + stream)
         return torch.randn(rows, cols, generator=generator, device=device) / math.sqrt(cols)
 
-    values = {"gate_weight": normal(spec.routed_experts, spec.hidden, 0)}
+    router = normal(spec.routed_experts, spec.hidden, 0)
+    values = {"gate_weight": router.to(torch.bfloat16).float()}
     if spec.hash_table:  # k distinct experts per token id
         generator.manual_seed(seed * 100_003 + 2)
         vocab, top_k = spec.hash_table
@@ -152,6 +165,8 @@ def randomize(layer, seed: int, spec: LayerWeights) -> None:
     experts = [mlp(spec.intermediate, 16 + 4 * e, spec.routed) for e in _local_logical(layer, spec)]
     shared = mlp(spec.shared_intermediate, 8, spec.shared) if spec.n_shared else None
     _copy_in(layer, _assemble(values, experts, shared, spec))
+    if spec.router_parts:
+        count_router_parts(layer)
 
 
 def _local_logical(layer, spec: LayerWeights) -> list[int]:

@@ -37,7 +37,7 @@ from .triton_select import (
 def _gate_kernel(
     # pointers
     x_ptr,  # [T, H] bf16
-    parts_ptr,  # [3, E, H] bf16
+    parts_ptr,  # [PARTS, E, H] bf16
     partials_ptr,  # [S, T, E] fp32 scratch: the partial logits of each K slice
     bias_ptr,  # [E] fp32 (HAS_BIAS)
     ids_ptr,  # [T, TOP_K + FUSED_SHARED] int32 out
@@ -58,7 +58,8 @@ def _gate_kernel(
     stride_lt,
     stride_it,
     stride_wt,
-    # meta-parameters: the router's tiles
+    # meta-parameters: the router's
+    PARTS: tl.constexpr,  # bf16 parts of the weight (triton_router)
     UPCAST: tl.constexpr,  # interpreter: dot on fp32 tiles (its bf16 dot is wrong)
     ROUTER_T: tl.constexpr,
     ROUTER_E: tl.constexpr,
@@ -84,7 +85,7 @@ def _gate_kernel(
     wait_inputs(PDL)
     acc = partial_logits(
         x_ptr, parts_ptr, T, E, H, K_SLICE, stride_xt, stride_xh, stride_pp, stride_pe,
-        stride_ph, UPCAST, ROUTER_T, ROUTER_E, ROUTER_K,
+        stride_ph, PARTS, UPCAST, ROUTER_T, ROUTER_E, ROUTER_K,
     )  # fmt: skip
     store_partial_logits(partials_ptr, acc, T, E, stride_ls, stride_lt, 1, ROUTER_T, ROUTER_E)
     # Every thread's stores are done (the barrier) before one thread counts the program in with
@@ -113,7 +114,7 @@ def _gate_kernel(
 
 def gate(x, parts, bias, counters, *, config, one_launch, pdl=False, **choice):
     """(weights [T, K'] fp32, ids [T, K'] int32) of x [T, H] bf16 routed by the router weight's
-    three bf16 parts [3, E, H] (triton_router) and bias [E] fp32 or None, as select_topk of
+    bf16 parts [P, E, H] (triton_router) and bias [E] fp32 or None, as select_topk of
     router_logits; `choice`: select_topk's options (scoring_func, topk_method, n_group,
     topk_group, top_k, norm_topk_prob, routed_scaling_factor, fused_shared). config: the
     router's tiles; up to one_launch tokens one launch, with counters [>= one_launch] int32
@@ -155,6 +156,7 @@ def gate(x, parts, bias, counters, *, config, one_launch, pdl=False, **choice):
         ids.stride(0),
         weights.stride(0),
         # meta-parameters
+        PARTS=parts.shape[0],
         UPCAST=triton.knobs.runtime.interpret,
         ROUTER_T=config["BLOCK_T"],
         ROUTER_E=config["BLOCK_E"],

@@ -4,7 +4,10 @@ x is bf16 (the model dtype); the fp32 weight W is stored as three bf16 parts, W 
 (p0 = bf16(W), p1 = bf16(W - p0), p2 = bf16(W - p0 - p1): 24 significant bits, W to within one
 fp32 rounding). Every product of a bf16 x and a bf16 part is exact in fp32, and the tensor
 cores add bf16 products in fp32: the logits are the fp32 GEMM's up to summation order, at the
-bf16 rate (three bf16 GEMMs cost less than one fp32 GEMM on CUDA cores).
+bf16 rate (three bf16 GEMMs cost less than one fp32 GEMM on CUDA cores). A weight the
+checkpoint stores in bf16 (DeepSeek's do) is its first part alone: p1 = p2 = 0, and the layer
+passes only p0 (one GEMM, the same logits bit for bit, since adding products of zero changes
+no fp32 sum).
 
 Split K: few tokens make few output tiles (256 experts in tiles of 32 are 8 programs at decode),
 so the hidden dim is cut into S slices that run as programs of their own, each writing its
@@ -18,8 +21,6 @@ import triton
 import triton.language as tl
 
 from .triton_numerics import launch_options, wait_inputs
-
-PARTS = tl.constexpr(3)  # bf16 parts of the fp32 weight (quant.split_bf16x3)
 
 
 @triton.jit
@@ -35,6 +36,7 @@ def partial_logits(
     stride_pp,
     stride_pe,
     stride_ph,
+    PARTS: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -90,7 +92,7 @@ def store_partial_logits(
 def _router_kernel(
     # pointers
     x_ptr,  # [T, H] bf16
-    parts_ptr,  # [3, E, H] bf16
+    parts_ptr,  # [PARTS, E, H] bf16
     out_ptr,  # [S, T, E] fp32: the partial logits of each K slice
     # dims
     T,
@@ -107,6 +109,7 @@ def _router_kernel(
     stride_ot,
     stride_oe,
     # meta-parameters
+    PARTS: tl.constexpr,  # bf16 parts of the weight: 3, or fewer where the rest are zero
     UPCAST: tl.constexpr,  # interpreter: dot on fp32 tiles (its bf16 dot is wrong)
     BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -116,13 +119,14 @@ def _router_kernel(
     wait_inputs(PDL)
     acc = partial_logits(
         x_ptr, parts_ptr, T, E, H, K_SLICE, stride_xt, stride_xh, stride_pp, stride_pe,
-        stride_ph, UPCAST, BLOCK_T, BLOCK_E, BLOCK_K,
+        stride_ph, PARTS, UPCAST, BLOCK_T, BLOCK_E, BLOCK_K,
     )  # fmt: skip
     store_partial_logits(out_ptr, acc, T, E, stride_os, stride_ot, stride_oe, BLOCK_T, BLOCK_E)
 
 
 def router_logits(x, parts, *, config, pdl=False):
-    """x [T, H] bf16, parts [3, E, H] bf16 -> partial logits [S, T, E] fp32 (their sum over S is
+    """x [T, H] bf16, parts [P, E, H] bf16 (the first P of the weight's three parts, P = 3 or
+    fewer where the rest are zero) -> partial logits [S, T, E] fp32 (their sum over S is
     x W^T). config: BLOCK_T, BLOCK_E, BLOCK_K, PROGRAMS, num_warps, num_stages."""
     tokens, hidden = x.shape
     experts = parts.shape[1]
@@ -150,6 +154,7 @@ def router_logits(x, parts, *, config, pdl=False):
         out.stride(1),
         out.stride(2),
         # meta-parameters
+        PARTS=parts.shape[0],
         UPCAST=triton.knobs.runtime.interpret,
         BLOCK_T=config["BLOCK_T"],
         BLOCK_E=config["BLOCK_E"],

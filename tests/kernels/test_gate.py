@@ -100,3 +100,16 @@ def test_above_one_launch_is_router_then_select():
     assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
     with pytest.raises(ValueError, match="3 token tiles need as many counters, got 1"):
         kernels.gate(x, parts, bias, counters, config=config, one_launch=8, **DEEPSEEK)
+
+
+def test_one_launch_of_a_bf16_weight_reads_its_first_part():
+    """A bf16 router weight is its first part alone (router_parts = 1): the one launch on that
+    part chooses what it chooses on all three parts, with the same weights, bit for bit."""
+    kernels = load()
+    x, parts, bias = _router(2, 64, 128, seed=4)
+    parts = split_bf16x3(parts[0].float())
+    config = {"BLOCK_T": 16, "BLOCK_E": 32, "BLOCK_K": 64, "PROGRAMS": 4, "num_warps": 4}
+    counters = torch.zeros(1, dtype=torch.int32)
+    one = kernels.gate(x, parts[:1], bias, counters, config=config, one_launch=8, **DEEPSEEK)
+    three = kernels.gate(x, parts, bias, counters, config=config, one_launch=8, **DEEPSEEK)
+    assert torch.equal(one[0], three[0]) and torch.equal(one[1], three[1])

@@ -45,3 +45,20 @@ def test_router_logits_equal_the_fp32_gemm(tokens, experts, hidden, programs):
     ref = x.double() @ w.double().T
     bound = (3 * hidden + 2) * 2**-24 * (x.double().abs() @ w.double().abs().T)
     assert ((total.double() - ref).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("programs", [1, 8])
+def test_a_bf16_weight_needs_its_first_part_alone(programs):
+    """A router weight the checkpoint stores in bf16 splits into itself and two zero parts: the
+    router given its first part alone (as the layer passes it, router_parts = 1) writes the
+    three parts' logits bit for bit."""
+    kernels = load()
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 256, generator=gen).bfloat16()
+    w = (torch.randn(64, 256, generator=gen) / 16).bfloat16().float()
+    parts = split_bf16x3(w)
+    assert not parts[1:].any()
+    config = {**CONFIG, "PROGRAMS": programs}
+    one = kernels.router_logits(x, parts[:1], config=config)
+    three = kernels.router_logits(x, parts, config=config)
+    assert torch.equal(one, three)

@@ -46,6 +46,10 @@ class MoELayer(nn.Module):
         self.group = group
         self.rank = _rank(group)
         self.weights_set = False  # until load_weights or random_ succeeds: no forward
+        # the router weight's bf16 parts the kernels read: all three, until weights are set
+        # whose last parts are zero (a bf16 router weight is its first part alone)
+        self.router_parts = 3
+        self.register_load_state_dict_post_hook(weights.count_router_parts)
         self.op_id = next(_IDS)  # this layer's key in _LAYERS, for the custom op
         _LAYERS[self.op_id] = self
         for name, (shape, param_dtype) in weights.PARAMETERS.items():
@@ -85,7 +89,7 @@ class MoELayer(nn.Module):
         if x.shape[0] == 0:
             return torch.empty_like(x)
         topk_weights, topk_ids = stages.select(
-            x, self.gate_parts, self.gate_bias, self.gate_counters
+            x, self.gate_parts[: self.router_parts], self.gate_bias, self.gate_counters
         )
         a, a_scale, routing = stages.dispatch(x, topk_ids)
         h = stages.gemm_gate_up(a, a_scale, routing, self.w13, self.w13_scale)

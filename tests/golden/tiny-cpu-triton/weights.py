@@ -72,3 +72,8 @@ def load(layer, source, prefix: str = "") -> None:
 def randomize(layer, seed: int) -> None:
     """Random weights of realistic scale (the same layer for every rank layout)."""
     expert_weights.randomize(layer, seed, LAYER_WEIGHTS)
+
+
+def count_router_parts(layer, *_) -> None:
+    """After `load_state_dict`: which of the router weight's parts the kernels read."""
+    expert_weights.count_router_parts(layer)
