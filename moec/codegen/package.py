@@ -145,6 +145,7 @@ def _layer_fields(plan: Plan, calls: list[str]) -> dict[str, Any]:
         "workspace": bool(workspace(plan)),
         "tables": bool(tables(plan)),
         "record_load": layer.record_load,
+        "sum_load": layer.ep > 1,  # each expert-parallel rank routes its own tokens
         "routed_experts": layer.routed_experts,
         "calls": calls,
         "forward_doc": f"Route each token to its top-{layer.top_k} experts and return the "
