@@ -11,6 +11,7 @@ router's histogram tests/test_eplb.py's and tests/test_recording_ranks.py's."""
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import pytest
 import torch
@@ -48,8 +49,10 @@ def recorded(load_layer):
 
 
 def _histogram(layer, stages, x: torch.Tensor) -> torch.Tensor:
-    """The experts the layer's selection stage chooses for x, counted: [E] int64."""
-    _, ids = stages.select(x, layer.gate_parts, layer.gate_bias, layer.gate_counters)
+    """The experts the layer's selection stage chooses for x, counted: [E] int64 (the stage
+    takes x, then the layer's tensors of its parameters' names, as the forward calls it)."""
+    names = list(inspect.signature(stages.select).parameters)[1:]
+    _, ids = stages.select(x, *(getattr(layer, name) for name in names))
     assert ids.shape == (x.shape[0], TOP_K)
     return torch.bincount(ids.flatten().long(), minlength=EXPERTS)
 
