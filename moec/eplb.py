@@ -89,6 +89,17 @@ def rank_rows(placement: list[list[int]], load: list[float]) -> list[float]:
     return [sum(load[e] / counts[e] for e in rank) for rank in placement]
 
 
+def static_rank_rows(choice: list[list[int]], per_rank: int, load: list[float]) -> list[float]:
+    """Expected rows of each rank under the static replica choice: rank r sends its tokens of
+    expert e, an equal share of its load, to the replica choice[r][e] (physical id p on rank
+    p // per_rank), so a replica no rank chooses takes none."""
+    rows = [0.0] * len(choice)
+    for row in choice:
+        for e, physical in enumerate(row):
+            rows[physical // per_rank] += load[e] / len(choice)
+    return rows
+
+
 def imbalance(rows: list[float]) -> float:
     """Max over mean rows per rank (1 = balanced); 1 for no load at all."""
     mean = sum(rows) / len(rows)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,11 @@ def placement_data(plan, device, tokens: list[int], load_file: str | None) -> di
             kind="usage",
         )  # fmt: skip
     redundant = layer.physical_experts - layer.routed_experts
-    rows = eplb.rank_rows(ranks, load)
-    even_rows = eplb.rank_rows(eplb.baseline(layer.routed_experts, redundant, layer.ep), load)
+    split = eplb.baseline(layer.routed_experts, redundant, layer.ep)
+    rows = _rank_rows(layer, load)
+    even_rows = _rank_rows(
+        replace(layer, placement=tuple(map(tuple, split)), local_experts=len(split[0])), load
+    )
     placed, even = eplb.imbalance(rows), eplb.imbalance(even_rows)
     total = sum(load) or 1.0
     data["load"] = {
@@ -123,6 +127,18 @@ def placement_data(plan, device, tokens: list[int], load_file: str | None) -> di
         ],
     }
     return data
+
+
+def _rank_rows(layer, load: list[float]) -> list[float]:
+    """Expected rows of each rank under the layer's placement and replica choice: random
+    shares each expert's load evenly by its replicas, static sends each rank's share to that
+    rank's fixed replica (moec.plan.placement.static_choice)."""
+    from moec import eplb
+    from moec.plan import placement
+
+    if layer.replica_choice == "random":
+        return eplb.rank_rows([list(rank) for rank in layer.placement], load)
+    return eplb.static_rank_rows(placement.static_choice(layer), layer.local_experts, load)
 
 
 def _placement_text(data: dict[str, Any]) -> list[str]:

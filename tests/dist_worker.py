@@ -89,3 +89,33 @@ def all_done() -> None:
     without an active exception", about one run in eight of tests/test_deepep.py). Only on
     success: a rank that failed leaves at once, so that the others fail instead of waiting."""
     torch.distributed.barrier()
+
+
+def run_recorded(rank: int, world: int, init_file: str, jobs, batches, out_file):
+    """The load counter on each rank: for each (folder, name, replicated) of `jobs`, build the
+    layer (random weights), run it on this rank's share of every (x_all, split) of `batches`
+    (all of x_all when replicated), then note its counts, write the load file
+    (`{out_file}.{job}.json`), reset, and run the first batch again; save per job (router
+    weight, bias, counts, the file's load, counts after the reset, after the forward after it)."""
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+    )
+    try:
+        saved = []
+        for index, (folder, name, replicated) in enumerate(jobs):
+            package = import_package(folder, f"{name}_recorded")
+            layer = package.MoELayer(group=torch.distributed.group.WORLD).random_(11)
+            shares = [x if replicated else x[split[rank] : split[rank + 1]] for x, split in batches]
+            for x in shares:
+                layer(x)
+            counts = layer.expert_load()
+            load = layer.write_expert_load(f"{out_file}.{index}.json")
+            layer.reset_expert_load()
+            after_reset = layer.expert_load()
+            layer(shares[0])
+            weight, bias = layer.gate_weight.clone(), layer.gate_bias.clone()
+            saved.append((weight, bias, counts, load, after_reset, layer.expert_load()))
+        torch.save(saved, f"{out_file}.{rank}")
+        all_done()
+    finally:
+        torch.distributed.destroy_process_group()

@@ -157,8 +157,9 @@ def test_recorded_load_is_the_routing_histogram(load_layer, tmp_path, backend):
 
 def test_explain_shows_ranks_and_the_slowest_rank_under_a_load(tmp_path, capsys):
     """Expert 0 hot: the even split's first rank takes 130 of 250 rows (2.08 x the mean); the
-    balanced placement 1.12; explain lists each rank's experts and share and the slowest
-    rank's floor, lower placed than split evenly, both above uniform routing's."""
+    balanced placement 1.12 with random replicas (each shares its expert's load evenly);
+    explain lists each rank's experts and share and the slowest rank's floor, lower placed
+    than split evenly, both above uniform routing's."""
     load = tmp_path / "load.json"
     load.write_text(json.dumps({"format": "moec-load", "load": [100] + [10] * 15}))
     placement = tmp_path / "placement.json"
@@ -167,15 +168,70 @@ def test_explain_shows_ranks_and_the_slowest_rank_under_a_load(tmp_path, capsys)
     spec.write_text(
         (EXAMPLES / "tiny-cpu.toml").read_text()
         + '[parallel]\ndispatch = "all2all"\nep_size = 4\nredundant_experts = 4\n'
-        + 'placement = "placement.json"\n'
+        + 'placement = "placement.json"\nreplica_choice = "random"\n'
     )
     capsys.readouterr()
     assert main(["explain", str(spec), "--load", str(load), "--tokens", "256"]) == 0
     text = capsys.readouterr().out
-    assert "placement: 20 physical experts on 4 rank(s), replica choice static" in text
+    assert "placement: 20 physical experts on 4 rank(s), replica choice random" in text
     assert "  rank 0:   28.0% of the rows, experts 0, " in text  # 70 of 250
     assert "imbalance (max / mean rows per rank) 1.120 placed, 2.080 for the even split" in text
     slowest, even, uniform = map(float, text.rstrip().splitlines()[-1].split()[1:])
     assert uniform < slowest < even
     assert main(["explain", str(spec), "--load", str(tmp_path / "none.json")]) == 2
     assert "cannot read the load" in capsys.readouterr().err
+
+
+def _explain_load(tmp_path, capsys, parallel: str, load: list[int], *more: str) -> list[str]:
+    """`moec explain` of tiny-cpu.toml with `parallel` under a load: its placement lines."""
+    (tmp_path / "load.json").write_text(json.dumps({"format": "moec-load", "load": load}))
+    spec = tmp_path / "placed.toml"
+    spec.write_text((EXAMPLES / "tiny-cpu.toml").read_text() + "[parallel]\n" + parallel)
+    capsys.readouterr()
+    argv = ["explain", str(spec), "--load", str(tmp_path / "load.json"), "--tokens", "64", *more]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("placement: "))
+    return lines[start:]
+
+
+def test_explain_rows_under_the_static_choice(tmp_path, capsys):
+    """Static replicas: each rank sends its quarter of an expert's load to its fixed replica,
+    so the rows are not the even sharing's. Expert 0 (80 rows) on rank 0 twice and rank 1:
+    ranks 0 and 1 take their own, rank 2 (holding none) the third of its replicas (rank 1's),
+    rank 3 the first (rank 0's): 40 rows each, none for the second copy. Expert 1 (40) on
+    ranks 0 and 3, ranks 1 and 2 spread to 3 and 0: 20 each; expert 8 (20) on ranks 2 and 3:
+    10 each. Rows 80, 80, 50, 60 of the mean 67.5 (random replicas: 93.3 on rank 0); split
+    evenly, rank 0 holds experts 0-3: 140."""
+    parallel = ('dispatch = "all2all"\nep_size = 4\nredundant_experts = 4\n'
+                "placement = [[0, 0, 1, 2, 3], [0, 4, 5, 6, 7], [8, 9, 10, 11, 12], "
+                "[13, 14, 15, 1, 8]]\n")  # fmt: skip
+    load = [80, 40] + [10] * 6 + [20] + [10] * 7
+    lines = _explain_load(tmp_path, capsys, parallel, load)
+    shares = [float(line.split()[2].rstrip("%")) for line in lines[1:5]]
+    assert shares == [29.6, 29.6, 18.5, 22.2]  # 80, 80, 50, 60 of 270
+    imbalance_line = f"{80 / 67.5:.3f} placed, {140 / 67.5:.3f} for the even split"
+    assert lines[5].endswith(imbalance_line)
+    random = _explain_load(tmp_path, capsys, parallel, load, "--set",
+                           'parallel.replica_choice="random"')  # fmt: skip
+    rank_0 = 80 * 2 / 3 + 40 / 2 + 20  # two of expert 0's three replicas, half of expert 1
+    assert random[5].endswith(f"{rank_0 / 67.5:.3f} placed, {140 / 67.5:.3f} for the even split")
+
+
+def test_explain_even_split_with_replicas_under_the_static_choice(tmp_path, capsys):
+    """3 ranks do not divide 16 experts: the even split holds replicas of 0 and 1 on rank 2
+    (experts 12-15, 0, 1). Statically, rank 1 sends its tokens of 0 and 1 to rank 2's
+    replicas: rank 2 takes 40 + 2/3 * (90 + 10) of 240 rows (1.333 x the mean 80), randomly
+    40 + (90 + 10) / 2 (1.125). Expert 0 on every rank: each takes 80 (1.000), and its slowest
+    rank's floor is uniform routing's."""
+    parallel = ('dispatch = "all2all"\nep_size = 3\nredundant_experts = 2\n'
+                "placement = [[0, 1, 2, 3, 4, 5], [0, 6, 7, 8, 9, 10], "
+                "[0, 11, 12, 13, 14, 15]]\n")  # fmt: skip
+    load = [90] + [10] * 15
+    lines = _explain_load(tmp_path, capsys, parallel, load)
+    assert lines[4].endswith(f"1.000 placed, {(40 + 200 / 3) / 80:.3f} for the even split")
+    slowest, even, uniform = map(float, lines[-1].split()[1:])
+    assert slowest == uniform < even
+    random = _explain_load(tmp_path, capsys, parallel, load, "--set",
+                           'parallel.replica_choice="random"')  # fmt: skip
+    assert random[4].endswith(f"1.000 placed, {(40 + 100 / 2) / 80:.3f} for the even split")
