@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH_CPU ?= torch==2.13.0
 GPU_TESTS ?= tests/kernels tests/gpu
 
-.PHONY: demo test setup lint schema clean gpu-test deps
+.PHONY: demo test setup lint schema figures clean gpu-test deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -73,6 +73,20 @@ lint: $(STAMP)
 
 schema: $(STAMP)
 	$(BIN)/moec schema
+
+# The figures of the README and benchmarks/RESULTS.md: the plan picture by moec explain (laid out
+# by moec where Graphviz is absent, as on CI), the benchmark runs' by benchmarks/plot.py (installs
+# the plot extra, matplotlib, when it is missing). tests/test_readme_commands.py checks that the
+# first recipe line draws the committed picture.
+PLAN_FIGURE ?= docs/figures/plan-deepseek-v3-fp8.svg
+RUN12 := benchmarks/runs/2026-12-01-run12-bench
+figures: $(STAMP)
+	$(BIN)/moec explain examples/deepseek-v3-fp8.toml --tokens 64 --format svg -o $(PLAN_FIGURE)
+	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install -q -e ".[plot]"
+	$(BIN)/python benchmarks/plot.py $(RUN12)_fp8_block.json $(RUN12)_fp8_block_deep_gemm.json \
+		$(RUN12)_fp8_block_auto.json -o benchmarks/figures/fp8_block.svg
+	$(BIN)/python benchmarks/plot.py $(RUN12)_bf16.json $(RUN12)_bf16_deep_gemm.json \
+		-o benchmarks/figures/bf16.svg
 
 clean:
 	rm -rf $(VENV) build dist out .pytest_cache
