@@ -4,7 +4,8 @@ Prints the output checksum, the forward time, and, when the spec's backend is no
 max relative error against the torch backend on the same weights and input. Checks before it
 allocates anything that the forward fits: at most max_num_tokens tokens, and the memory the
 layer's weights, its forward and the run's own copies need (moec/spec/memory.py: layer_bytes,
-run_bytes) within what the device has free.
+run_bytes) within what the device has free. On a terminal, stderr shows which step it is at
+(moec/runtime/progress.py), and the package's own line while weights are made or loaded.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import time
 
 from moec.errors import MoecError, problem
+from moec.runtime.progress import Progress
 from moec.spec import LoadedSpec, load_spec
 from moec.spec.memory import layer_bytes, run_bytes, show_bytes
 
@@ -23,9 +25,6 @@ MAX_SEED = 2**32 - 1
 
 def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, prefix: str) -> str:
     import torch
-
-    import moec
-    from moec.runtime.self_check import needs_interpreter
 
     _check_whole("--tokens", tokens, 1, 2**31 - 1)
     _check_whole("--seed", seed, 0, MAX_SEED)
@@ -49,6 +48,19 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
             kind="usage",
         )
     _check_bound(loaded, tokens)
+    with Progress("moec run", total=4, delay=0) as line:
+        return _run(path, overrides, loaded, tokens, seed, weights, prefix, line)
+
+
+def _run(path, overrides, loaded: LoadedSpec, tokens, seed, weights, prefix, line) -> str:
+    """run_spec after its checks, each step told on `line`."""
+    import torch
+
+    import moec
+    from moec.runtime.self_check import needs_interpreter
+
+    spec, device = loaded.spec, loaded.spec.target.device
+    line.update(0, "building the package")
     package = moec.load(loaded)
     if needs_interpreter(device, package.PLAN):
         raise MoecError(
@@ -66,6 +78,8 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
         )
     compared = package.PLAN["choices"]["gemm_backend"] != "torch"
     _check_memory(loaded, tokens, compared)
+    note = f"weights from {weights}" if weights else f"random weights (seed {seed})"
+    line.update(1, note, total=6 if compared else 4)
     layer = _layer(package, device, weights, prefix, seed)
     dtype = getattr(torch, spec.target.dtype)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -76,7 +90,9 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
 
     token_ids = token_ids_for(package.PLAN, x, generator)  # a hash-routed layer's keys
     extra = {} if token_ids is None else {"token_ids": token_ids}
+    line.update(2, "the first forward (warm-up)")
     out = layer(x, **extra)  # warm-up (and Triton compilation)
+    line.update(3, "timing forwards")
     elapsed = _time(functools.partial(layer, **extra), x, device)
     lines = [
         f"spec      {spec.name} (sha256 {loaded.content_hash[:16]})",
@@ -86,11 +102,15 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
         f"time      {elapsed * 1e3:.3f} ms per forward (median)",
     ]
     if compared:
+        line.update(4, "the torch backend's package and weights")
         reference = moec.load(load_spec(path, [*overrides, "experts.gemm_backend=torch"]))
-        expected = _layer(reference, device, weights, prefix, seed)(x, **extra)
+        expected_layer = _layer(reference, device, weights, prefix, seed)
+        line.update(5, "the torch backend's forward")
+        expected = expected_layer(x, **extra)
         scale = expected.double().abs().max().item() or 1.0
         error = (out.double() - expected.double()).abs().max().item() / scale
         lines.append(f"vs torch  max relative error {error:.3e}")
+    line.update(line.total)
     return "\n".join(lines) + "\n"
 
 

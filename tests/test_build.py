@@ -41,6 +41,7 @@ def test_build_writes_the_package(tmp_path, capsys):
         "checkpoint.py",  # the runtime modules the torch renderers and weights use
         "expert_weights.py",
         "grouping.py",
+        "progress.py",
         "quant.py",
         "reference.py",  # and those of the self-check (python -m tiny_cpu.check)
         "self_check.py",

@@ -403,7 +403,7 @@ def test_progress_on_a_terminal_only(tmp_path, monkeypatch):
     assert stream.getvalue() == ""  # not a terminal
     monkeypatch.setattr(stream, "isatty", lambda: True, raising=False)
     read(folder)
-    assert "loading weights [" in stream.getvalue() and "2/2" in stream.getvalue()
+    assert "loading weights: [" in stream.getvalue() and "2/2" in stream.getvalue()
     assert stream.getvalue().endswith("\n")
 
 

@@ -24,8 +24,8 @@ from moec.version import __version__
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
 GENERATED_MODULES = ("gated_activation", "tiles")
 """Package modules rendered per plan; every other module a renderer names is copied."""
-WEIGHT_MODULES = ("expert_weights",)
-"""Modules every package uses to load and initialize its weights."""
+WEIGHT_MODULES = ("expert_weights", "progress")
+"""Modules every package uses to load and initialize its weights (and report it on a terminal)."""
 CHECK_MODULES = ("self_check",)
 """Modules of every package's `python -m <package>.check` (with those they import)."""
 COPY_MARK = "# A verbatim copy of moec/runtime/"

@@ -25,22 +25,25 @@ not a mapping of names to tensors, a pickle file, a tensor of the wrong dtype ki
 weight without its scale, non-finite values, checked per tensor as it is read) and raised together as one WeightError after the last
 tensor, or appended to `problems` when the caller passes a list to add its own to. When no
 wanted tensor is under the prefix, the problem names the prefixes under which the checkpoint
-does hold them (`suggest_prefixes`). Reading a folder of shards draws a progress bar on stderr
-when it is a terminal (`progress=None`), since a real checkpoint is hundreds of gigabytes.
+does hold them (`suggest_prefixes`). Reading a folder of shards draws a progress line on stderr
+when it is a terminal (`progress=None`; progress.py), since a real checkpoint is hundreds of
+gigabytes: the caller's line when one is open (a layer's load_weights), else its own.
 
-Plain module: the standard library, torch and safetensors only; copied into generated packages.
+Plain module: the standard library, torch, safetensors and progress.py only; copied into
+generated packages.
 """
 
 import json
 import os
 import pickle
 import re
-import sys
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
+
+from .progress import Progress, current
 
 FLOATING = "floating"
 """Any floating-point dtype: bf16, fp16, fp32, fp64, fp8."""
@@ -330,7 +333,8 @@ def _read_folder(path: Path, wanted, problems, found, allow_pickle, progress):
                 return
             problems.append(f"{path}: a folder without *.safetensors files or {INDEX}")
             return
-    bar = _Progress(len(shards), _is_terminal() if progress is None else progress)
+    outer = current() if progress is not False else None  # a layer's own line, if open
+    line = outer or Progress("loading weights", len(shards), delay=0, ticks=True, on=progress)
     absent: list[str] = []
     for number, (shard, names) in enumerate(sorted(shards.items()), start=1):
         file = path / shard
@@ -343,8 +347,11 @@ def _read_folder(path: Path, wanted, problems, found, allow_pickle, progress):
                 )
         else:
             yield from _read_safetensors(file, wanted, problems, found, names)
-        bar.show(number, shard)
-    bar.close()
+        line.update(number, shard, total=len(shards))
+    if outer is None:
+        line.close()
+    else:
+        line.update(note=f"{len(shards)} files read")
     if absent:
         which = f"the shard {absent[0]}" if len(absent) == 1 else f"the shards {_listing(absent)}"
         problems.append(
@@ -516,11 +523,6 @@ def _prefix_problem(wanted: _Wanted, found: set[str]) -> str | None:
 # --- output -------------------------------------------------------------------------------
 
 
-def _is_terminal() -> bool:
-    isatty = getattr(sys.stderr, "isatty", None)
-    return bool(isatty and isatty())
-
-
 def _describe(source) -> str:
     """How a problem names a source: its path, or its type."""
     if isinstance(source, (str, os.PathLike)):
@@ -536,23 +538,3 @@ def _listing(names: list[str]) -> str:
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-class _Progress:
-    """A one-line progress bar on stderr (nothing when off)."""
-
-    def __init__(self, total: int, on: bool) -> None:
-        self.total = total
-        self.on = on and total > 1
-
-    def show(self, done: int, label: str) -> None:
-        if self.on:
-            filled = 30 * done // self.total
-            bar = "#" * filled + "." * (30 - filled)
-            sys.stderr.write(f"\rloading weights [{bar}] {done}/{self.total} {label[:40]:<40}")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.on:
-            sys.stderr.write("\n")
-            sys.stderr.flush()

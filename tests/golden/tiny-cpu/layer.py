@@ -15,7 +15,7 @@ import weakref
 import torch
 from torch import nn
 
-from . import stages, weights
+from . import progress, stages, weights
 
 NAME = "tiny_cpu"
 DTYPE = torch.bfloat16
@@ -100,14 +100,16 @@ class MoELayer(nn.Module):
 
     def load_weights(self, source, prefix: str = "") -> "MoELayer":
         """Load HF / DeepSeek checkpoint tensors (state dict, safetensors file or folder, or
-        (name, tensor) pairs); names are taken after `prefix`, e.g. "model.layers.3.mlp."."""
-        weights.load(self, source, prefix)
+        (name, tensor) pairs); names are taken after `prefix`, e.g. "model.layers.3.mlp.".
+        Work of more than a second draws a progress line on stderr when it is a terminal."""
+        with self._progress("loading weights"):
+            weights.load(self, source, prefix)
         self.weights_set = True
         return self
 
     def random_(self, seed: int = 0) -> "MoELayer":
         """Fill with random weights of realistic scale (router bias included); `seed` a whole
-        number from 0 to MAX_SEED."""
+        number from 0 to MAX_SEED. A progress line as load_weights draws."""
         if isinstance(seed, bool):
             raise TypeError(f"{NAME}: random_(seed): seed must be an int, got bool")
         try:
@@ -121,9 +123,16 @@ class MoELayer(nn.Module):
                 f"{NAME}: random_(seed): seed must be a whole number from 0 to {MAX_SEED}, "
                 f"got {seed!r}"
             )
-        weights.randomize(self, seed)
+        with self._progress("random weights"):
+            weights.randomize(self, seed)
         self.weights_set = True
         return self
+
+    def _progress(self, work: str) -> progress.Progress:
+        """A line on stderr about `work` while it runs, on a terminal, drawn by rank 0 only."""
+        return progress.Progress(
+            f"{NAME}: {work}", ticks=True, on=None if self.rank == 0 else False
+        )
 
     def to(self, *args, **kwargs) -> "MoELayer":
         """Move the layer to another device; its dtypes are the build's (no conversion)."""
