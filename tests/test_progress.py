@@ -75,7 +75,7 @@ def _read_all(fd: int) -> str:
 def _stderr_on(kind: str, monkeypatch):
     """sys.stderr on a pseudo-terminal or a pipe; returns (read end, the stream)."""
     reader, writer = pty.openpty() if kind == "terminal" else os.pipe()
-    stream = open(writer, "w", encoding="utf-8", closefd=True)  # noqa: SIM115: closed by done()
+    stream = open(writer, "w", encoding="utf-8", closefd=True)  # closed by _done
     monkeypatch.setattr(sys, "stderr", stream)
     assert stream.isatty() == (kind == "terminal")
     return reader, stream
