@@ -2,22 +2,24 @@
 
 Prints the output checksum, the forward time, and, when the spec's backend is not torch, the
 max relative error against the torch backend on the same weights and input. Checks before it
-allocates anything that the forward fits: at most max_num_tokens tokens, and the memory the
-layer's weights, its forward and the run's own copies need (moec/spec/memory.py: layer_bytes,
-run_bytes) within what the device has free. On a terminal, stderr shows which step it is at
-(moec/runtime/progress.py), and the package's own line while weights are made or loaded.
+allocates anything that the forward fits: at most max_num_tokens tokens, and the memory of its
+peak within what the device has free: making the weights (moec/spec/memory.py: making_bytes,
+three copies of them), or the forward and the run's own copies (layer_bytes, run_bytes). On a
+terminal, stderr shows which step it is at (moec/runtime/progress.py), and the package's own line
+while weights are made or loaded.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 
 from moec.errors import MoecError, problem
 from moec.runtime.progress import Progress
 from moec.spec import LoadedSpec, load_spec
-from moec.spec.memory import layer_bytes, run_bytes, show_bytes
+from moec.spec.memory import WEIGHT_COPIES, layer_bytes, making_bytes, run_bytes, show_bytes
 
 MAX_SEED = 2**32 - 1
 """Largest --seed: random weights seed one generator per tensor from seed * 100003 + stream."""
@@ -77,7 +79,7 @@ def _run(path, overrides, loaded: LoadedSpec, tokens, seed, weights, prefix, lin
             kind="usage",
         )
     compared = package.PLAN["choices"]["gemm_backend"] != "torch"
-    _check_memory(loaded, tokens, compared)
+    _check_memory(loaded, tokens, compared, parameter_bytes(package))
     note = f"weights from {weights}" if weights else f"random weights (seed {seed})"
     line.update(1, note, total=6 if compared else 4)
     layer = _layer(package, device, weights, prefix, seed)
@@ -142,32 +144,50 @@ def _check_bound(loaded: LoadedSpec, tokens: int) -> None:
         )
 
 
-def _check_memory(loaded: LoadedSpec, tokens: int, compared: bool) -> None:
-    """Raise before allocating when the weights of the layer (and of the torch backend's, when
-    `compared`), a forward of `tokens` tokens and what the run keeps beside it need more memory
-    than the device has free."""
+def _check_memory(loaded: LoadedSpec, tokens: int, compared: bool, weights: int) -> None:
+    """Raise before allocating when the run's peak needs more memory than the device has free:
+    the layer's `weights` bytes of parameters while random_ or load_weights makes them
+    (making_bytes: three copies and a projection's quantization scratch), or, after, a forward
+    of `tokens` tokens and what the run keeps beside it; with the torch backend's layer too when
+    `compared` (made and run after the first, which stays)."""
     spec = loaded.spec
-    needed = layer_bytes(spec, tokens)
+    making = making_bytes(spec, weights)
+    forward = layer_bytes(spec, tokens).activations + run_bytes(spec, tokens, compared)
     layers = 2 if compared else 1
-    forward = needed.activations + run_bytes(spec, tokens, compared)
-    total = layers * needed.weights + forward
+    total = (layers - 1) * weights + max(making, weights + forward)
     free = _free_memory(spec.target.device)
     if free is not None and total > free:
+        model = spec.model
+        dims = (
+            f"H={model.hidden_size}, I={model.moe_intermediate_size}, "
+            f"E={model.n_routed_experts} + {model.n_shared_experts} shared, "
+            f"K={model.num_experts_per_tok}, {spec.quant.scheme}"
+        )
+        twice = " (and the torch backend's layer's, to compare)" if compared else ""
         raise MoecError(
             [
                 problem(
                     "--tokens",
-                    f"the layer needs at least {show_bytes(total)} (weights "
-                    f"{show_bytes(layers * needed.weights)}, a forward of {tokens} tokens and its "
-                    f"report {show_bytes(forward)}), more than the {show_bytes(free)} free "
-                    f"on this {spec.target.device}",
-                    "fewer tokens, or a smaller layer",
+                    f"the layer ({dims}) needs at least {show_bytes(total)} at its peak, more "
+                    f"than the {show_bytes(free)} free on this {spec.target.device}: its "
+                    f"weights {show_bytes(weights)}{twice}, made at a peak of "
+                    f"{show_bytes(making)} ({making / weights:.2f}x: {WEIGHT_COPIES} copies and "
+                    f"a projection's quantization scratch), a forward of {tokens} tokens and "
+                    f"its report {show_bytes(forward)}",
+                    "fewer tokens, or a smaller layer (e.g. --set model.n_routed_experts=...)",
                     value=tokens,
                 )
             ],
             loaded.source,
             kind="usage",
         )
+
+
+def parameter_bytes(package) -> int:
+    """Bytes of the parameters of one layer of `package` (its weights.PARAMETERS table)."""
+    return sum(
+        math.prod(shape) * dtype.itemsize for shape, dtype in package.weights.PARAMETERS.values()
+    )
 
 
 def _free_memory(device: str) -> int | None:
