@@ -19,6 +19,7 @@ from pathlib import Path
 from moec import __version__
 from moec.counts import whole_numbers
 from moec.errors import MoecError, os_error, problem
+from moec.spec import cpu
 
 MAX_COUNT = 2**31 - 1
 """Largest token count a command takes (the spec's integer bound)."""
@@ -34,6 +35,17 @@ def _add_set(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a spec key with a TOML value, e.g. --set quant.scheme=bf16 (repeatable)",
+    )
+
+
+def _add_cpu(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cpu",
+        dest="overrides",
+        action="append_const",
+        const="target.device=cpu",
+        help="the spec on a CPU: --set target.device=cpu, its GPU-only keys left out or "
+        "replaced, each change printed",
     )
 
 
@@ -56,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         help="check for any machine: skip the check that optional packages are installed here",
     )
     _add_set(validate)
+    _add_cpu(validate)
 
     explain = commands.add_parser("explain", help="print the plan: stages, types, decisions, cost")
     explain.add_argument("spec", nargs="?", metavar="SPEC")
@@ -74,11 +87,13 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--bf16-tflops", help="bf16 matmul rate in TFLOP/s")
     explain.add_argument("--fp8-tflops", help="fp8 grouped GEMM rate in TFLOP/s")
     _add_set(explain)
+    _add_cpu(explain)
 
     build = commands.add_parser("build", help="generate the layer package")
     build.add_argument("spec", metavar="SPEC")
     build.add_argument("-o", "--out", default=None, help="output folder (default: out/)")
     _add_set(build)
+    _add_cpu(build)
 
     run = commands.add_parser("run", help="build, load weights, run one forward, report")
     run.add_argument("spec", metavar="SPEC")
@@ -87,6 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--weights", default=None, help="state dict, safetensors file or folder")
     run.add_argument("--prefix", default="", help="prefix of the layer's weight names")
     _add_set(run)
+    _add_cpu(run)
 
     tune = commands.add_parser(
         "tune", help="measure Triton tiles on this GPU; write the table `moec build` picks up"
@@ -145,6 +161,7 @@ by SIGPIPE, and no message."""
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    cpu.report_to(sys.stderr)  # what --cpu (--set target.device=cpu) changes in a GPU spec
     stdout = sys.stdout
     sys.stdout = _Output(stdout)
     try:
@@ -171,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         sys.stdout = stdout
+        cpu.report_to(None)
 
 
 class OutputLost(Exception):

@@ -37,7 +37,10 @@ def run_spec(path: str, overrides, tokens: int, seed: int, weights: str | None, 
         raise MoecError(
             [
                 problem(
-                    "target.device", "no CUDA device here", "--set target.device=cpu", value="cuda"
+                    "target.device",
+                    "no CUDA device here",
+                    "--cpu (the spec on this CPU, its GPU-only keys left out)",
+                    value="cuda",
                 )
             ],
             loaded.source,

@@ -74,8 +74,8 @@ import only (their random weights alone would take minutes and gigabytes here)."
 
 
 def _cpu_overrides(example: Path) -> list[str] | None:
-    """The example as it runs on this CPU: as written, or with target.device=cpu where the rules
-    allow it; None where they do not (an example that names a CUDA arch)."""
+    """The example as it runs on this CPU: as written, or with target.device=cpu (its GPU-only
+    keys left out or replaced, moec/spec/cpu.py) where the rules allow it; None where not."""
     if load_spec(example).spec.target.device == "cpu":
         return []
     try:

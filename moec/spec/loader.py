@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, get_args
 
@@ -20,7 +20,7 @@ import tomli
 from pydantic import BaseModel, ValidationError
 
 from moec.errors import MoecError, Problem, problem
-from moec.spec import models, placement, rules
+from moec.spec import cpu, models, placement, rules
 from moec.spec.locate import key_lines, line_of, long_number
 from moec.spec.normalize import normalize
 from moec.spec.presets import PRESETS, apply_preset
@@ -37,6 +37,8 @@ class LoadedSpec:
     """The TOML text as read (before overrides)."""
     overrides: tuple[str, ...] = ()
     lines: dict[str, int] = field(default_factory=dict)
+    changes: tuple[str, ...] = ()
+    """What `--set target.device=cpu` changed in a GPU spec, a line each (moec/spec/cpu.py)."""
 
     @property
     def normalized(self) -> dict[str, Any]:
@@ -148,7 +150,12 @@ def parse_spec(
         raise MoecError([_unreadable_value(text, error)], source) from None
     lines = key_lines(text)
     raw, set_paths = apply_overrides(raw, overrides, source)
-    return check_raw(raw, source, text, lines, set_paths, tuple(overrides), folder)
+    raw, changes = cpu.for_cpu(raw, set_paths)  # --set target.device=cpu on a GPU spec
+    changes.sort(key=lambda change: line_of(lines, change[0]) or 0)
+    told = tuple(f"{source}:{line_of(lines, key) or '--set'}: {said}" for key, said in changes)
+    cpu.tell(told)
+    loaded = check_raw(raw, source, text, lines, set_paths, tuple(overrides), folder)
+    return replace(loaded, changes=told) if told else loaded
 
 
 _TOO_DEEP = "TOML nested too deeply to read (arrays or tables inside each other)"
