@@ -141,3 +141,14 @@ def test_a_package_draws_its_line_on_a_terminal(kind, load_layer, monkeypatch, t
     # the folder's shards are counted on the layer's own line: no second line
     assert "tiny_cpu: loading weights: [" in lines[1] and "2/2 b.safetensors" in lines[1]
     assert re.search(r"2/2 done \(\d+ s\)$", lines[1])
+
+
+def test_a_terminal_that_goes_away_stops_the_line_not_the_work():
+    class Gone(Terminal):
+        def write(self, text):
+            raise OSError(5, "Input/output error")
+
+    with Progress("work", total=2, delay=0, ticks=True, stream=Gone()) as line:
+        line.update(1, "a")
+        line.update(2, "b")
+    assert not line.on

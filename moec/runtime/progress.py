@@ -99,8 +99,12 @@ class Progress:
             if self.drawn_at is not None:
                 self.note = note
                 self._draw(time.monotonic(), final=True)
-                self.stream.write("\n")
-                self.stream.flush()
+            if self.on and self.drawn_at is not None:
+                try:
+                    self.stream.write("\n")
+                    self.stream.flush()
+                except (OSError, ValueError):
+                    pass
             self.on = False
 
     def __enter__(self):  # -> this line (typing.Self is Python 3.11)
@@ -128,7 +132,12 @@ class Progress:
         parts.append(f"({now - self.started:.0f} s)")
         text = " ".join(parts)
         if text != self.text:  # a tick that changes nothing writes nothing
-            self.stream.write("\r\033[K" + text)
-            self.stream.flush()
+            try:
+                self.stream.write("\r\033[K" + text)
+                self.stream.flush()
+            except (OSError, ValueError):  # stderr went away: the work goes on without its line
+                self.on = False
+                self.stop.set()
+                return
             self.text = text
         self.drawn_at = now
