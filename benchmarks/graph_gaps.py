@@ -17,6 +17,7 @@ import json
 import statistics
 import subprocess
 import tempfile
+import time
 from functools import partial
 from pathlib import Path
 
@@ -79,6 +80,34 @@ def replay_summary(kernels: list[dict]) -> dict:
     }
 
 
+def batched_ms(replay, count: int = 10, repeats: int = 5) -> float:
+    """Time per replay of `count` replays queued back to back (CUDA events around all of
+    them, the GPU idle before): what a replay costs when the host is ahead of the GPU."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(count):
+            replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / count)
+    return statistics.median(times)
+
+
+def launch_us(replay, repeats: int = 20) -> float:
+    """Host time of one replay() call in us (the GPU idle before it), median."""
+    host = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        replay()
+        host.append((time.perf_counter() - began) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(host)
+
+
 def sampled_clocks(fn) -> tuple[float, list[tuple[int, float]]]:
     """fn()'s result while nvidia-smi samples (SM MHz, W) every 20 ms."""
     query = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"]
@@ -114,6 +143,8 @@ def main() -> None:
             x = torch.randn(tokens, hidden, device=DEVICE).bfloat16()
             replay = graphed(partial(layer, x))
             timed, clocks = sampled_clocks(partial(median_ms, replay, warmup=3, repeats=20))
+            batched = batched_ms(replay)
+            host_us = launch_us(replay)
             one = profiled_replays(replay, 1)
             many = split_replays(profiled_replays(replay, REPLAYS), len(one))
             summaries = [replay_summary(kernels) for kernels in many]
@@ -122,6 +153,8 @@ def main() -> None:
                 "package": name,
                 "tokens": tokens,
                 "timed_ms": round(timed, 4),
+                "batched_ms": round(batched, 4),
+                "launch_host_us": round(host_us, 1),
                 "clock_mhz": sorted(mhz for mhz, _ in clocks),
                 "power_w": sorted(w for _, w in clocks),
                 "alone": alone,
@@ -133,7 +166,8 @@ def main() -> None:
             rows.append(row)
             mhz = row["clock_mhz"]
             print(
-                f"{name} T={tokens}: timed {timed:.4f} ms; alone span {alone['span_us']} us, "
+                f"{name} T={tokens}: timed {timed:.4f} ms, {batched:.4f} per replay of 10 "
+                f"queued, replay() {host_us:.0f} us on the host; alone span {alone['span_us']} us, "
                 f"busy {alone['busy_us']}, idle {alone['idle_us']}; back to back span "
                 f"{row['back_to_back_span_us']}, idle {row['back_to_back_idle_us']}; SM MHz "
                 f"{mhz[0] if mhz else '?'}..{mhz[-1] if mhz else '?'} over {len(mhz)} samples"
