@@ -40,13 +40,19 @@ def _build_cached(loaded: LoadedSpec, folder: Path):
     try:
         return build(loaded, folder)
     except MoecError as error:
-        if error.kind not in ("io", "usage"):
-            raise
+        if error.kind not in ("io", "usage") or not _on_the_way(Path(error.source), folder):
+            raise  # not about the cache folder (the temporary folder, say): its own hint
         problems = [
             replace(each, hint=f"{each.hint}; or {_CACHE_HINT}" if each.hint else _CACHE_HINT)
             for each in error.problems
         ]
         raise MoecError(problems, error.source, kind=error.kind) from None
+
+
+def _on_the_way(path: Path, folder: Path) -> bool:
+    """Whether `path` is `folder`, a folder above it or a path in it."""
+    path, folder = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
+    return path == folder or path in folder.parents or folder in path.parents
 
 
 def load(spec, overrides=(), cache_dir: str | Path | None = None) -> ModuleType:
