@@ -17,7 +17,7 @@ from pathlib import Path
 
 from moec.codegen.package import COPY_MARK, python_sources
 from moec.codegen.write import write_package
-from moec.errors import MoecError, problem
+from moec.errors import MoecError, override_list, path_argument, problem
 from moec.plan import device_for, plan_loaded
 from moec.plan.export import plan_data
 from moec.plan.resolve import INSTALL_HINTS, Environment
@@ -157,12 +157,27 @@ def temporary_folder_error(error: OSError, folder: str | None) -> MoecError:
     )
 
 
+def api_spec(spec, overrides, call: str) -> LoadedSpec:
+    """The LoadedSpec of the Python API's `spec` (a path, with its overrides, or a LoadedSpec,
+    which holds its own); TypeError or ValueError naming the argument."""
+    if not isinstance(spec, LoadedSpec):
+        path = path_argument(spec, "spec", call)
+        return load_spec(path, override_list(overrides, call))
+    if override_list(overrides, call):
+        raise ValueError(
+            f"{call}: overrides apply to a spec path; a LoadedSpec holds its own "
+            "(load_spec(path, overrides))"
+        )
+    return spec
+
+
 def build(
     spec, out_dir: str | Path | None = None, overrides=(), env: Environment | None = None
 ) -> BuildResult:
     """Build the package of `spec` (a path or a LoadedSpec) into `out_dir`/<name>/."""
     start = time.perf_counter()
-    loaded = spec if isinstance(spec, LoadedSpec) else load_spec(spec, overrides)
+    loaded = api_spec(spec, overrides, "moec.build")
+    out_dir = path_argument(out_dir, "out_dir", "moec.build", optional=True)
     files = render_package(loaded, env)
     target = Path(out_dir or "out") / loaded.spec.name
     written = write_package(target, files)

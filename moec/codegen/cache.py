@@ -13,8 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
-from moec.errors import MoecError, problem
-from moec.spec import LoadedSpec, load_spec
+from moec.errors import MoecError, path_argument, problem
+from moec.spec import LoadedSpec
 
 _CACHE_HINT = "set MOEC_CACHE_DIR (or pass cache_dir=) to a folder you may write to"
 
@@ -57,7 +57,10 @@ def _on_the_way(path: Path, folder: Path) -> bool:
 
 def load(spec, overrides=(), cache_dir: str | Path | None = None) -> ModuleType:
     """Build `spec` (path or LoadedSpec) unless the cache has it, import it, return the module."""
-    loaded = spec if isinstance(spec, LoadedSpec) else load_spec(spec, overrides)
+    from moec.codegen import api_spec
+
+    loaded = api_spec(spec, overrides, "moec.load")
+    cache_dir = path_argument(cache_dir, "cache_dir", "moec.load", optional=True)
     key = f"{loaded.spec.name}_{loaded.content_hash[:12]}"
     if key in sys.modules:
         return sys.modules[key]
