@@ -231,7 +231,7 @@ MAX_TOKEN_COUNTS = 64
 def _whole(text: str) -> int:
     """A whole number written in ASCII digits (int() also takes "1_0", " 5" and other
     scripts' digits)."""
-    if not re.fullmatch(r"[0-9]+", text):
+    if not re.fullmatch(r"-?[0-9]+", text):  # a sign, for the range's message
         raise argparse.ArgumentTypeError(f"expects a whole number, e.g. 0: {text!r}")
     return int(text)
 

@@ -39,6 +39,14 @@ class MoELayer(nn.Module):
         """Parameters on `device`, uninitialized. `group`: the process group of this layer's
         ranks (None: the default group when WORLD_SIZE > 1)."""
         super().__init__()
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(
+                f"{NAME}: dtype must be a torch.dtype, got {type(dtype).__name__}"
+            )
+        try:
+            device = torch.empty(0, device=device).device
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"{NAME}: device {device!r}: {error}") from None
         if dtype is not None and dtype != DTYPE:
             raise ValueError(
                 f"{NAME} was built for {DTYPE}, not {dtype}: rebuild with --set target.dtype=..."
@@ -71,6 +79,8 @@ class MoELayer(nn.Module):
             raise TypeError(
                 f"{NAME}: x must be a torch.Tensor [T, {HIDDEN}], got {type(x).__name__}"
             )
+        if x.layout != torch.strided:
+            raise TypeError(f"{NAME}: x must be a dense tensor, got layout {x.layout}")
         if x.dim() != 2 or x.shape[1] != HIDDEN:
             raise ValueError(f"{NAME}: x must be [T, {HIDDEN}], got {list(x.shape)}")
         if x.dtype != DTYPE:
