@@ -299,3 +299,15 @@ def test_a_temporary_folder_it_cannot_write_is_named_with_tmpdir(command, tmp_pa
     assert "TMPDIR to a folder" in line and "MOEC_CACHE_DIR" not in line
     assert str(TINY) not in line
     assert not (tmp_path / "out").exists() and list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "make", [os.mkfifo, lambda p: p.write_text("my notes\n")], ids=["fifo", "notes"]
+)
+def test_a_file_named_like_the_marker_in_the_output_folder_is_no_package(make, tmp_path):
+    """Only a marker as moec writes it makes a folder a package (a build inside is refused)."""
+    make(tmp_path / MARKER)
+    assert write_package(tmp_path / "pkg", FILES)
+    assert (tmp_path / "pkg" / "plan.json").read_bytes() == FILES["plan.json"]
+    with pytest.raises(MoecError, match="is inside .*, a package moec built"):
+        write_package(tmp_path / "pkg" / "inner", FILES)

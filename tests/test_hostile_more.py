@@ -195,6 +195,27 @@ def test_a_sparse_input_is_refused_by_name(package, x):
         package.MoELayer().random_(1)(x.to_sparse())
 
 
+def test_a_nested_input_is_refused_by_name(package, x):
+    nested = torch.nested.nested_tensor([x[0], x[1]], layout=torch.jagged)
+    with pytest.raises(TypeError, match="x must be a dense tensor, got a nested tensor"):
+        package.MoELayer().random_(1)(nested)
+
+
+@pytest.mark.parametrize(
+    "fill", [lambda layer: layer.random_(0), lambda layer: layer.load_weights({"x": 1})]
+)
+def test_a_layer_on_meta_refuses_weights_by_name(package, fill):
+    with pytest.raises(ValueError, match="on the meta device, which holds no values"):
+        fill(package.MoELayer(device="meta"))
+
+
+def test_the_layers_own_state_dict_given_to_load_weights_names_load_state_dict(package):
+    layer = package.MoELayer()
+    with pytest.raises(ValueError, match="the layer's own state_dict: load it with load_state"):
+        layer.load_weights(package.MoELayer().random_(1).state_dict())
+    assert not layer.weights_set
+
+
 # --- the Python API's arguments ------------------------------------------------------------
 
 

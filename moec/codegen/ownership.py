@@ -119,6 +119,20 @@ def _marker_damage(text: bytes) -> str:
     return ""
 
 
+def holds_marker(folder: Path) -> bool:
+    """Whether `folder` holds a build marker as moec starts one (a regular file; its list may
+    be damaged): the folder is a package moec built. A fifo or a user's file of that name is
+    not."""
+    path = folder / MARKER
+    if kind_of(path) != "a file":
+        return False
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(_MARKER_TITLE)) == _MARKER_TITLE
+    except OSError:
+        return False
+
+
 def foreign_reason(folder: Path, leftover: bool = False) -> str | None:
     """Why `folder` is not a previous moec build (None when it is one). With `leftover`, a
     killed build's staging folder: files may be cut short, and it may be empty."""

@@ -79,8 +79,9 @@ class MoELayer(nn.Module):
             raise TypeError(
                 f"{NAME}: x must be a torch.Tensor [T, {HIDDEN}], got {type(x).__name__}"
             )
-        if x.layout != torch.strided:
-            raise TypeError(f"{NAME}: x must be a dense tensor, got layout {x.layout}")
+        if x.layout != torch.strided or x.is_nested:
+            kind = "a nested tensor" if x.is_nested else f"layout {x.layout}"
+            raise TypeError(f"{NAME}: x must be a dense tensor, got {kind}")
         if x.dim() != 2 or x.shape[1] != HIDDEN:
             raise ValueError(f"{NAME}: x must be [T, {HIDDEN}], got {list(x.shape)}")
         if x.dtype != DTYPE:
@@ -112,6 +113,16 @@ class MoELayer(nn.Module):
         """Load HF / DeepSeek checkpoint tensors (state dict, safetensors file or folder, or
         (name, tensor) pairs); names are taken after `prefix`, e.g. "model.layers.3.mlp.".
         Work of more than a second draws a progress line on stderr when it is a terminal."""
+        self._refuse_meta("load_weights")
+        if (
+            isinstance(source, dict)
+            and source
+            and source.keys() == self.state_dict().keys()
+        ):
+            raise ValueError(
+                f"{NAME}: load_weights takes checkpoint names (gate.weight, experts.0.gate_proj"
+                ".weight, ...); this is the layer's own state_dict: load it with load_state_dict"
+            )
         with self._progress("loading weights"):
             weights.load(self, source, prefix)
         self.weights_set = True
@@ -133,6 +144,7 @@ class MoELayer(nn.Module):
                 f"{NAME}: random_(seed): seed must be a whole number from 0 to {MAX_SEED}, "
                 f"got {seed!r}"
             )
+        self._refuse_meta("random_")
         with self._progress("random weights"):
             weights.randomize(self, seed)
         self.weights_set = True
@@ -258,6 +270,13 @@ class MoELayer(nn.Module):
     def bfloat16(self) -> "MoELayer":
         self._keep_dtypes(torch.bfloat16, ".bfloat16()")
         return super().bfloat16()
+
+    def _refuse_meta(self, call: str) -> None:
+        if next(self.parameters()).is_meta:
+            raise ValueError(
+                f"{NAME}: {call}: the layer is on the meta device, which holds no values; "
+                "make it on cpu or cuda, or move it with .to_empty(device=...) first"
+            )
 
     def _keep_dtypes(self, dtype: torch.dtype, call: str) -> None:
         """Refuse a conversion that would change a floating parameter's dtype: the kernels
