@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,3 +165,44 @@ def os_error(error: OSError, path: object, action: str = "cannot write") -> Moec
         str(where),
         kind="io",
     )
+
+
+# --- arguments of the Python API ----------------------------------------------------------
+
+
+def path_argument(value: Any, name: str, call: str, optional: bool = False) -> str | None:
+    """`value` as a path string, for an argument of the Python API that takes a path (None
+    where `optional`); a TypeError naming the argument otherwise."""
+    if value is None and optional:
+        return None
+    try:
+        text = os.fspath(value)
+    except TypeError:
+        text = None
+    if not isinstance(text, str):
+        raise TypeError(
+            f"{call}: {name} must be a path (a str or os.PathLike), got {type(value).__name__}"
+        )
+    return text
+
+
+def override_list(overrides: Any, call: str) -> tuple[str, ...]:
+    """The `KEY=VALUE` strings of an `overrides` argument (None: none); TypeError when it is
+    not a list of strings (one string would be read as one override per character)."""
+    if overrides is None:
+        return ()
+    wanted = "a list of KEY=VALUE strings, e.g. ['quant.scheme=bf16']"
+    if isinstance(overrides, (str, bytes)):
+        raise TypeError(f"{call}: overrides must be {wanted}, not one string: {_show(overrides)}")
+    try:
+        items = tuple(overrides)
+    except TypeError:
+        raise TypeError(
+            f"{call}: overrides must be {wanted}, got {type(overrides).__name__}"
+        ) from None
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            raise TypeError(
+                f"{call}: overrides[{index}] must be a KEY=VALUE string, got {type(item).__name__}"
+            )
+    return items

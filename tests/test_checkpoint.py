@@ -274,7 +274,7 @@ def test_a_pickle_of_no_state_dict(tmp_path):
         ({f"{PREFIX}gate.weight": None}, "NoneType, not a tensor"),
         ([torch.ones(2)], "not a (name, tensor) pair"),
         ([("a", torch.ones(1), 3)], "not a (name, tensor) pair"),
-        (42, "cannot read weights from a int"),
+        (42, "cannot read weights from an int"),
         (None, "cannot read weights from a NoneType"),
         (b"model.safetensors", "cannot read weights from a bytes"),
         (torch.nn.Linear(2, 2), "state_dict()"),

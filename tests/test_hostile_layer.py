@@ -84,7 +84,7 @@ def test_an_input_that_is_not_a_tensor_is_a_type_error(package, make):
         (lambda layer: layer.double(), r"\.double\(\)"),
         (lambda layer: layer.bfloat16(), r"\.bfloat16\(\)"),
         (lambda layer: layer.to(torch.float16), r"\.to\(torch.float16\)"),
-        (lambda layer: layer.to("cpu", torch.bfloat16), r"\.to\(torch.bfloat16\)"),
+        (lambda layer: layer.to("cpu", torch.float16), r"\.to\(torch.float16\)"),
         (lambda layer: layer.to(dtype=torch.float32), r"\.to\(torch.float32\)"),
     ],
 )

@@ -263,7 +263,7 @@ BAD_BUILD_OUT = {
     "a file": (lambda tmp: _file(tmp / "out.txt"), "is a file, not a folder"),
     "under a file": (lambda tmp: _file(tmp / "out.txt") / "sub", "is a file, not a folder"),
     "/proc": (lambda tmp: Path("/proc/moec-out"), "/proc/moec-out"),
-    "/dev/null": (lambda tmp: Path("/dev/null"), "is not a folder"),
+    "/dev/null": (lambda tmp: Path("/dev/null"), "is a device, not a folder"),
     "name too long": (lambda tmp: tmp / ("n" * 300), "longer than the file system allows"),
     "path too long": (_long_path, "longer than the file system allows"),
 }

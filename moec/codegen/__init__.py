@@ -7,6 +7,8 @@ Decides nothing: every value comes from the plan, through one renderer per (stag
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import tempfile
 import time
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from moec.codegen.package import COPY_MARK, python_sources
 from moec.codegen.write import write_package
-from moec.errors import MoecError, problem
+from moec.errors import MoecError, override_list, path_argument, problem
 from moec.plan import device_for, plan_loaded
 from moec.plan.export import plan_data
 from moec.plan.resolve import INSTALL_HINTS, Environment
@@ -104,9 +106,16 @@ def format_python(sources: dict[str, str]) -> dict[str, str]:
 
     rendered = {name: text for name, text in sources.items() if COPY_MARK not in text}
     ruff = find_ruff_bin()
-    with tempfile.TemporaryDirectory(prefix="moec-format-") as folder:
-        for name, source in rendered.items():
-            (Path(folder) / name).write_text(source, encoding="utf-8")
+    try:
+        scratch = tempfile.TemporaryDirectory(prefix="moec-format-", ignore_cleanup_errors=True)
+    except OSError as error:
+        raise temporary_folder_error(error, None) from None
+    with scratch as folder:
+        try:
+            for name, source in rendered.items():
+                (Path(folder) / name).write_text(source, encoding="utf-8")
+        except OSError as error:
+            raise temporary_folder_error(error, folder) from None
         for command in (  # no cache: ruff writes it in its working folder, the user's
             ["check", "--isolated", "--no-cache", "--select", "I", "--fix", "--quiet", folder],
             ["format", "--isolated", "--no-cache", "--quiet", folder],
@@ -115,9 +124,51 @@ def format_python(sources: dict[str, str]) -> dict[str, str]:
                 [ruff, *command], capture_output=True, text=True, check=False, cwd=folder
             )
             if result.returncode != 0:
+                os_failure = re.search(r"(.*) \(os error (\d+)\)", result.stderr)
+                if os_failure:  # ruff could not write its files back: the folder is full
+                    number = int(os_failure.group(2))
+                    raise temporary_folder_error(OSError(number, os.strerror(number)), folder)
                 raise RuntimeError(f"generated code does not parse (a moec bug):\n{result.stderr}")
-        formatted = {name: (Path(folder) / name).read_text(encoding="utf-8") for name in rendered}
+        try:
+            formatted = {
+                name: (Path(folder) / name).read_text(encoding="utf-8") for name in rendered
+            }
+        except OSError as error:
+            raise temporary_folder_error(error, folder) from None
     return {**sources, **formatted}
+
+
+def temporary_folder_error(error: OSError, folder: str | None) -> MoecError:
+    """The MoecError of an OS failure in the temporary folder (TMPDIR) where the generated code
+    is formatted: it names that folder and the variable that chooses it, not the spec."""
+    chosen = os.environ.get("TMPDIR")
+    origin = f"TMPDIR={chosen}" if chosen else "TMPDIR is not set"
+    where = folder or chosen or tempfile.gettempdir()
+    return MoecError(
+        [
+            problem(
+                "",
+                f"cannot write moec's temporary files ({origin}): {error.strerror or error}",
+                "free some space there, or set TMPDIR to a folder with room that you may write to",
+            )
+        ],
+        str(where),
+        kind="io",
+    )
+
+
+def api_spec(spec, overrides, call: str) -> LoadedSpec:
+    """The LoadedSpec of the Python API's `spec` (a path, with its overrides, or a LoadedSpec,
+    which holds its own); TypeError or ValueError naming the argument."""
+    if not isinstance(spec, LoadedSpec):
+        path = path_argument(spec, "spec", call)
+        return load_spec(path, override_list(overrides, call))
+    if override_list(overrides, call):
+        raise ValueError(
+            f"{call}: overrides apply to a spec path; a LoadedSpec holds its own "
+            "(load_spec(path, overrides))"
+        )
+    return spec
 
 
 def build(
@@ -125,7 +176,8 @@ def build(
 ) -> BuildResult:
     """Build the package of `spec` (a path or a LoadedSpec) into `out_dir`/<name>/."""
     start = time.perf_counter()
-    loaded = spec if isinstance(spec, LoadedSpec) else load_spec(spec, overrides)
+    loaded = api_spec(spec, overrides, "moec.build")
+    out_dir = path_argument(out_dir, "out_dir", "moec.build", optional=True)
     files = render_package(loaded, env)
     target = Path(out_dir or "out") / loaded.spec.name
     written = write_package(target, files)

@@ -13,8 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
-from moec.errors import MoecError, problem
-from moec.spec import LoadedSpec, load_spec
+from moec.errors import MoecError, path_argument, problem
+from moec.spec import LoadedSpec
 
 _CACHE_HINT = "set MOEC_CACHE_DIR (or pass cache_dir=) to a folder you may write to"
 
@@ -40,8 +40,8 @@ def _build_cached(loaded: LoadedSpec, folder: Path):
     try:
         return build(loaded, folder)
     except MoecError as error:
-        if error.kind not in ("io", "usage"):
-            raise
+        if error.kind not in ("io", "usage") or not _on_the_way(Path(error.source), folder):
+            raise  # not about the cache folder (the temporary folder, say): its own hint
         problems = [
             replace(each, hint=f"{each.hint}; or {_CACHE_HINT}" if each.hint else _CACHE_HINT)
             for each in error.problems
@@ -49,9 +49,18 @@ def _build_cached(loaded: LoadedSpec, folder: Path):
         raise MoecError(problems, error.source, kind=error.kind) from None
 
 
+def _on_the_way(path: Path, folder: Path) -> bool:
+    """Whether `path` is `folder`, a folder above it or a path in it."""
+    path, folder = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
+    return path == folder or path in folder.parents or folder in path.parents
+
+
 def load(spec, overrides=(), cache_dir: str | Path | None = None) -> ModuleType:
     """Build `spec` (path or LoadedSpec) unless the cache has it, import it, return the module."""
-    loaded = spec if isinstance(spec, LoadedSpec) else load_spec(spec, overrides)
+    from moec.codegen import api_spec
+
+    loaded = api_spec(spec, overrides, "moec.load")
+    cache_dir = path_argument(cache_dir, "cache_dir", "moec.load", optional=True)
     key = f"{loaded.spec.name}_{loaded.content_hash[:12]}"
     if key in sys.modules:
         return sys.modules[key]

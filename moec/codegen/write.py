@@ -32,7 +32,9 @@ from pathlib import Path
 from moec.codegen.ownership import (
     MARKER,
     foreign_reason,
+    holds_marker,
     is_leftover_name,
+    kind_of,
     marker_bytes,
 )
 from moec.errors import MoecError, os_error, problem
@@ -48,9 +50,7 @@ def write_package(target: Path, files: dict[str, bytes]) -> bool:
     Raise MoecError when `target` is not moec's to replace, or the OS refuses."""
     target = Path(target)
     check_limits(target, [*files, MARKER, _staging_name(target, "x" * _RANDOM_CHARS)])
-    inside = next(
-        (p for p in [target.parent, *target.parent.parents] if (p / MARKER).exists()), None
-    )
+    inside = next((p for p in [target.parent, *target.parent.parents] if holds_marker(p)), None)
     if inside is not None:  # a package in a package: rebuilding the outer one would refuse
         raise MoecError(
             [problem("-o", f"is inside {inside}, a package moec built", "an -o outside it")],
@@ -78,17 +78,22 @@ def _named(error: OSError, target: Path) -> MoecError:
 
 
 def _holds_exactly(target: Path, files: dict[str, bytes]) -> bool:
-    """Whether `target` is a real folder holding `files` and the marker (and __pycache__)."""
+    """Whether `target` is a real folder holding `files` and the marker (and __pycache__), each
+    a regular file (not a link to one). A folder it cannot read does not (foreign_reason says
+    why)."""
     if not target.is_dir() or target.is_symlink():
         return False
     expected = {**files, MARKER: marker_bytes(files)}
-    present = {entry.name for entry in os.scandir(target) if entry.name != "__pycache__"}
-    if present != set(expected):
+    try:
+        present = {entry.name for entry in os.scandir(target) if entry.name != "__pycache__"}
+        if present != set(expected):
+            return False
+        return all(
+            stat.S_ISREG(os.lstat(target / name).st_mode) and (target / name).read_bytes() == data
+            for name, data in expected.items()
+        )
+    except OSError:
         return False
-    return all(
-        (target / name).is_file() and (target / name).read_bytes() == data
-        for name, data in expected.items()
-    )
 
 
 def _refuse_unless_moec_build(target: Path) -> None:
@@ -217,7 +222,7 @@ def make_folder(folder: Path) -> Path:
 
 
 def _not_a_folder(path: Path) -> MoecError:
-    what = "is a file, not a folder" if path.is_file() else "is not a folder"
+    what = f"is {kind_of(path)}, not a folder"
     hint = "an output folder that is a folder, or that does not exist yet"
     return MoecError([problem("", what, hint)], str(path), kind="io")
 
@@ -333,7 +338,7 @@ def refuse_unless_moec_file(path: Path, written_by_moec: Callable[[bytes], bool]
     elif stat.S_ISLNK(mode):
         reason, hint = "is a symbolic link; moec does not write through it", "another path"
     elif not stat.S_ISREG(mode):
-        reason, hint = "is not a regular file (a fifo, socket or device)", "another path"
+        reason, hint = f"is {kind_of(path)}, not a regular file", "another path"
     elif not written_by_moec(_head(path)):
         reason = "exists and was not written by moec; it is left as it is"
         hint = "remove it first, or write to another path"

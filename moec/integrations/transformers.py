@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 import moec
-from moec.errors import MoecError, Problem, problem
+from moec.errors import MoecError, Problem, override_list, path_argument, problem
 from moec.integrations import hf_blocks
 from moec.integrations.hf_blocks import ROUTER_KEYS, Block
 from moec.spec import LoadedSpec, check_raw, load_spec
@@ -115,6 +115,13 @@ def patch_model(
             f"patch_model: model must be a transformers model (a torch nn.Module), "
             f"got {type(model).__name__}"
         )
+    if not isinstance(keep_hash_layers, bool):
+        raise TypeError(
+            f"patch_model: keep_hash_layers must be True or False, got "
+            f"{type(keep_hash_layers).__name__}"
+        )
+    overrides = override_list(overrides, "patch_model")
+    cache_dir = path_argument(cache_dir, "cache_dir", "patch_model", optional=True)
     groups, block = _blocks_of(model, keep_hash_layers)
     config = model.config.get_text_config()  # Kimi-K2.5: its DeepSeek-V3 text model's
     first = next(iter(groups.values()))[0]
@@ -255,13 +262,30 @@ def _expert_weights_format(block: nn.Module, name: str) -> tuple[torch.dtype, to
     """dtype and device of a block's fused expert weights; MoecError unless plain floats."""
     weight = getattr(getattr(block, "experts", None), "gate_up_proj", None)
     if not isinstance(weight, torch.Tensor) or weight.dtype not in WEIGHT_DTYPES:
-        held = weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__
+        held = (
+            f"a {weight.dtype} tensor"
+            if isinstance(weight, torch.Tensor)
+            else type(weight).__name__
+        )
         raise MoecError(
             [
                 problem(
                     f"{name}.experts.gate_up_proj",
-                    f"is not a float tensor ({held}): moec reads transformers' unquantized experts",
+                    f"is {held}: moec reads transformers' unquantized experts in "
+                    f"{', '.join(WEIGHT_DTYPES.values())}",
                     "load the model in bfloat16 or float32; the spec's quant.scheme quantizes",
+                )
+            ],
+            kind="usage",
+        )
+    if weight.device.type not in ("cpu", "cuda"):
+        raise MoecError(
+            [
+                problem(
+                    f"{name}.experts.gate_up_proj",
+                    f"is on {weight.device}: moec copies the model's expert weights into its "
+                    "layer, from the CPU or a CUDA device",
+                    "load the model's weights (on cpu or cuda) before patch_model",
                 )
             ],
             kind="usage",
@@ -286,7 +310,7 @@ def _resolve_spec(spec, overrides, config, dtype, device, follow, layer_type) ->
             )
         return spec
     if spec is not None:
-        return load_spec(spec, overrides)
+        return load_spec(path_argument(spec, "spec", "patch_model"), overrides)
     return spec_for_model(config, dtype, device, overrides, follow, layer_type)
 
 

@@ -56,6 +56,27 @@ ELEMENTWISE_KEYS = {
     "combine": ("BLOCK_T", "BLOCK_H", "num_warps"),
 }
 """What the tiles of each memory-bound kernel hold (combine may add TERMS_AT_ONCE)."""
+MAX_BLOCK_ELEMENTS = 1 << 20
+"""Elements of one block tensor of a Triton kernel at most (triton.language's
+TRITON_MAX_TENSOR_NUMEL): a larger tile fails when Triton compiles the kernel."""
+SHARED_MEMORY_BYTES = {
+    "sm80": 166912,
+    "sm89": 101376,
+    "sm90": 232448,
+    "sm100": 232448,
+    "sm120": 101376,
+}
+"""Shared memory one program (CUDA thread block) may hold, opt-in maximum, by arch (CUDA
+programming guide: 163, 99, 227, 227, 99 KiB)."""
+OPERAND_BYTES = {
+    "bf16": (2, 2),
+    "fp8_per_tensor": (1, 1),
+    "fp8_block": (1, 1),
+    "mxfp8": (1, 1),
+    "mxfp4": (1, 0.5),
+}
+"""Bytes per element of a grouped GEMM's operands as loaded (A, W), by scheme (at least: a bf16
+layer's A may be wider)."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +287,81 @@ def _checked_buckets(records: Any, where: str, key: str) -> list[dict[str, Any]]
                 f"({' and '.join(map(str, sorted(rows)))})",
             )
     return records
+
+
+def check_launch_limits(
+    table: TunedTable,
+    buckets: list[dict[str, Any]],
+    arch: str | None,
+    schemes: tuple[str, ...],
+    groups: dict[str, int],
+) -> None:
+    """Refuse tiles of `table` that the target cannot launch, naming the file and the entry:
+    blocks over Triton's tensor size, BLOCK_K the `schemes` (those the Triton GEMMs run with
+    these tiles) do not take, tiles whose pipelined operands alone exceed the shared memory of
+    `arch`, and quantizing kernels whose column block is no multiple of their group (`groups`:
+    elementwise kernel -> group size). Only `buckets` (those the layer runs) are checked."""
+    for index, bucket in enumerate(buckets):
+        for gemm in ("gate_up", "down"):
+            wrong = _gemm_launch_problem(bucket[gemm], arch, schemes)
+            if wrong:
+                raise _table_error(
+                    table.where, f"has bucket {index} of {table.key}, {gemm} {wrong}"
+                )
+    if not table.elementwise:
+        return
+    for kernel, (rows, columns, _) in ELEMENTWISE_KEYS.items():
+        config = table.elementwise[kernel]
+        what = f"elementwise/{table.key}, {kernel}"
+        if config[rows] * config[columns] > MAX_BLOCK_ELEMENTS:
+            raise _table_error(
+                table.where,
+                f"has {what} with {rows} x {columns} = {config[rows]} x {config[columns]}, more "
+                f"than the {MAX_BLOCK_ELEMENTS} elements a Triton block holds",
+            )
+        group = groups.get(kernel)
+        if group and config[columns] % group:
+            raise _table_error(
+                table.where,
+                f"has {what} with {columns} = {config[columns]}, not a multiple of {group}: this "
+                f"kernel quantizes the layer's activations in groups of {group}",
+            )
+
+
+def _gemm_launch_problem(config: dict[str, Any], arch: str | None, schemes) -> str:
+    """Why one grouped GEMM config cannot launch on `arch` for `schemes` ("" when it can)."""
+    m, n, k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    for (first, a), (second, b) in (
+        (("BLOCK_M", m), ("BLOCK_N", n)),
+        (("BLOCK_M", m), ("BLOCK_K", k)),
+        (("BLOCK_N", n), ("BLOCK_K", k)),
+    ):
+        if a * b > MAX_BLOCK_ELEMENTS:
+            return (
+                f"with {first} x {second} = {a} x {b}, more than the {MAX_BLOCK_ELEMENTS} "
+                "elements a Triton block holds"
+            )
+    for scheme in schemes:
+        if scheme == "fp8_block" and 128 % k:
+            return f"with BLOCK_K = {k}, which does not divide 128 (fp8_block's scale blocks)"
+        if scheme in ("mxfp8", "mxfp4") and k % 32:
+            return f"with BLOCK_K = {k}, not a multiple of 32 ({scheme}'s scale groups)"
+        for flag in ("SWAP_AB", "TMA"):
+            if scheme in ("mxfp8", "mxfp4") and config.get(flag):
+                return f"with {flag} = true, which the {scheme} GEMM does not take"
+    stages, limit = config["num_stages"], SHARED_MEMORY_BYTES.get(arch or "")
+    if stages < 2 or limit is None:
+        return ""
+    for scheme in schemes:
+        a, w = OPERAND_BYTES[scheme]
+        need = int((stages - 1) * (m * k * a + n * k * w))
+        if need > limit:
+            return (
+                f"with num_stages = {stages}: {stages - 1} tiles of A and W in flight alone take "
+                f"{need} bytes of shared memory ({scheme}, BLOCK_M/N/K {m}/{n}/{k}), more than "
+                f"a program may hold on {arch} ({limit})"
+            )
+    return ""
 
 
 def _check_elementwise(entry: Any, where: str, key: str) -> None:

@@ -18,6 +18,7 @@ from moec.plan.tables import (
     SHIPPED_TABLES,
     TUNED_DIR,
     TunedTable,
+    check_launch_limits,
     find_table,
     read_table,
     shown,
@@ -88,6 +89,9 @@ def choose_tiles(plan: Plan) -> None:
     if split is not None:  # the Triton GEMMs run only up to the split
         buckets = _buckets_up_to(buckets, split.up_to)
     elementwise = elementwise_configs(layer, found)
+    if isinstance(found, TunedTable):
+        triton_gemms = buckets if plan.backends.gemm == "triton" else []
+        check_launch_limits(found, triton_gemms, layer.arch, _gemm_schemes(plan), _groups(plan))
     pdl = layer.device == "cuda" and layer.arch in PDL_ARCHS
     received = received_per_token(layer) if layer.exchanges_rows else None
     plan.tiles = Tiles(
@@ -139,6 +143,28 @@ def choose_tiles(plan: Plan) -> None:
             "the shared MLP runs as a one-expert grouped GEMM over T rows with the same "
             "kernels; it has no table of its own",
         )
+
+
+def _gemm_schemes(plan: Plan) -> tuple[str, ...]:
+    """The schemes the Triton grouped GEMMs run with the bucket tiles: the routed experts', and
+    a Triton shared expert's (it takes the same tiles)."""
+    schemes = [plan.layer.routed.scheme]
+    if plan.has("shared_expert") and plan.stage("shared_expert").backend == "triton":
+        schemes.append(plan.layer.shared.scheme)
+    return tuple(dict.fromkeys(schemes))
+
+
+def _groups(plan: Plan) -> dict[str, int]:
+    """Elementwise kernels that quantize activations in groups, with the group size: the
+    permute tiles' (quantize, or the dispatch it fuses into) and the activation's (quantize_down,
+    which it absorbs)."""
+    groups = {}
+    for stage, kernel in (("quantize", "permute"), ("quantize_down", "act")):
+        if plan.has(stage) and plan.stage(stage).backend == "triton":
+            group = plan.stage(stage).format.group
+            if group:
+                groups[kernel] = group
+    return groups
 
 
 def received_per_token(layer: Layer) -> float:

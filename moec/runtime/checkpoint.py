@@ -37,6 +37,7 @@ import json
 import os
 import pickle
 import re
+import stat
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -189,7 +190,7 @@ def _read_source(source, wanted, problems, found, allow_pickle, progress):
         yield from _read_pairs(source, wanted, problems, found)
     else:
         problems.append(
-            f"cannot read weights from a {type(source).__name__}: a state dict, (name, tensor) "
+            f"cannot read weights from {_a(type(source).__name__)}: a state dict, (name, tensor) "
             "pairs, a .safetensors file or a folder of them"
         )
 
@@ -223,11 +224,20 @@ def _read_path(path: Path, wanted, problems, found, allow_pickle, progress):
     elif not path.exists():
         problems.append(f"{path}: no such file or folder")
     elif not path.is_file():  # before opening: opening a fifo waits for a writer
-        problems.append(f"{path}: not a regular file (a fifo, socket or device)")
+        mode = path.stat().st_mode
+        what = (
+            "a fifo" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        )
+        problems.append(f"{path}: {what}, not a regular file")
     elif _is_pickle(path):
         yield from _read_pickle(path, wanted, problems, found, allow_pickle)
     else:
         yield from _read_safetensors(path, wanted, problems, found)
+
+
+def _a(noun: str) -> str:
+    """`noun` with its article: "a dict", "an int"."""
+    return f"an {noun}" if noun[:1].lower() in "aeiou" else f"a {noun}"
 
 
 def _is_pickle(path: Path) -> bool:

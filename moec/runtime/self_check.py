@@ -214,7 +214,7 @@ def _arguments(name: str, plan: dict) -> argparse.ArgumentParser:
         default=default,
         help=f"token counts, e.g. 1,64,4096 (default: {','.join(map(str, default))})",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
+    parser.add_argument("--seed", type=_whole, default=0, help="seed of the weights and inputs")
     parser.add_argument(
         "--repeats",
         type=_positive,
@@ -224,17 +224,31 @@ def _arguments(name: str, plan: dict) -> argparse.ArgumentParser:
     return parser
 
 
+MAX_TOKEN_COUNTS = 64
+"""Token counts --tokens takes at most (as `moec explain --tokens`)."""
+
+
+def _whole(text: str) -> int:
+    """A whole number written in ASCII digits (int() also takes "1_0", " 5" and other
+    scripts' digits)."""
+    if not re.fullmatch(r"-?[0-9]+", text):  # a sign, for the range's message
+        raise argparse.ArgumentTypeError(f"expects a whole number, e.g. 0: {text!r}")
+    return int(text)
+
+
 def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expects a positive count: {text!r}")
     return int(text)
 
 
 def _tokens(text: str) -> list[int]:
-    try:
-        tokens = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        tokens = []
+    parts = text.split(",")
+    if not all(re.fullmatch(r"[0-9]+", part) for part in parts) or len(parts) > MAX_TOKEN_COUNTS:
+        parts = []
+    tokens = [int(part) for part in parts]
     if not tokens or min(tokens) < 1:
-        raise argparse.ArgumentTypeError(f"expects positive token counts, e.g. 1,64: {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expects positive token counts (at most {MAX_TOKEN_COUNTS}), e.g. 1,64: {text!r}"
+        )
     return tokens

@@ -19,7 +19,7 @@ from typing import Any, get_args
 import tomli
 from pydantic import BaseModel, ValidationError
 
-from moec.errors import MoecError, Problem, problem
+from moec.errors import MoecError, Problem, override_list, path_argument, problem
 from moec.spec import cpu, models, placement, rules
 from moec.spec.locate import key_lines, line_of, long_number
 from moec.spec.normalize import normalize
@@ -73,7 +73,10 @@ def read_user_text(path: Path) -> str:
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
     if not stat.S_ISREG(mode):
-        raise ValueError("not a regular file (a fifo, socket or device)")
+        what = (
+            "a fifo" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        )
+        raise ValueError(f"{what}, not a regular file")
     with open(path, "rb") as handle:
         data = handle.read(MAX_TEXT_BYTES + 1)
     if len(data) > MAX_TEXT_BYTES:
@@ -83,6 +86,8 @@ def read_user_text(path: Path) -> str:
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedSpec:
     """Read and check the spec file at `path`, with `--set KEY=VALUE` overrides."""
+    path = path_argument(path, "path", "load_spec")
+    overrides = override_list(overrides, "load_spec")
     if not str(path):  # Path("") is the current folder
         raise MoecError(
             [problem("", "is an empty path", "the path of a TOML spec file")], "SPEC", kind="usage"

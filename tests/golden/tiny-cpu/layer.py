@@ -39,6 +39,14 @@ class MoELayer(nn.Module):
         """Parameters on `device`, uninitialized. `group`: the process group of this layer's
         ranks (None: the default group when WORLD_SIZE > 1)."""
         super().__init__()
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(
+                f"{NAME}: dtype must be a torch.dtype, got {type(dtype).__name__}"
+            )
+        try:
+            device = torch.empty(0, device=device).device
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"{NAME}: device {device!r}: {error}") from None
         if dtype is not None and dtype != DTYPE:
             raise ValueError(
                 f"{NAME} was built for {DTYPE}, not {dtype}: rebuild with --set target.dtype=..."
@@ -64,6 +72,9 @@ class MoELayer(nn.Module):
             raise TypeError(
                 f"{NAME}: x must be a torch.Tensor [T, {HIDDEN}], got {type(x).__name__}"
             )
+        if x.layout != torch.strided or x.is_nested:
+            kind = "a nested tensor" if x.is_nested else f"layout {x.layout}"
+            raise TypeError(f"{NAME}: x must be a dense tensor, got {kind}")
         if x.dim() != 2 or x.shape[1] != HIDDEN:
             raise ValueError(f"{NAME}: x must be [T, {HIDDEN}], got {list(x.shape)}")
         if x.dtype != DTYPE:
@@ -102,6 +113,16 @@ class MoELayer(nn.Module):
         """Load HF / DeepSeek checkpoint tensors (state dict, safetensors file or folder, or
         (name, tensor) pairs); names are taken after `prefix`, e.g. "model.layers.3.mlp.".
         Work of more than a second draws a progress line on stderr when it is a terminal."""
+        self._refuse_meta("load_weights")
+        if (
+            isinstance(source, dict)
+            and source
+            and source.keys() == self.state_dict().keys()
+        ):
+            raise ValueError(
+                f"{NAME}: load_weights takes checkpoint names (gate.weight, experts.0.gate_proj"
+                ".weight, ...); this is the layer's own state_dict: load it with load_state_dict"
+            )
         with self._progress("loading weights"):
             weights.load(self, source, prefix)
         self.weights_set = True
@@ -123,6 +144,7 @@ class MoELayer(nn.Module):
                 f"{NAME}: random_(seed): seed must be a whole number from 0 to {MAX_SEED}, "
                 f"got {seed!r}"
             )
+        self._refuse_meta("random_")
         with self._progress("random weights"):
             weights.randomize(self, seed)
         self.weights_set = True
@@ -134,12 +156,102 @@ class MoELayer(nn.Module):
             f"{NAME}: {work}", ticks=True, on=None if self.rank == 0 else False
         )
 
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """nn.Module's, with every check made before the first tensor is copied (nn.Module
+        copies what matches, then raises): names, shapes and dtypes (a tensor of another dtype
+        would be converted without its scales). A load that sets every parameter sets the
+        weights (_load_from_state_dict)."""
+        if not hasattr(state_dict, "keys"):
+            raise TypeError(
+                f"{NAME}: load_state_dict takes a mapping of names to tensors, got "
+                f"{type(state_dict).__name__}"
+            )
+        expected = self.state_dict()
+        names = set(state_dict.keys())
+        missing = sorted(set(expected) - names)
+        unexpected = sorted(names - set(expected))
+        if strict and (missing or unexpected):
+            wrong = [
+                f"{what} {', '.join(map(str, keys[:4]))}{' ...' if len(keys) > 4 else ''}"
+                for what, keys in (("missing", missing), ("unexpected", unexpected))
+                if keys
+            ]
+            raise ValueError(
+                f"{NAME}: load_state_dict: {'; '.join(wrong)}; the layer is unchanged "
+                "(strict=False loads the names it has)"
+            )
+        for name in sorted(names & set(expected)):
+            tensor, own = state_dict[name], expected[name]
+            if not isinstance(tensor, torch.Tensor) or tensor.dtype != own.dtype:
+                raise TypeError(
+                    f"{NAME}: load_state_dict: {name} is "
+                    f"{getattr(tensor, 'dtype', type(tensor).__name__)}, the layer's {own.dtype}; "
+                    "the layer is unchanged (load a checkpoint with load_weights)"
+                )
+            if tensor.shape != own.shape:
+                raise ValueError(
+                    f"{NAME}: load_state_dict: {name} is {list(tensor.shape)}, the layer's "
+                    f"{list(own.shape)}; the layer is unchanged"
+                )
+        return super().load_state_dict(state_dict, strict, assign)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
+        """Where a parent's load_state_dict reaches this layer too: a tensor of another dtype
+        is an error (nothing of this layer copied), and a load of every parameter sets the
+        weights."""
+        error_msgs = args[-1]
+        for name, own in self._parameters.items():
+            tensor = state_dict.get(prefix + name)
+            if isinstance(tensor, torch.Tensor) and tensor.dtype != own.dtype:
+                error_msgs.append(
+                    f"{NAME}: {prefix}{name} is {tensor.dtype}, the layer's {own.dtype}; "
+                    "nothing of the layer was copied (load a checkpoint with load_weights)"
+                )
+                return
+        errors = len(error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        if len(error_msgs) == errors and all(
+            prefix + name in state_dict for name in self._parameters
+        ):
+            self.weights_set = True
+
+    def to_empty(self, *, device, recurse: bool = True) -> "MoELayer":
+        """Parameters on `device`, uninitialized again: load_weights or random_ before the next
+        forward."""
+        super().to_empty(device=device, recurse=recurse)
+        self.weights_set = False
+        return self
+
     def to(self, *args, **kwargs) -> "MoELayer":
-        """Move the layer to another device; its dtypes are the build's (no conversion)."""
+        """Move the layer to another device; its dtypes are the build's (no conversion). Its
+        own dtype (bfloat16, of x and the output) converts nothing."""
         dtype = torch._C._nn._parse_to(*args, **kwargs)[1]
-        if dtype is not None:
+        if dtype is not None and dtype != DTYPE:
             self._keep_dtypes(dtype, f".to({dtype})")
         return super().to(*args, **kwargs)
+
+    def type(self, dst_type) -> "MoELayer":
+        dtype = torch.empty(0).type(dst_type).dtype
+        self._keep_dtypes(dtype, f".type({dst_type})")
+        return super().type(dst_type)
+
+    def _apply(self, fn, recurse: bool = True) -> "MoELayer":
+        """Every move and conversion, a parent module's too (model.to(torch.bfloat16),
+        model.half()): the tensors move, and keep the dtypes the layer was built for, which its
+        kernels take (on the layer itself, a conversion to another dtype is refused)."""
+        tensors = itertools.chain(self.parameters(), self.buffers())
+        target = {
+            (t.dtype, t.device): fn(torch.empty(0, dtype=t.dtype, device=t.device))
+            for t in tensors
+        }
+
+        def keep_dtype(tensor: torch.Tensor) -> torch.Tensor:
+            moved = target.get((tensor.dtype, tensor.device))
+            if moved is None or moved.dtype == tensor.dtype:
+                return fn(tensor)
+            return tensor.to(device=moved.device)
+
+        return super()._apply(keep_dtype, recurse)
 
     def half(self) -> "MoELayer":
         self._keep_dtypes(torch.float16, ".half()")
@@ -156,6 +268,13 @@ class MoELayer(nn.Module):
     def bfloat16(self) -> "MoELayer":
         self._keep_dtypes(torch.bfloat16, ".bfloat16()")
         return super().bfloat16()
+
+    def _refuse_meta(self, call: str) -> None:
+        if next(self.parameters()).is_meta:
+            raise ValueError(
+                f"{NAME}: {call}: the layer is on the meta device, which holds no values; "
+                "make it on cpu or cuda, or move it with .to_empty(device=...) first"
+            )
 
     def _keep_dtypes(self, dtype: torch.dtype, call: str) -> None:
         """Refuse a conversion that would change a floating parameter's dtype: the kernels
