@@ -232,7 +232,7 @@ def test_order_does_not_depend_on_insertion_order():
         shuffled.add_node(node, **plan.graph.nodes[node])
     for producer, consumer in reversed(list(plan.graph.edges)):
         shuffled.add_edge(producer, consumer, **plan.graph.edges[producer, consumer])
-    other = Plan(plan.name, plan.spec_hash, plan.layer, graph=shuffled)
+    other = Plan(plan.name, plan.spec_hash, plan.layer, plan.backends, graph=shuffled)
     assert [s.name for s in other.order()] == [s.name for s in plan.order()]
     for stage in plan.order():
         assert other.inputs(stage.name) == plan.inputs(stage.name)

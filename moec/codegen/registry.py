@@ -80,6 +80,14 @@ def renderer(kind: str, backend: str) -> Renderer | None:
     return _loaded().get((kind, backend))
 
 
+def renderer_of(stage) -> Renderer:
+    """The renderer of a stage the plan accepted (checks.check_renderers found one for each)."""
+    found = renderer(stage.kind, stage.backend)
+    if found is None:
+        raise LookupError(f"moec bug: no renderer for ({stage.kind}, {stage.backend})")
+    return found
+
+
 def backends_for(kind: str) -> frozenset[str]:
     """Backends with a renderer for stages of `kind`."""
     return frozenset(backend for k, backend in _loaded() if k == kind)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from moec.plan.graph import Plan
 from moec.plan.stages import Convert
 from moec.plan.types import DType, TensorType
+from moec.vocab import Backend
 
 
 def insert_converters(plan: Plan) -> None:
@@ -48,7 +49,7 @@ def _insert(plan: Plan, producer: str, consumer: str, tensor: str, have, want, i
     plan.add_stage(
         Convert(
             name=name,
-            backend="torch",
+            backend=Backend.torch,
             steps=tuple(steps),
             outputs={converted: want},
             note="; ".join(steps),

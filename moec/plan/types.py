@@ -25,7 +25,7 @@ class DType(str, Enum):
     int64 = "int64"
 
     @property
-    def bytes(self) -> float:
+    def bytes(self) -> int:
         return _BYTES[self]
 
     @property
