@@ -22,8 +22,11 @@ else:  # pragma: no cover  (Python 3.10: the same behaviour, spelled out)
     class StrEnum(str, Enum):
         """A str whose `str()` and format are its value, as 3.11's enum.StrEnum."""
 
-        __str__ = str.__str__
-        __format__ = str.__format__
+        def __str__(self) -> str:
+            return str.__str__(self)
+
+        def __format__(self, spec: str) -> str:
+            return str.__format__(self, spec)
 
 
 class Scheme(StrEnum):
@@ -42,7 +45,9 @@ SchemeName = Literal["bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"]
 
 class ScaleDtype(StrEnum):
     """How quantization scales are stored: fp32, or UE8M0 (powers of two). The plan carries the
-    choice as one flag, `pow2_scales` (QuantFormat, ScaleType)."""
+    choice as one flag, `pow2_scales` (QuantFormat, ScaleType; plan.json's scale types write it
+    `power_of_two`); the runtime's arguments name it `pow2` (moec/runtime quant, torch_matmul,
+    deepep) and `ue8m0` (the Triton launchers)."""
 
     fp32 = "fp32"
     ue8m0 = "ue8m0"
@@ -50,6 +55,15 @@ class ScaleDtype(StrEnum):
 
 ScaleDtypeName = Literal["fp32", "ue8m0"]
 """quant.scale_dtype."""
+
+
+class ScaleMajor(StrEnum):
+    """Which way a quantized tensor's scales are contiguous."""
+
+    K = "K"
+    """The scales of one row (as quantizers write them)."""
+    MN = "MN"
+    """The scales of one K group, over the rows (as DeepGEMM and DeepEP read and write them)."""
 
 
 class ActivationScheme(StrEnum):

@@ -166,7 +166,7 @@ def test_scale_types_of_deep_gemm_inputs_sm90_and_sm100():
     accepted = accepted_scale("deep_gemm", "sm100", produced)
     assert accepted.granularity == "1x32"
     assert accepted.dtype is DType.ue8m0x4
-    assert (accepted.major, accepted.tma_aligned, accepted.power_of_two) == ("MN", True, True)
+    assert (accepted.major, accepted.tma_aligned, accepted.pow2_scales) == ("MN", True, True)
 
 
 def test_scale_dtype_ue8m0_packed_is_four_per_int32():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moec.plan.types import DType, ScaleType
-from moec.vocab import Arch, Backend, GemmLayout
+from moec.vocab import Arch, Backend, GemmLayout, ScaleMajor
 
 
 def accepted_scale(
@@ -26,12 +26,12 @@ def accepted_scale(
     if produced is None or produced.granularity == "per-tensor" or backend == Backend.torch:
         return produced
     if backend == Backend.triton:
-        return replace(produced, major="K", tma_aligned=False)
+        return replace(produced, major=ScaleMajor.K, tma_aligned=False)
     if arch in (Arch.sm100, Arch.sm120):
         return replace(
-            produced, dtype=DType.ue8m0x4, major="MN", tma_aligned=True, power_of_two=True
+            produced, dtype=DType.ue8m0x4, major=ScaleMajor.MN, tma_aligned=True, pow2_scales=True
         )
-    return replace(produced, major="MN", tma_aligned=True)
+    return replace(produced, major=ScaleMajor.MN, tma_aligned=True)
 
 
 DEEP_GEMM_API = "2.6.1"

@@ -38,6 +38,7 @@ from moec.vocab import (
     GemmRole,
     ReplicaChoice,
     RouterPrecision,
+    ScaleMajor,
     Scheme,
     ScoringFunc,
     TopkMethod,
@@ -383,7 +384,7 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: Backend) -> None:
         quantize = layer.routed
         produced = layer.routed.activation_scale()
         assert produced is not None  # a quantized format's
-        scale = replace(produced, major="MN", tma_aligned=True)
+        scale = replace(produced, major=ScaleMajor.MN, tma_aligned=True)
         a_type = TensorType(DType.e4m3, ("T", "H"), scale=scale)
     routing_type = TensorType(
         I32,

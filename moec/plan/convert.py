@@ -31,7 +31,7 @@ def conversion_steps(have: TensorType, want: TensorType) -> list[str]:
     hs, ws = have.scale, want.scale
     if hs is None or ws is None or hs.granularity != ws.granularity:
         raise ValueError(f"planner bug: scale {hs} cannot become {ws}")
-    if ws.power_of_two and not hs.power_of_two:
+    if ws.pow2_scales and not hs.pow2_scales:
         steps.append("round scales up to powers of two")
     if ws.major != hs.major:
         steps.append(f"transpose scales to {ws.major}-major")

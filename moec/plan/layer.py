@@ -21,6 +21,7 @@ from moec.vocab import (
     DispatchMode,
     ReplicaChoice,
     ScaleDtype,
+    ScaleMajor,
     Scheme,
     SharedExperts,
     TopkMethod,
@@ -67,7 +68,7 @@ class QuantFormat:
             return None
         if self.group is None:
             return ScaleType("per-tensor", DType.float32)
-        return ScaleType(f"1x{self.group}", DType.float32, "K", False, self.pow2_scales)
+        return ScaleType(f"1x{self.group}", DType.float32, ScaleMajor.K, False, self.pow2_scales)
 
     def weight_scale_granularity(self) -> str:
         if self.scheme == Scheme.fp8_per_tensor:
