@@ -308,7 +308,7 @@ def spec_for_model(
     except MoecError as error:
         raise MoecError(error.problems, source, kind=error.kind) from None
     notes = hf_blocks.follow_block(follow, raw) if follow is not None else []
-    if notes:
+    if follow is not None and notes:
         warnings.warn(
             f"moec patch_model follows transformers' {follow.name}, not the config: "
             + "; ".join(notes)
@@ -381,7 +381,7 @@ def check_spec_fits(
 
 def _differs(path: str, have, want, follow: Block | None = None, ignored=None) -> Problem:
     key = path.split(".")[-1]
-    if ignored and path in ignored:
+    if follow is not None and ignored and path in ignored:
         fixed = next(f for f in follow.fixed if f.path == path)
         return problem(
             path,
@@ -403,8 +403,8 @@ class RouterKeysIgnored(UserWarning):
 def _config_spec_data(config, layer_type: str = "moe") -> dict:
     """Spec data from a loaded model's (text) config, for DeepSeek-V4 of its `layer_type`
     layers."""
-    layer_type = layer_type if config.model_type == "deepseek_v4" else None
-    return spec_data_from_config(config.to_dict(), layer_type=layer_type)
+    kind = layer_type if config.model_type == "deepseek_v4" else None
+    return spec_data_from_config(config.to_dict(), layer_type=kind)
 
 
 def _runtime_problems(spec: dict, dtype: torch.dtype, device: torch.device) -> list[Problem]:
