@@ -116,7 +116,9 @@ def patch_model(
             f"got {type(model).__name__}"
         )
     groups, block = _blocks_of(model, keep_hash_layers)
-    config = model.config.get_text_config()  # Kimi-K2.5: its DeepSeek-V3 text model's
+    # The text config (Kimi-K2.5: its DeepSeek-V3 text model's). nn.Module types an attribute
+    # it does not declare as Tensor | Module; a transformers model's config is a PretrainedConfig.
+    config = model.config.get_text_config()  # type: ignore[union-attr, operator]
     first = next(iter(groups.values()))[0]
     dtype, device = _expert_weights_format(model.get_submodule(first), first)
     follow = block if router_keys == "transformers" else None
@@ -463,7 +465,9 @@ def _runtime_problems(spec: dict, dtype: torch.dtype, device: torch.device) -> l
 def _replace_block(model: nn.Module, name: str, package, hashed: bool) -> None:
     """Move the block's weights into a new MoELayer and put a MoecMoE in the block's place."""
     block = model.get_submodule(name)
-    layer = package.MoELayer(device=block.experts.gate_up_proj.device)
+    # transformers' experts module (nn.Module types it Tensor | Module), checked to hold a
+    # gate_up_proj tensor by _expert_weights_format
+    layer = package.MoELayer(device=block.experts.gate_up_proj.device)  # type: ignore[union-attr]
     try:
         layer.load_weights(block.state_dict())
     except ValueError as error:  # the package's WeightError lists every tensor
