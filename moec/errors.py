@@ -161,7 +161,7 @@ def os_error(error: OSError, path: object, action: str = "cannot write") -> Moec
     where = error.filename if error.filename is not None else path
     reason = error.strerror or str(error)
     return MoecError(
-        [problem("", f"{action}: {reason}", _OS_HINTS.get(error.errno, ""))],
+        [problem("", f"{action}: {reason}", _OS_HINTS.get(error.errno or 0, ""))],
         str(where),
         kind="io",
     )

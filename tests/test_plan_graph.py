@@ -7,6 +7,8 @@ were (`Environment`), so the tests do not depend on this machine.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 
 import networkx as nx
@@ -15,8 +17,10 @@ import pytest
 from moec.plan import Environment, Plan, Stage, make_plan
 from moec.plan.backends import accepted_scale
 from moec.plan.graph import STAGE_ORDER
+from moec.plan.stages import Dispatch, Gemm
 from moec.plan.types import DType, Layout, ScaleType, TensorType
 from moec.spec import load_spec
+from moec.vocab import StrEnum
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.toml"))
@@ -166,7 +170,7 @@ def test_scale_types_of_deep_gemm_inputs_sm90_and_sm100():
     accepted = accepted_scale("deep_gemm", "sm100", produced)
     assert accepted.granularity == "1x32"
     assert accepted.dtype is DType.ue8m0x4
-    assert (accepted.major, accepted.tma_aligned, accepted.power_of_two) == ("MN", True, True)
+    assert (accepted.major, accepted.tma_aligned, accepted.pow2_scales) == ("MN", True, True)
 
 
 def test_scale_dtype_ue8m0_packed_is_four_per_int32():
@@ -232,7 +236,7 @@ def test_order_does_not_depend_on_insertion_order():
         shuffled.add_node(node, **plan.graph.nodes[node])
     for producer, consumer in reversed(list(plan.graph.edges)):
         shuffled.add_edge(producer, consumer, **plan.graph.edges[producer, consumer])
-    other = Plan(plan.name, plan.spec_hash, plan.layer, graph=shuffled)
+    other = Plan(plan.name, plan.spec_hash, plan.layer, plan.backends, graph=shuffled)
     assert [s.name for s in other.order()] == [s.name for s in plan.order()]
     for stage in plan.order():
         assert other.inputs(stage.name) == plan.inputs(stage.name)
@@ -252,3 +256,35 @@ def test_plan_thresholds_are_the_kernels():
     from moec.runtime import triton_route
 
     assert ONE_LAUNCH_ROUTE == triton_route.ONE_PASS
+
+
+def _vocabulary_fields(record) -> dict[str, tuple[type, ...]]:
+    """The fields of a record typed with vocabulary enums (moec/vocab.py), and those enums."""
+    found = {}
+    for name, hint in typing.get_type_hints(type(record)).items():
+        options = typing.get_args(hint) or (hint,)
+        enums = tuple(o for o in options if isinstance(o, type) and issubclass(o, StrEnum))
+        if enums and name in {f.name for f in dataclasses.fields(record)}:
+            found[name] = enums
+    return found
+
+
+@pytest.mark.parametrize("name, env", ALL_PLANS)
+def test_records_hold_vocabulary_members(name, env):
+    """A field typed with a vocabulary enum holds a member, not the string the spec had: the
+    passes compare members, and a name never changes on the way."""
+    plan = plan_of(name, env=env)
+    records = [plan.layer, plan.layer.routed, plan.layer.shared, plan.backends, *plan.order()]
+    for record in records:
+        for field, enums in _vocabulary_fields(record).items():
+            value = getattr(record, field)
+            assert value in (None, "") or isinstance(value, enums), (record, field, value)
+    for stage in plan.order():
+        assert plan.stage(stage.name, type(stage)) is stage
+
+
+def test_stage_of_another_kind_is_refused():
+    plan = plan_of("deepseek-v3-fp8.toml")
+    assert isinstance(plan.stage("dispatch", Dispatch), Dispatch)
+    with pytest.raises(TypeError, match="stage dispatch is a Dispatch, not a Gemm"):
+        plan.stage("dispatch", Gemm)

@@ -70,6 +70,7 @@ def load(spec, overrides=(), cache_dir: str | Path | None = None) -> ModuleType:
     module_spec = importlib.util.spec_from_file_location(
         key, init, submodule_search_locations=[str(result.package_dir)]
     )
+    assert module_spec is not None and module_spec.loader is not None  # a .py file has both
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[key] = module
     try:

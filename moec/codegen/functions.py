@@ -52,7 +52,7 @@ def render_stages(jinja, plan: Plan, modules: set[str]) -> Rendered:
     rendered = Rendered([], [], "", {}, set(), modules)
     beside = side_stream_stages(plan)
     for stage in stages_of(plan):
-        found = registry.renderer(stage.kind, stage.backend)
+        found = registry.renderer_of(stage)
         code = found.fill(plan, stage)
         sig = signature(plan, stage)
         fields = {**code.fields, "returns": ", ".join(name for name, _ in sig.returns)}
@@ -87,6 +87,7 @@ def with_split(plan: Plan, below: Rendered, above: Rendered) -> Rendered:
     those they render differently under two names (the one above the split suffixed with its
     backend); the forward runs the calls the two share, and branches on T where they differ."""
     split = plan.backends.split
+    assert split is not None, "with_split: a plan with a GEMM split"
     mine = {f.name: f for f in below.functions}
     functions, order = list(below.functions), []  # order: the functions the forward calls above
     cursor = 0  # where the next function of the plan above goes: after the last one placed

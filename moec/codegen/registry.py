@@ -11,13 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-Fill = Callable[[Any, Any], dict[str, Any]]
-"""(plan, stage) -> the template's named fields."""
+if TYPE_CHECKING:  # the renderers import this module to register themselves
+    from moec.codegen.renderers.common import StageCode
+    from moec.plan.graph import Plan
+    from moec.plan.stages import Stage
+
+Fill = Callable[["Plan", Any], "StageCode"]
+"""(plan, stage) -> the stage's function as its renderer fills it (the stage: one kind's record)."""
+Refuses = Callable[["Plan", Any], "str | None"]
+"""(plan, stage) -> why a renderer cannot render the stage, or None."""
 
 
-def _accept_all(plan, stage) -> str | None:
+def _accept_all(plan: Plan, stage: Stage) -> str | None:
     return None
 
 
@@ -32,7 +39,7 @@ class Renderer:
     """Runtime modules the stage's code imports (moec/runtime/<name>.py, or generated ones)."""
     requires: tuple[str, ...] = ()
     """Optional packages the generated code imports (deep_gemm, deep_ep, triton)."""
-    refuses: Callable[[Any, Any], str | None] = _accept_all
+    refuses: Refuses = _accept_all
     """(plan, stage) -> why this renderer cannot render the stage, or None."""
 
 
@@ -49,7 +56,7 @@ def register(
     template: str | Callable[[Any], str],
     runtime: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = (),
     requires: tuple[str, ...] = (),
-    refuses: Callable[[Any, Any], str | None] | None = None,
+    refuses: Refuses | None = None,
 ) -> Callable[[Fill], Fill]:
     """Register the decorated fill function as the renderer of (kind, backend)."""
 
@@ -80,6 +87,14 @@ def renderer(kind: str, backend: str) -> Renderer | None:
     return _loaded().get((kind, backend))
 
 
+def renderer_of(stage: Stage) -> Renderer:
+    """The renderer of a stage the plan accepted (checks.check_renderers found one for each)."""
+    found = renderer(stage.kind, stage.backend)
+    if found is None:
+        raise LookupError(f"moec bug: no renderer for ({stage.kind}, {stage.backend})")
+    return found
+
+
 def backends_for(kind: str) -> frozenset[str]:
     """Backends with a renderer for stages of `kind`."""
     return frozenset(backend for k, backend in _loaded() if k == kind)
@@ -90,7 +105,7 @@ def pairs() -> list[tuple[str, str]]:
     return sorted(_loaded())
 
 
-def refusal(plan, stage) -> str | None:
+def refusal(plan: Plan, stage: Stage) -> str | None:
     """Why `stage` cannot be rendered (no renderer, or the renderer refuses it), or None."""
     found = renderer(stage.kind, stage.backend)
     if found is None:

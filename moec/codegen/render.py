@@ -30,8 +30,8 @@ def literal(value: Any) -> str:
         if not math.isfinite(value):
             return f'float("{value}")'
         return repr(value)
-    if isinstance(value, str):
-        return repr(value)
+    if isinstance(value, str):  # a vocabulary member (moec/vocab.py) as its plain string
+        return repr(str.__str__(value))
     if isinstance(value, (list, tuple)):
         items = ", ".join(literal(v) for v in value)
         if isinstance(value, tuple):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from moec.plan.graph import Plan
 from moec.plan.stages import Stage
 from moec.plan.types import TensorType
+from moec.vocab import Backend
 
 RECORD_MODULE = {
     "ContiguousRouting": "grouping",
@@ -30,8 +31,8 @@ def takes_group(stage: Stage) -> bool:
     """Whether the stage's function takes the layer's process group: every torch.distributed
     stage, and DeepEP's dispatch (which allocates the group's buffer; combine finds it in the
     exchange record)."""
-    return stage.backend == "torch.distributed" or (
-        stage.backend == "deep_ep" and stage.kind == "dispatch"
+    return stage.backend == Backend.torch_distributed or (
+        stage.backend == Backend.deep_ep and stage.kind == "dispatch"
     )
 
 

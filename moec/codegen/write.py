@@ -26,7 +26,7 @@ import os
 import secrets
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from moec.codegen.ownership import (
@@ -233,7 +233,7 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def check_limits(path: Path, children: list[str] = ()) -> None:
+def check_limits(path: Path, children: Sequence[str] = ()) -> None:
     """Raise MoecError when a name in `path` (or a child name to be written in it) is longer
     than NAME_MAX, or the longest path is longer than PATH_MAX, of the file system there."""
     absolute = Path(os.path.abspath(path))

@@ -123,7 +123,9 @@ def patch_model(
     overrides = override_list(overrides, "patch_model")
     cache_dir = path_argument(cache_dir, "cache_dir", "patch_model", optional=True)
     groups, block = _blocks_of(model, keep_hash_layers)
-    config = model.config.get_text_config()  # Kimi-K2.5: its DeepSeek-V3 text model's
+    # The text config (Kimi-K2.5: its DeepSeek-V3 text model's). nn.Module types an attribute
+    # it does not declare as Tensor | Module; a transformers model's config is a PretrainedConfig.
+    config = model.config.get_text_config()  # type: ignore[union-attr, operator]
     first = next(iter(groups.values()))[0]
     dtype, device = _expert_weights_format(model.get_submodule(first), first)
     follow = block if router_keys == "transformers" else None
@@ -332,7 +334,7 @@ def spec_for_model(
     except MoecError as error:
         raise MoecError(error.problems, source, kind=error.kind) from None
     notes = hf_blocks.follow_block(follow, raw) if follow is not None else []
-    if notes:
+    if follow is not None and notes:
         warnings.warn(
             f"moec patch_model follows transformers' {follow.name}, not the config: "
             + "; ".join(notes)
@@ -405,7 +407,7 @@ def check_spec_fits(
 
 def _differs(path: str, have, want, follow: Block | None = None, ignored=None) -> Problem:
     key = path.split(".")[-1]
-    if ignored and path in ignored:
+    if follow is not None and ignored and path in ignored:
         fixed = next(f for f in follow.fixed if f.path == path)
         return problem(
             path,
@@ -427,8 +429,8 @@ class RouterKeysIgnored(UserWarning):
 def _config_spec_data(config, layer_type: str = "moe") -> dict:
     """Spec data from a loaded model's (text) config, for DeepSeek-V4 of its `layer_type`
     layers."""
-    layer_type = layer_type if config.model_type == "deepseek_v4" else None
-    return spec_data_from_config(config.to_dict(), layer_type=layer_type)
+    kind = layer_type if config.model_type == "deepseek_v4" else None
+    return spec_data_from_config(config.to_dict(), layer_type=kind)
 
 
 def _runtime_problems(spec: dict, dtype: torch.dtype, device: torch.device) -> list[Problem]:
@@ -487,7 +489,9 @@ def _runtime_problems(spec: dict, dtype: torch.dtype, device: torch.device) -> l
 def _replace_block(model: nn.Module, name: str, package, hashed: bool) -> None:
     """Move the block's weights into a new MoELayer and put a MoecMoE in the block's place."""
     block = model.get_submodule(name)
-    layer = package.MoELayer(device=block.experts.gate_up_proj.device)
+    # transformers' experts module (nn.Module types it Tensor | Module), checked to hold a
+    # gate_up_proj tensor by _expert_weights_format
+    layer = package.MoELayer(device=block.experts.gate_up_proj.device)  # type: ignore[union-attr]
     try:
         layer.load_weights(block.state_dict())
     except ValueError as error:  # the package's WeightError lists every tensor

@@ -14,9 +14,10 @@ from moec.plan.devices import Device, device_for
 from moec.plan.graph import Backends, Decision, Edge, GemmSplit, Plan
 from moec.plan.layer import Layer, layer_of
 from moec.plan.resolve import Environment
-from moec.plan.stages import Stage
+from moec.plan.stages import Dispatch, Stage
 from moec.spec.loader import spec_hash
 from moec.spec.models import Spec
+from moec.vocab import Backend
 
 __all__ = [
     "Backends",
@@ -48,10 +49,16 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     from moec.plan.tuning import choose_tiles, order_dispatch_pass
 
     env = env or Environment.detect()
-    plan = Plan(spec.name, spec_hash(spec), layer_of(spec), spec.description)
-    resolve_backends(plan, spec, env, above)  # auto -> gemm backend, layout, dispatch backend
+    decisions: list[Decision] = []
+
+    def decide(what: str, choice: str, reason: str) -> None:
+        decisions.append(Decision(what, choice, reason))
+
+    # auto -> gemm backend, layout, dispatch backend; the layer as they store it
+    backends, layer = resolve_backends(spec, layer_of(spec), env, decide, above)
+    plan = Plan(spec.name, spec_hash(spec), layer, backends, spec.description, decisions=decisions)
     build_stages(plan, spec)  # the unfused stage graph
-    if plan.backends.gemm in ("triton", "deep_gemm"):
+    if plan.backends.gemm in (Backend.triton, Backend.deep_gemm):
         choose_tiles(plan)  # Triton tile configs, tuned or default
     fuse.fuse_router_select(plan)
     fuse.fuse_activation_quant(plan)
@@ -68,7 +75,7 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     split = plan.backends.split
     if split is not None:  # the same layer on the other backend, past the split
         plan.above = make_plan(spec, env, split)
-        checks.join_split(plan)
+        checks.join_split(plan, plan.above)
     return plan
 
 
@@ -83,7 +90,7 @@ def plan_loaded(loaded, env: Environment | None = None) -> Plan:
 def plan_summary(plan: Plan) -> dict[str, object]:
     """What the plan chose for the whole layer, as plain data (plan.json, explain json)."""
     backends = plan.backends
-    dispatch = plan.stage("dispatch")
+    dispatch = plan.stage("dispatch", Dispatch)
     return {
         "name": plan.name,
         "hash": plan.spec_hash,

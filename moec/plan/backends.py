@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moec.plan.types import DType, ScaleType
+from moec.vocab import Arch, Backend, GemmLayout, ScaleMajor
 
 
-def accepted_scale(backend: str, arch: str | None, produced: ScaleType | None) -> ScaleType | None:
+def accepted_scale(
+    backend: Backend, arch: Arch | None, produced: ScaleType | None
+) -> ScaleType | None:
     """Scale type `backend` needs on its activation input, given what the producer writes.
 
     torch reads scales in any layout. Triton reads [rows, K/group] fp32 rows with one row
@@ -20,15 +23,15 @@ def accepted_scale(backend: str, arch: str | None, produced: ScaleType | None) -
     first). DeepGEMM reads MN-major, TMA-aligned scales: fp32 on sm90, UE8M0 packed four per
     int32 on sm100.
     """
-    if produced is None or produced.granularity == "per-tensor" or backend == "torch":
+    if produced is None or produced.granularity == "per-tensor" or backend == Backend.torch:
         return produced
-    if backend == "triton":
-        return replace(produced, major="K", tma_aligned=False)
-    if arch in ("sm100", "sm120"):
+    if backend == Backend.triton:
+        return replace(produced, major=ScaleMajor.K, tma_aligned=False)
+    if arch in (Arch.sm100, Arch.sm120):
         return replace(
-            produced, dtype=DType.ue8m0x4, major="MN", tma_aligned=True, power_of_two=True
+            produced, dtype=DType.ue8m0x4, major=ScaleMajor.MN, tma_aligned=True, pow2_scales=True
         )
-    return replace(produced, major="MN", tma_aligned=True)
+    return replace(produced, major=ScaleMajor.MN, tma_aligned=True)
 
 
 DEEP_GEMM_API = "2.6.1"
@@ -36,6 +39,6 @@ DEEP_GEMM_API = "2.6.1"
 `get_mk_alignment_for_contiguous_layout()`) moec/runtime/deep_gemm_grouped.py follows."""
 
 
-def deep_gemm_function(quantized: bool, layout: str) -> str:
+def deep_gemm_function(quantized: bool, layout: GemmLayout) -> str:
     """The DeepGEMM function a deep_gemm GEMM stage calls (deep_gemm_grouped.<kind>_<layout>)."""
     return f"m_grouped_{'fp8' if quantized else 'bf16'}_gemm_nt_{layout}"

@@ -30,28 +30,51 @@ from moec.plan.stages import (
 )
 from moec.plan.types import DType, Layout, ScaleType, TensorType
 from moec.spec.models import Spec
+from moec.vocab import (
+    Backend,
+    DeviceKind,
+    DispatchMode,
+    GemmLayout,
+    GemmRole,
+    ReplicaChoice,
+    RouterPrecision,
+    ScaleMajor,
+    Scheme,
+    ScoringFunc,
+    TopkMethod,
+    TorchKernel,
+)
 
 FP32, I32 = DType.float32, DType.int32
 ROW_PADDING = 128
 """Contiguous row padding of the torch and deep_gemm backends (DeepGEMM's M alignment), so the
 torch backend builds exactly the buffers a DeepGEMM GEMM would take."""
 
-ROUTING_RECORD = {"contiguous": "ContiguousRouting", "masked": "MaskedRouting"}
+ROUTING_RECORD = {
+    GemmLayout.contiguous: "ContiguousRouting",
+    GemmLayout.masked: "MaskedRouting",
+}
 EXCHANGE_RECORD = {
-    "all2all": "Exchange",
-    "deepep_normal": "NormalExchange",
-    "deepep_low_latency": "LowLatencyExchange",
+    DispatchMode.all2all: "Exchange",
+    DispatchMode.deepep_normal: "NormalExchange",
+    DispatchMode.deepep_low_latency: "LowLatencyExchange",
 }
 """What dispatch hands combine about the exchange, per mode (the runtime's record class)."""
 
 # How the torch backend runs a grouped GEMM, and what it costs the host: (note, syncs host).
 TORCH_GEMM = {
-    "loop": (
+    TorchKernel.loop: (
         "per-expert loop over the rows each expert received (host sync for the counts)",
         True,
     ),
-    "grouped_mm": ("torch._grouped_mm over the padded groups: one launch, no host sync", False),
-    "bmm": ("torch.bmm over all experts of the masked layout: one launch, no host sync", False),
+    TorchKernel.grouped_mm: (
+        "torch._grouped_mm over the padded groups: one launch, no host sync",
+        False,
+    ),
+    TorchKernel.bmm: (
+        "torch.bmm over all experts of the masked layout: one launch, no host sync",
+        False,
+    ),
 }
 
 
@@ -62,11 +85,11 @@ def weight_types(
     lead = (experts,) if experts else ()
     if not fmt.quantized:
         return TensorType(dtype, (*lead, n, k)), None
-    if fmt.scheme == "mxfp4":
+    if fmt.scheme == Scheme.mxfp4:
         value = TensorType(DType.e2m1x2, (*lead, n, f"{k}/2"))
     else:
         value = TensorType(DType.e4m3, (*lead, n, k))
-    if fmt.scheme == "fp8_per_tensor":
+    if fmt.scheme == Scheme.fp8_per_tensor:
         return value, TensorType(FP32, (*lead, "1"))
     bn, bk = fmt.weight_block or (1, 1)
     scale_shape = (*lead, n if bn == 1 else f"{n}/{bn}", f"{k}/{bk}")
@@ -74,24 +97,26 @@ def weight_types(
 
 
 def grouped_type(
-    dtype: DType, cols: str, layout: str, scale: ScaleType | None = None
+    dtype: DType, cols: str, layout: GemmLayout, scale: ScaleType | None = None
 ) -> TensorType:
-    if layout == "masked":
+    if layout == GemmLayout.masked:
         return TensorType(dtype, ("E", "max_m", cols), Layout.masked, scale)
     return TensorType(dtype, ("M", cols), Layout.contiguous, scale)
 
 
-def elementwise_backend(gemm: str) -> str:
+def elementwise_backend(gemm: Backend) -> Backend:
     """Who runs the stages around the GEMMs: Triton kernels beside Triton or DeepGEMM GEMMs."""
-    return "torch" if gemm == "torch" else "triton"
+    return Backend.torch if gemm == Backend.torch else Backend.triton
 
 
-def torch_gemm_kernel(device: str, fmt: QuantFormat, dtype: DType, layout: str) -> str:
+def torch_gemm_kernel(
+    device: DeviceKind, fmt: QuantFormat, dtype: DType, layout: GemmLayout
+) -> TorchKernel:
     """The torch backend's grouped GEMM: torch's own grouped kernels for bf16 on CUDA, else a
     per-expert loop (which dequantizes fp8 / mx weights one expert at a time)."""
-    if device == "cuda" and not fmt.quantized and dtype is DType.bfloat16:
-        return "grouped_mm" if layout == "contiguous" else "bmm"
-    return "loop"
+    if device == DeviceKind.cuda and not fmt.quantized and dtype is DType.bfloat16:
+        return TorchKernel.grouped_mm if layout == GemmLayout.contiguous else TorchKernel.bmm
+    return TorchKernel.loop
 
 
 def build_stages(plan: Plan, spec: Spec) -> None:
@@ -105,7 +130,7 @@ def build_stages(plan: Plan, spec: Spec) -> None:
     inputs = {"x": x_type}
     if layer.hashed:  # the hash table's keys: what the forward takes beside x
         inputs["token_ids"] = TensorType(DType.int64, ("T",))
-    plan.add_stage(Input(name="input", backend="-", outputs=inputs))
+    plan.add_stage(Input(name="input", backend=Backend.none, outputs=inputs))
     _router(plan, around)
     plan.connect("input", "router", "x")
     _select(plan, spec, around)
@@ -115,7 +140,7 @@ def build_stages(plan: Plan, spec: Spec) -> None:
         _shared_expert(plan, gemm)
 
     expert_input, expert_tensor = "input", "x"
-    if routed.quantized and layer.dispatch != "deepep_low_latency":  # that one quantizes itself
+    if routed.quantized and layer.dispatch != DispatchMode.deepep_low_latency:  # it quantizes
         _quantize(plan, "quantize", routed, around, ("T", "H"), "xq")
         plan.connect("input", "quantize", "x")
         expert_input, expert_tensor = "quantize", "xq"
@@ -123,7 +148,7 @@ def build_stages(plan: Plan, spec: Spec) -> None:
 
     w13, w13_scale = weight_types(routed, "E", "2I", "H", dtype)
     w2, w2_scale = weight_types(routed, "E", "H", "I", dtype)
-    _gemm(plan, "gate_up", "h", ("w13", w13, w13_scale))
+    _gemm(plan, GemmRole.gate_up, "h", ("w13", w13, w13_scale))
     plan.connect("dispatch", "gemm_gate_up", "a")
     plan.connect("dispatch", "gemm_gate_up", "routing")
 
@@ -147,17 +172,17 @@ def build_stages(plan: Plan, spec: Spec) -> None:
         plan.connect("activation", "quantize_down", "g")
         down_input = ("quantize_down", "hq")
 
-    _gemm(plan, "down", "y", ("w2", w2, w2_scale))
+    _gemm(plan, GemmRole.down, "y", ("w2", w2, w2_scale))
     plan.connect(down_input[0], "gemm_down", down_input[1], "a")
     plan.connect("dispatch", "gemm_down", "routing")
     _combine_and_finalize(plan, spec, around)
 
 
-def _router(plan: Plan, around: str) -> None:
+def _router(plan: Plan, around: Backend) -> None:
     """fp32 logits: one fp32 GEMM (torch), or, beside Triton kernels on a bf16 layer, the fp32
     weight split in three bf16 parts on bf16 tensor cores: exact products, fp32 sums."""
     layer = plan.layer
-    split = around == "triton" and layer.dtype is DType.bfloat16
+    split = around == Backend.triton and layer.dtype is DType.bfloat16
     if split:
         weights = {"gate_parts": TensorType(DType.bfloat16, ("3", "E", "H"))}
         note = (
@@ -173,9 +198,9 @@ def _router(plan: Plan, around: str) -> None:
     plan.add_stage(
         Router(
             name="router",
-            backend="triton" if split else "torch",
+            backend=Backend.triton if split else Backend.torch,
             experts=layer.routed_experts,
-            precision="bf16x3" if split else "fp32",
+            precision=RouterPrecision.bf16x3 if split else RouterPrecision.fp32,
             outputs={"logits": logits},
             weights=weights,
             note=note,
@@ -197,24 +222,25 @@ def _router(plan: Plan, around: str) -> None:
             "router",
             "fp32 GEMM in torch",
             "the reference path"
-            if around == "torch"
+            if around == Backend.torch
             else f"a {layer.dtype.value} input has no exact three-part bf16 split",
         )
 
 
-def _select(plan: Plan, spec: Spec, backend: str) -> None:
+def _select(plan: Plan, spec: Spec, backend: Backend) -> None:
     layer, router = plan.layer, spec.router
+    method = TopkMethod(router.topk_method)
     weights = {}
-    if router.topk_method == "noaux_tc":
+    if method == TopkMethod.noaux_tc:
         weights["gate_bias"] = TensorType(FP32, ("E",))
-    if router.topk_method == "hash":
+    if method == TopkMethod.hash:
         weights["tid2eid"] = TensorType(I32, ("V", "Kr"))
     plan.add_stage(
         Select(
             name="select",
             backend=backend,
-            scoring_func=router.scoring_func,
-            topk_method=router.topk_method,
+            scoring_func=ScoringFunc(router.scoring_func),
+            topk_method=method,
             n_group=router.n_group,
             topk_group=router.topk_group,
             norm_topk_prob=router.norm_topk_prob,
@@ -230,15 +256,16 @@ def _select(plan: Plan, spec: Spec, backend: str) -> None:
         )
     )
     plan.connect("router", "select", "logits")
-    if router.topk_method == "hash":
+    triton = backend == Backend.triton
+    if method == TopkMethod.hash:
         plan.connect("input", "select", "token_ids")
         plan.decide(
             "top-k",
-            "hash table, Triton" if backend == "triton" else "hash table, torch",
+            "hash table, Triton" if triton else "hash table, torch",
             "each token's experts are tid2eid[token_id], a gather; the weights are the scores "
-            "of those experts" + ("; one Triton program per token" if backend == "triton" else ""),
+            "of those experts" + ("; one Triton program per token" if triton else ""),
         )
-    elif backend == "triton":
+    elif triton:
         plan.decide(
             "top-k",
             "Triton",
@@ -257,7 +284,7 @@ def _place(plan: Plan) -> None:
     tables: list = []
     rank_tables: list = []
     workspace = {}
-    if layer.placed and layer.replica_choice == "static":
+    if layer.placed and layer.replica_choice == ReplicaChoice.static:
         rank_tables.append(("replica_of", tuple(map(tuple, placement.static_choice(layer)))))
         workspace["replica_of"] = TensorType(I32, ("E",))
     elif layer.placed:
@@ -270,7 +297,7 @@ def _place(plan: Plan) -> None:
     plan.add_stage(
         Place(
             name="place",
-            backend="torch",
+            backend=Backend.torch,
             experts=layer.routed_experts,
             physical=layer.physical_experts,
             top_k=layer.top_k,
@@ -289,7 +316,7 @@ def _place(plan: Plan) -> None:
         counts = [len(r) for r in placement.replicas(layer)]
         how = (
             "each rank's fixed replica: its own, else its node's, else one spread by rank"
-            if layer.replica_choice == "static"
+            if layer.replica_choice == ReplicaChoice.static
             else "a hash of each (token, k) position among the expert's replicas"
         )
         plan.decide(
@@ -309,7 +336,7 @@ def _place(plan: Plan) -> None:
         )
 
 
-def _quantize(plan: Plan, name: str, fmt: QuantFormat, backend: str, shape, out: str) -> None:
+def _quantize(plan: Plan, name: str, fmt: QuantFormat, backend: Backend, shape, out: str) -> None:
     """Activation quantization: token rows (shape [T, H]) or the grouped intermediate."""
     scale = fmt.activation_scale()
     if shape is None:
@@ -338,7 +365,7 @@ in each program (moec/runtime/triton_route.py ONE_PASS; tests/test_plan_graph.py
 agree)."""
 
 
-def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
+def _dispatch(plan: Plan, source: str, tensor: str, around: Backend) -> None:
     layer, backends = plan.layer, plan.backends
     layout, mode = backends.layout, layer.dispatch
     a_type = plan.stage(source).outputs[tensor]
@@ -351,25 +378,28 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
             "DeepEP's own size hints for this layer (moec/plan/deepep.py); the layer checks them "
             "against the installed deep_ep when it allocates",
         )
-    if mode == "deepep_low_latency" and layer.routed.quantized:
+    if mode == DispatchMode.deepep_low_latency and layer.routed.quantized:
         # DeepEP's low-latency dispatch quantizes each token in 1 x 128 groups as it sends it and
         # writes the scales MN-major, TMA-aligned ([E, max_m, H/128], max_m a multiple of 4)
         quantize = layer.routed
-        scale = replace(layer.routed.activation_scale(), major="MN", tma_aligned=True)
+        produced = layer.routed.activation_scale()
+        assert produced is not None  # a quantized format's
+        scale = replace(produced, major=ScaleMajor.MN, tma_aligned=True)
         a_type = TensorType(DType.e4m3, ("T", "H"), scale=scale)
     routing_type = TensorType(
         I32,
-        ("M",) if layout == "contiguous" else ("E",),
-        Layout.masked if layout == "masked" else Layout.contiguous,
+        ("M",) if layout == GemmLayout.contiguous else ("E",),
+        Layout.masked if layout == GemmLayout.masked else Layout.contiguous,
         record=ROUTING_RECORD[layout],
     )
     outputs = {"a": grouped_type(a_type.dtype, "H", layout, a_type.scale), "routing": routing_type}
-    if mode != "local":
+    if mode != DispatchMode.local:
         outputs["exchange"] = TensorType(I32, ("T*K",), record=EXCHANGE_RECORD[mode])
     exchanged = layer.exchanges_rows
-    padding = None if backends.gemm == "triton" else ROW_PADDING
+    padding = None if backends.gemm == Backend.triton else ROW_PADDING
     one_launch = 0
-    if mode == "local" and around == "triton" and layout == "contiguous":
+    local = mode == DispatchMode.local
+    if local and around == Backend.triton and layout == GemmLayout.contiguous:
         one_launch = ONE_LAUNCH_DISPATCH
         plan.decide(
             "dispatch at decode",
@@ -383,11 +413,11 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
     plan.add_stage(
         Dispatch(
             name="dispatch",
-            backend=around if mode == "local" else backends.dispatch,
+            backend=around if local else backends.dispatch,
             mode=mode,
             layout=layout,
             experts=layer.grouped_experts,
-            row_padding=padding if layout == "contiguous" else None,
+            row_padding=padding if layout == GemmLayout.contiguous else None,
             routing_backend=around,
             quantize=quantize,
             buffer=buffer,
@@ -403,7 +433,7 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
         plan.connect("place", "dispatch", "physical_ids", "topk_ids")
     else:
         plan.connect("select", "dispatch", "topk_ids")
-    if mode != "local":  # the weights travel with the tokens; the expert ranks apply them
+    if not local:  # the weights travel with the tokens; the expert ranks apply them
         plan.connect("select", "dispatch", "topk_weights")
     if quantize is not None:
         plan.decide(
@@ -412,7 +442,7 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: str) -> None:
             "DeepEP's low-latency dispatch quantizes each bf16 token to e4m3 with 1 x 128 scales "
             "as it sends it: half the bytes on the wire, no quantize pass",
         )
-    if layout == "contiguous":
+    if layout == GemmLayout.contiguous:
         why = "each expert's rows start on a GEMM tile boundary, so a tile never mixes experts"
         if padding:
             plan.decide(
@@ -450,25 +480,25 @@ def _decide_psum(plan: Plan, psum_from: int) -> None:
     )
 
 
-def _gemm(plan: Plan, role: str, out_name: str, weight) -> None:
+def _gemm(plan: Plan, role: GemmRole, out_name: str, weight) -> None:
     layer, backends = plan.layer, plan.backends
     fmt, layout, backend = layer.routed, backends.layout, backends.gemm
     attr, w_type, scale_type = weight
     weights = {attr: w_type}
     if scale_type is not None:
         weights[f"{attr}_scale"] = scale_type
-    n, k = ("2I", "H") if role == "gate_up" else ("H", "I")
+    n, k = ("2I", "H") if role == GemmRole.gate_up else ("H", "I")
     values = {"2I": 2 * layer.intermediate, "H": layer.hidden, "I": layer.intermediate}
     a_dtype = DType.e4m3 if fmt.quantized else layer.dtype
     a_scale = accepted_scale(backend, layer.arch, fmt.activation_scale())
     kernel, note, syncs = None, "", False
-    if backend == "torch":
+    if backend == Backend.torch:
         kernel = torch_gemm_kernel(layer.device, fmt, layer.dtype, layout)
         note, syncs = TORCH_GEMM[kernel]
     psum_from = None
-    if backend == "deep_gemm" and layout == "contiguous":
+    if backend == Backend.deep_gemm and layout == GemmLayout.contiguous:
         psum_from = PSUM_FROM if plan.backends.min_tokens < PSUM_FROM else plan.backends.min_tokens
-        if role == "gate_up":
+        if role == GemmRole.gate_up:
             _decide_psum(plan, psum_from)
     plan.add_stage(
         Gemm(
@@ -495,27 +525,30 @@ def _gemm(plan: Plan, role: str, out_name: str, weight) -> None:
     )
 
 
-def _combine_and_finalize(plan: Plan, spec: Spec, around: str) -> None:
+def _combine_and_finalize(plan: Plan, spec: Spec, around: Backend) -> None:
     layer, backends = plan.layer, plan.backends
     mode = layer.dispatch
+    local = mode == DispatchMode.local
     exchanged = layer.exchanges_rows
     plan.add_stage(
         Combine(
             name="combine",
-            backend=around if mode == "local" else backends.dispatch,
+            backend=around if local else backends.dispatch,
             mode=mode,
             layout=backends.layout,
             reduce_backend=around if exchanged else "",
             outputs={"routed": TensorType(layer.dtype, ("T", "H"))},
-            syncs_host=mode == "all2all",
+            syncs_host=mode == DispatchMode.all2all,
             graph_safe=not exchanged,
             origin=("parallel.dispatch", "experts.gemm_backend"),
         )
     )
     plan.connect("gemm_down", "combine", "y")
-    if mode != "deepep_low_latency":  # that combine finds its way back in the exchange alone
+    if (
+        mode != DispatchMode.deepep_low_latency
+    ):  # that combine finds its way back in the exchange alone
         plan.connect("dispatch", "combine", "routing")
-    if mode == "local":
+    if local:
         plan.connect("select", "combine", "topk_weights")
     else:
         plan.connect("dispatch", "combine", "exchange")
@@ -523,7 +556,7 @@ def _combine_and_finalize(plan: Plan, spec: Spec, around: str) -> None:
     plan.add_stage(
         Finalize(
             name="finalize",
-            backend="torch.distributed" if layer.tp > 1 else "torch",
+            backend=Backend.torch_distributed if layer.tp > 1 else Backend.torch,
             routed_scaling_factor=spec.router.routed_scaling_factor,
             add_shared=plan.has("shared_expert"),
             all_reduce=layer.tp > 1,
@@ -534,11 +567,11 @@ def _combine_and_finalize(plan: Plan, spec: Spec, around: str) -> None:
     plan.connect("combine", "finalize", "routed")
     if plan.has("shared_expert"):
         plan.connect("shared_expert", "finalize", "shared")
-    plan.add_stage(Output(name="output", backend="-"))
+    plan.add_stage(Output(name="output", backend=Backend.none))
     plan.connect("finalize", "output", "out")
 
 
-def _shared_expert(plan: Plan, gemm: str) -> None:
+def _shared_expert(plan: Plan, gemm: Backend) -> None:
     layer: Layer = plan.layer
     fmt = layer.shared
     w13, w13_scale = weight_types(fmt, None, "2Is", "H", layer.dtype)
@@ -555,7 +588,7 @@ def _shared_expert(plan: Plan, gemm: str) -> None:
     plan.add_stage(
         SharedExpert(
             name="shared_expert",
-            backend=elementwise_backend(gemm) if gemm == "deep_gemm" else gemm,
+            backend=elementwise_backend(gemm) if gemm == Backend.deep_gemm else gemm,
             format=fmt,
             experts=layer.n_shared,
             intermediate=layer.shared_intermediate,

@@ -7,7 +7,9 @@ from moec.errors import MoecError, Problem, problem
 from moec.plan.backends import DEEP_GEMM_API, deep_gemm_function
 from moec.plan.graph import Plan
 from moec.plan.resolve import Environment
+from moec.plan.stages import Convert, Gemm, Stage
 from moec.spec.models import Spec
+from moec.vocab import Backend
 
 # Spec settings that give a stage kind another backend: what a user can change.
 _WHAT_WORKS = {
@@ -32,7 +34,7 @@ def check_renderers(plan: Plan, spec: Spec) -> None:
     causes: dict[tuple, list[str]] = {}
     for name, why in refused.items():
         stage = plan.stage(name)
-        if stage.kind == "convert" and all(c in refused for c, _ in plan.consumers(name)):
+        if isinstance(stage, Convert) and all(c in refused for c, _ in plan.consumers(name)):
             continue
         keys = stage.origin or ("experts.gemm_backend",)
         hint = _WHAT_WORKS.get(stage.kind, 'experts.gemm_backend = "torch"')
@@ -53,11 +55,11 @@ def check_renderers(plan: Plan, spec: Spec) -> None:
         raise MoecError(found, kind="spec")
 
 
-def _described(plan: Plan, stage) -> str:
+def _described(plan: Plan, stage: Stage) -> str:
     """A stage in a user's words (the plan's stage names are for the generated code)."""
-    if stage.kind == "gemm":
+    if isinstance(stage, Gemm):
         return f"the {stage.role.replace('_', '/')} GEMM"
-    if stage.kind == "convert":
+    if isinstance(stage, Convert):
         consumers = [_described(plan, plan.stage(c)) for c, _ in plan.consumers(stage.name)]
         return f"the scale conversion for {' and '.join(consumers)}"
     return f"the {stage.name.replace('_', ' ')}"
@@ -72,19 +74,19 @@ def _value_at(spec: Spec, path: str):
 
 def record_requirements(plan: Plan, env: Environment) -> None:
     """Pass: the optional packages the generated code imports, and which are missing here."""
-    from moec.codegen.registry import renderer
+    from moec.codegen.registry import renderer_of
 
     needed: set[str] = set()
     for stage in plan.order():
         if stage.kind not in ("input", "output"):
-            needed.update(renderer(stage.kind, stage.backend).requires)
+            needed.update(renderer_of(stage).requires)
     plan.requires = tuple(sorted(needed))
     plan.missing = tuple(m for m in plan.requires if not env.has(m))
     calls = sorted(
         {
             deep_gemm_function(s.format.quantized, s.layout)
             for s in plan.order()
-            if s.kind == "gemm" and s.backend == "deep_gemm"
+            if isinstance(s, Gemm) and s.backend == Backend.deep_gemm
         }
     )
     if calls:
@@ -113,10 +115,9 @@ def decide_graph_safety(plan: Plan) -> None:
         )
 
 
-def join_split(plan: Plan) -> None:
+def join_split(plan: Plan, above: Plan) -> None:
     """The two plans of a GEMM split run one set of weights: the same layer, the same weight
     tensors, the same layout; the package needs what either needs."""
-    above = plan.above
 
     def weights(p: Plan) -> dict:
         return {n: t for s in p.order() for n, t in s.weights.items()}

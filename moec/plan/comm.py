@@ -22,7 +22,8 @@ from math import comb
 
 from moec.plan.graph import Plan
 from moec.plan.layer import Layer
-from moec.plan.stages import Stage
+from moec.plan.stages import Combine, Dispatch, Finalize, Select, Stage
+from moec.vocab import DispatchMode, TopkMethod
 
 IDS_AND_WEIGHTS = 8
 """Bytes per top-k entry travelling with a token: an int32 id and an fp32 weight."""
@@ -46,11 +47,11 @@ def distinct_holders(experts: int, top_k: int, holders: int) -> float:
     return holders * (1.0 - miss)
 
 
-def destinations(select: Stage, layer: Layer, holders: int) -> float:
+def destinations(select: Select, layer: Layer, holders: int) -> float:
     """Expected distinct holders (ranks or nodes of the EP group) a token's experts live on."""
     experts, k = layer.routed_experts, layer.top_k
     groups, kept = select.n_group, select.topk_group
-    if select.topk_method == "greedy" or groups <= 1 or kept >= groups:
+    if select.topk_method == TopkMethod.greedy or groups <= 1 or kept >= groups:
         return distinct_holders(experts, k, holders)
     if groups >= holders:  # whole groups per holder: count the holders of the kept groups
         return distinct_holders(groups, kept, holders)
@@ -73,24 +74,26 @@ def stage_traffic(plan: Plan, stage: Stage, tokens: int) -> Traffic:
     """What this rank sends during `stage` at `tokens` tokens on it."""
     layer = plan.layer
     world = layer.tp * layer.ep
-    if world == 1 or stage.kind not in ("dispatch", "combine", "finalize"):
+    if world == 1 or not isinstance(stage, (Dispatch, Combine, Finalize)):
         return Traffic()
     per_node = world // layer.nodes
-    if stage.kind == "finalize":
+    if isinstance(stage, Finalize):
         sent = 2.0 * (world - 1) / world * tokens * layer.hidden * layer.dtype.bytes
         return Traffic(nic_bytes=sent) if layer.nodes > 1 else Traffic(link_bytes=sent)
-    if stage.mode == "local":
+    if stage.mode == DispatchMode.local:
         return Traffic()
     dispatch = plan.stage("dispatch")
     row = (
-        row_bytes(dispatch, layer) if stage.kind == "dispatch" else layer.hidden * layer.dtype.bytes
+        row_bytes(dispatch, layer)
+        if isinstance(stage, Dispatch)
+        else layer.hidden * layer.dtype.bytes
     )
-    select = plan.stage("select")
-    if stage.mode == "deepep_low_latency":  # one row per (token, expert), no dedup
+    select = plan.stage("select", Select)
+    if stage.mode == DispatchMode.deepep_low_latency:  # one row per (token, expert), no dedup
         remote = tokens * layer.top_k * (world - 1) / world * row
         return _split(remote, per_node, world, layer.nodes)
     ranks = destinations(select, layer, world)
-    if stage.mode == "deepep_normal" and layer.nodes > 1:
+    if stage.mode == DispatchMode.deepep_normal and layer.nodes > 1:
         nodes = destinations(select, layer, layer.nodes)
         nic = tokens * nodes * (layer.nodes - 1) / layer.nodes * row
         local = tokens * ranks * (per_node - 1) / world * row  # forwarded inside the node

@@ -9,6 +9,7 @@ from __future__ import annotations
 from moec.plan.graph import Plan
 from moec.plan.stages import Convert
 from moec.plan.types import DType, TensorType
+from moec.vocab import Backend
 
 
 def insert_converters(plan: Plan) -> None:
@@ -30,7 +31,7 @@ def conversion_steps(have: TensorType, want: TensorType) -> list[str]:
     hs, ws = have.scale, want.scale
     if hs is None or ws is None or hs.granularity != ws.granularity:
         raise ValueError(f"planner bug: scale {hs} cannot become {ws}")
-    if ws.power_of_two and not hs.power_of_two:
+    if ws.pow2_scales and not hs.pow2_scales:
         steps.append("round scales up to powers of two")
     if ws.major != hs.major:
         steps.append(f"transpose scales to {ws.major}-major")
@@ -48,7 +49,7 @@ def _insert(plan: Plan, producer: str, consumer: str, tensor: str, have, want, i
     plan.add_stage(
         Convert(
             name=name,
-            backend="torch",
+            backend=Backend.torch,
             steps=tuple(steps),
             outputs={converted: want},
             note="; ".join(steps),

@@ -20,8 +20,9 @@ from moec.plan.devices import Device
 from moec.plan.graph import Plan
 from moec.plan.layer import Layer
 from moec.plan.sizes import buffer_rows, symbols, tensor_bytes, useful_rows, weight_bytes
-from moec.plan.stages import Stage
+from moec.plan.stages import Dispatch, Gemm, Router, Stage
 from moec.plan.types import Layout, TensorType
+from moec.vocab import RouterPrecision
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def _scale_only_bytes(tensor: TensorType, table: dict[str, int], rows: int | Non
 def _weights_touched(stage: Stage, table: dict[str, int], hit: float) -> float:
     total = 0.0
     for weight in stage.weights.values():
-        grouped = stage.kind == "gemm" and weight.shape[0] == "E"
+        grouped = isinstance(stage, Gemm) and weight.shape[0] == "E"
         if weight.shape[0] == "V":  # the hash table: one row read per token, at most V rows
             total += weight_bytes(weight, table, min(table["T"], table["V"]))
             continue
@@ -130,10 +131,11 @@ def _flops(stage: Stage, layer: Layer, tokens: int, rows: int) -> tuple[float, s
     compute = "fp8" if layer.routed.quantized else "bf16"
     if kind == "router" or "router" in stage.fused:
         # the fused router is the Triton one, which is always the bf16x3 split
-        parts = 3 if kind != "router" or stage.precision == "bf16x3" else 1
+        unfused = isinstance(stage, Router) and stage.precision == RouterPrecision.fp32
+        parts = 1 if unfused else 3
         flops = 2.0 * parts * tokens * hidden * layer.routed_experts
         return flops, "bf16" if parts == 3 else "fp32"
-    if kind == "gemm":
+    if isinstance(stage, Gemm):
         n, k = stage.n_value, stage.k_value
         return 2.0 * rows * n * k, compute
     if kind == "shared_expert":
@@ -145,7 +147,7 @@ def _flops(stage: Stage, layer: Layer, tokens: int, rows: int) -> tuple[float, s
 def row_padding(plan: Plan, tokens: int) -> int:
     """Contiguous row padding at `tokens` tokens: fixed by the dispatch, or the Triton tile's
     BLOCK_M of the bucket of `tokens`."""
-    fixed = plan.stage("dispatch").row_padding if plan.has("dispatch") else None
+    fixed = plan.stage("dispatch", Dispatch).row_padding if plan.has("dispatch") else None
     if fixed:
         return fixed
     if plan.tiles is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from moec.plan.layer import Layer
 from moec.spec.deepep_rules import NVL_PEERS
+from moec.vocab import DispatchMode
 
 NORMAL_SMS = 24
 """SMs of DeepEP's normal (prefill) kernels: nothing in the layer runs beside the exchange, so
@@ -107,7 +108,7 @@ def low_latency_rdma_bytes(max_tokens: int, hidden: int, experts: int) -> int:
 
 def buffer_for(layer: Layer) -> DeepEPBuffer:
     """The buffer one rank of this layer allocates (dispatch = deepep_normal / _low_latency)."""
-    if layer.dispatch == "deepep_low_latency":
+    if layer.dispatch == DispatchMode.deepep_low_latency:
         assert layer.tokens_per_rank is not None, "rules: low latency needs max_tokens_per_rank"
         rdma = low_latency_rdma_bytes(layer.tokens_per_rank, layer.hidden, layer.routed_experts)
         return DeepEPBuffer(0, rdma, True, 0, layer.local_experts, layer.tokens_per_rank)

@@ -8,6 +8,7 @@ from datasheets, marked so. Every value can be overridden on the command line.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ BY_ARCH = {"sm80": A100, "sm89": L40S, "sm90": H200, "sm100": B200, "sm120": B20
 def device_for(
     target_device: str,
     arch: str | None,
-    overrides: dict[str, float] | None = None,
+    overrides: dict[str, Any] | None = None,
     nic_gbs: float | None = None,
 ) -> Device:
     """The device table row for a spec's target, with command-line overrides applied and the

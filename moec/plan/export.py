@@ -61,11 +61,12 @@ def plan_data(plan: Plan, spec, device: Device, tokens: list[int]) -> dict[str, 
 
 def _above(plan: Plan, stages: list[dict[str, Any]]) -> dict[str, Any] | None:
     """What the plan past a GEMM split runs differently."""
-    if plan.above is None:
+    split = plan.backends.split
+    if plan.above is None or split is None:
         return None
     ours = [asdict(d) for d in plan.decisions]
     return {
-        "up_to": plan.backends.split.up_to,
+        "up_to": split.up_to,
         "gemm_backend": plan.above.backends.gemm,
         "stages": [s for s in _stages(plan.above) if s not in stages],
         "decisions": [d for d in (asdict(d) for d in plan.above.decisions) if d not in ours],

@@ -18,7 +18,18 @@ the path every later kernel waits on.
 from __future__ import annotations
 
 from moec.plan.graph import Plan
+from moec.plan.stages import (
+    Activation,
+    Convert,
+    Dispatch,
+    Finalize,
+    Gemm,
+    Quantize,
+    Router,
+    Select,
+)
 from moec.plan.types import DType, TensorType
+from moec.vocab import Backend, DispatchMode, GemmLayout, TopkMethod
 
 GATE_ONE_LAUNCH = 1
 """Tokens up to which the fused Triton router and selection are one launch
@@ -29,10 +40,10 @@ run 62)."""
 
 
 def fuse_router_select(plan: Plan) -> None:
-    router, select = plan.stage("router"), plan.stage("select")
-    if router.backend != "triton" or select.backend != "triton":
+    router, select = plan.stage("router", Router), plan.stage("select", Select)
+    if router.backend != Backend.triton or select.backend != Backend.triton:
         return
-    if select.topk_method == "hash":
+    if select.topk_method == TopkMethod.hash:
         plan.decide(
             "fuse router + select",
             "no",
@@ -65,7 +76,7 @@ def fuse_router_select(plan: Plan) -> None:
 def fuse_activation_quant(plan: Plan) -> None:
     if not plan.has("quantize_down"):
         return
-    fmt = plan.stage("quantize_down").format
+    fmt = plan.stage("quantize_down", Quantize).format
     plan.absorb("activation", "quantize_down", quantize=fmt)
     plan.decide(
         "fuse activation + quantize",
@@ -75,9 +86,10 @@ def fuse_activation_quant(plan: Plan) -> None:
 
 
 def fuse_routed_scaling(plan: Plan) -> None:
-    factor = plan.stage("finalize").routed_scaling_factor
+    factor = plan.stage("finalize", Finalize).routed_scaling_factor
     plan.update("finalize", routed_scaling_factor=1.0)
-    select = plan.update("select", routed_scaling_factor=factor)
+    plan.update("select", routed_scaling_factor=factor)
+    select = plan.stage("select", Select)
     if factor == 1.0:
         plan.decide("routed scaling", "none", "routed_scaling_factor is 1")
         return
@@ -92,10 +104,10 @@ def fuse_routed_scaling(plan: Plan) -> None:
 def fuse_quantize_dispatch(plan: Plan) -> None:
     if not plan.has("quantize"):
         return
-    dispatch = plan.stage("dispatch")
-    if dispatch.mode != "local" or dispatch.backend != "triton":
+    dispatch = plan.stage("dispatch", Dispatch)
+    if dispatch.mode != DispatchMode.local or dispatch.backend != Backend.triton:
         return
-    fmt = plan.stage("quantize").format
+    fmt = plan.stage("quantize", Quantize).format
     plan.absorb("dispatch", "quantize", quantize=fmt)
     plan.decide(
         "fuse quantize + dispatch",
@@ -113,10 +125,12 @@ def gather_token_rows(plan: Plan) -> None:
     layout from its token, through the routing's token_of_row: the dispatch writes no rows."""
     if not plan.has("dispatch"):
         return
-    dispatch, gemm = plan.stage("dispatch"), plan.stage("gemm_gate_up")
-    triton = dispatch.backend == "triton" and gemm.backend == "triton"
-    if not (triton and dispatch.mode == "local" and dispatch.layout == "contiguous"):
+    dispatch, gemm = plan.stage("dispatch", Dispatch), plan.stage("gemm_gate_up", Gemm)
+    triton = dispatch.backend == Backend.triton and gemm.backend == Backend.triton
+    local = dispatch.mode == DispatchMode.local
+    if not (triton and local and dispatch.layout == GemmLayout.contiguous):
         return
+    assert plan.tiles is not None  # set by the tiles pass for every Triton GEMM
     buckets = plan.tiles.reachable(plan.layer.max_tokens)
     tma = [i for i, b in enumerate(buckets) if b.gate_up.get("TMA")]
     if tma:
@@ -154,14 +168,14 @@ LAYOUT_STEPS = {"transpose scales to MN-major", "pad scale columns to 16-byte TM
 def fuse_scale_layout(plan: Plan) -> None:
     """A converter that only transposes and pads the scales of a Triton quantizer's 2-D output
     disappears: the quantizer writes them in the wanted layout (its kernels take any strides)."""
-    for convert in [s for s in plan.order() if s.kind == "convert"]:
+    for convert in [s for s in plan.order() if isinstance(s, Convert)]:
         ((producer, edge),) = plan.inputs(convert.name)
         source = plan.stage(producer)
         fits = (
             set(convert.steps) <= LAYOUT_STEPS
-            and source.backend == "triton"
-            and source.kind in ("dispatch", "activation")
-            and getattr(source, "quantize", None) is not None
+            and source.backend == Backend.triton
+            and isinstance(source, (Dispatch, Activation))
+            and source.quantize is not None
             and len(edge.type.shape) == 2
         )
         if not fits:
@@ -183,7 +197,7 @@ def fuse_scale_layout(plan: Plan) -> None:
 
 
 def fuse_finalize_combine(plan: Plan) -> None:
-    finalize = plan.stage("finalize")
+    finalize = plan.stage("finalize", Finalize)
     if finalize.all_reduce:
         # combine adds the (partial) shared output; finalize only all-reduces the sum.
         if finalize.add_shared:
@@ -203,6 +217,6 @@ def fuse_finalize_combine(plan: Plan) -> None:
     why = (
         "the weighted sum, the shared-expert add and the rounding to the output dtype are one pass"
     )
-    if plan.layer.dispatch == "deepep_low_latency":
+    if plan.layer.dispatch == DispatchMode.deepep_low_latency:
         why = "the shared-expert output is added to DeepEP's weighted sum as it arrives (no finalize launch)"
     plan.decide("fuse finalize into combine", "yes", why)

@@ -9,13 +9,19 @@ is a `Decision` with its reason, made once by a pass and only rendered by codege
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import networkx as nx
 
 from moec.plan.layer import Layer
 from moec.plan.stages import Stage
 from moec.plan.types import TensorType
+from moec.vocab import Backend, GemmLayout
+
+if TYPE_CHECKING:
+    from moec.plan.tuning import Tiles
+
+S = TypeVar("S", bound=Stage)
 
 # Pipeline order: the tie-break of the deterministic topological sort.
 STAGE_ORDER = (
@@ -75,7 +81,7 @@ class GemmSplit:
 
     up_to: int
     """The last token count the plan's own backend runs."""
-    above: str
+    above: Backend
     """The backend of every larger token count."""
 
 
@@ -83,11 +89,10 @@ class GemmSplit:
 class Backends:
     """What the resolve pass chose for the whole layer."""
 
-    gemm: str
+    gemm: Backend
     """Backend of the expert GEMMs: torch, triton or deep_gemm (up to split.up_to, if split)."""
-    layout: str
-    """contiguous or masked."""
-    dispatch: str
+    layout: GemmLayout
+    dispatch: Backend
     """Backend of the exchange between ranks: torch (local), torch.distributed or deep_ep."""
     split: GemmSplit | None = None
     """Set when the GEMM backend changes with the token count."""
@@ -97,19 +102,19 @@ class Backends:
 
 @dataclass
 class Plan:
-    """Stages, typed edges, decisions; built by `moec.plan.make_plan`."""
+    """Stages, typed edges, decisions; built by `moec.plan.make_plan`. The resolve pass decides
+    `layer` and `backends` before the plan exists: every other pass sees them final."""
 
     name: str
     spec_hash: str
     layer: Layer
+    backends: Backends
     description: str = ""
     """The spec's free text (a literal in generated code)."""
     graph: nx.DiGraph = field(default_factory=nx.DiGraph)
     decisions: list[Decision] = field(default_factory=list)
-    backends: Backends | None = None
-    """Set by the resolve pass."""
-    tiles: Any = None
-    """Triton tiles per token bucket (moec.plan.tuning.Tiles), set by the tiles pass."""
+    tiles: Tiles | None = None
+    """Triton tiles per token bucket, set by the tiles pass (Triton and DeepGEMM layers)."""
     requires: tuple[str, ...] = ()
     """Optional packages the generated package imports (deep_gemm, deep_ep, triton)."""
     missing: tuple[str, ...] = ()
@@ -118,12 +123,20 @@ class Plan:
     """With backends.split: the plan of the same layer on split.above, which the package runs
     above split.up_to tokens (its weights are this plan's)."""
 
-    def stage(self, name: str) -> Stage:
-        return self.graph.nodes[name]["stage"]
+    @overload
+    def stage(self, name: str) -> Stage: ...
+    @overload
+    def stage(self, name: str, kind: type[S]) -> S: ...
+    def stage(self, name: str, kind: type[Stage] = Stage) -> Stage:
+        """The record of stage `name`; with `kind`, checked to be that kind's."""
+        found = self.graph.nodes[name]["stage"]
+        if not isinstance(found, kind):
+            raise TypeError(f"stage {name} is a {type(found).__name__}, not a {kind.__name__}")
+        return found
 
     def at(self, tokens: int) -> Plan:
         """The plan the package runs at `tokens` tokens: this one, or `above` past the split."""
-        split = self.backends.split if self.backends else None
+        split = self.backends.split
         return self.above if split and self.above and tokens > split.up_to else self
 
     def has(self, name: str) -> bool:

@@ -12,13 +12,27 @@ from moec.plan.types import DType, ScaleType
 from moec.spec import placement
 from moec.spec.models import Spec
 from moec.spec.normalize import BLOCK_DEFAULTS
+from moec.vocab import (
+    ActivationKind,
+    ActivationScheme,
+    Arch,
+    CheckpointFormat,
+    DeviceKind,
+    DispatchMode,
+    ReplicaChoice,
+    ScaleDtype,
+    ScaleMajor,
+    Scheme,
+    SharedExperts,
+    TopkMethod,
+)
 
 
 @dataclass(frozen=True)
 class QuantFormat:
     """How one set of experts (routed or shared) stores weights and quantizes activations."""
 
-    scheme: str
+    scheme: Scheme
     weight_block: tuple[int, int] | None
     """[block_n, block_k] of the weight scales; None for bf16 / per-tensor."""
     group: int | None
@@ -30,21 +44,23 @@ class QuantFormat:
     checkpoint_quantized: bool = False
     """The checkpoint holds this format's values and `weight_scale_inv` (else it is quantized on
     load from float weights)."""
-    source: str | None = None
+    source: Scheme | None = None
     """"mxfp4": mxfp4 weights (the checkpoint's, or floats quantized to mxfp4) stored in this
     fp8_block format, converted exactly at load."""
 
     @property
     def quantized(self) -> bool:
-        return self.scheme != "bf16"
+        return self.scheme != Scheme.bf16
 
     @property
     def weight_dtype(self) -> DType:
-        return {"bf16": DType.bfloat16, "mxfp4": DType.e2m1x2}.get(self.scheme, DType.e4m3)
+        return {Scheme.bf16: DType.bfloat16, Scheme.mxfp4: DType.e2m1x2}.get(
+            self.scheme, DType.e4m3
+        )
 
     @property
     def weight_bytes_per_value(self) -> float:
-        return 0.5 if self.scheme == "mxfp4" else self.weight_dtype.bytes
+        return 0.5 if self.scheme == Scheme.mxfp4 else self.weight_dtype.bytes
 
     def activation_scale(self) -> ScaleType | None:
         """Scale type of activations quantized for this format's GEMMs (as produced)."""
@@ -52,10 +68,10 @@ class QuantFormat:
             return None
         if self.group is None:
             return ScaleType("per-tensor", DType.float32)
-        return ScaleType(f"1x{self.group}", DType.float32, "K", False, self.pow2_scales)
+        return ScaleType(f"1x{self.group}", DType.float32, ScaleMajor.K, False, self.pow2_scales)
 
     def weight_scale_granularity(self) -> str:
-        if self.scheme == "fp8_per_tensor":
+        if self.scheme == Scheme.fp8_per_tensor:
             return "per-expert"
         assert self.weight_block is not None
         return f"{self.weight_block[0]}x{self.weight_block[1]}"
@@ -72,26 +88,30 @@ class QuantFormat:
         """This mxfp4 format stored as fp8_block (128 x 128 weight blocks, 1 x 128 fp32
         activation scales), its values unchanged (runtime quant.e2m1_to_e4m3_blocks)."""
         return QuantFormat(
-            "fp8_block", (128, 128), 128, False, False, self.checkpoint_quantized, "mxfp4"
+            Scheme.fp8_block, (128, 128), 128, False, False, self.checkpoint_quantized, Scheme.mxfp4
         )
 
 
-def quant_format(scheme: str, spec: Spec) -> QuantFormat:
-    """Format of `scheme` under `spec` (the spec's own keys apply to its routed scheme)."""
-    quant = spec.quant
+def quant_format(name: str, spec: Spec) -> QuantFormat:
+    """Format of scheme `name` under `spec` (the spec's own keys apply to its routed scheme)."""
+    quant, scheme = spec.quant, Scheme(name)
     own = scheme == quant.scheme
-    checkpoint = scheme != "bf16" and quant.checkpoint == "quantized"
-    if scheme == "bf16" or scheme == "fp8_per_tensor":
-        static = scheme == "fp8_per_tensor" and quant.activation_scheme == "static"
+    checkpoint = scheme != Scheme.bf16 and quant.checkpoint == CheckpointFormat.quantized
+    if scheme in (Scheme.bf16, Scheme.fp8_per_tensor):
+        static = (
+            scheme == Scheme.fp8_per_tensor and quant.activation_scheme == ActivationScheme.static
+        )
         return QuantFormat(scheme, None, None, False, static, checkpoint)
     block = (
         tuple(quant.weight_block) if own and quant.weight_block else tuple(BLOCK_DEFAULTS[scheme])
     )
     scale_dtype = (
-        quant.scale_dtype if own else ("ue8m0" if scheme in ("mxfp8", "mxfp4") else "fp32")
+        quant.scale_dtype
+        if own
+        else (ScaleDtype.ue8m0 if scheme in (Scheme.mxfp8, Scheme.mxfp4) else ScaleDtype.fp32)
     )
     return QuantFormat(
-        scheme, (block[0], block[1]), block[1], scale_dtype == "ue8m0", False, checkpoint
+        scheme, (block[0], block[1]), block[1], scale_dtype == ScaleDtype.ue8m0, False, checkpoint
     )
 
 
@@ -113,7 +133,7 @@ class Layer:
     """Routed (physical) experts on this rank."""
     placement: tuple[tuple[int, ...], ...]
     """The logical expert of each rank's physical experts (parallel.placement), rank by rank."""
-    replica_choice: str
+    replica_choice: ReplicaChoice
     """static or random (parallel.replica_choice)."""
     record_load: bool
     """The layer counts the tokens of each logical expert (parallel.record_load)."""
@@ -127,15 +147,15 @@ class Layer:
     ep: int
     nodes: int
     """Nodes the tp * ep ranks span, evenly."""
-    dispatch: str
+    dispatch: DispatchMode
     tokens_per_rank: int | None
     """parallel.max_tokens_per_rank: the bound DeepEP's low-latency buffers are sized for."""
-    device: str
-    arch: str | None
+    device: DeviceKind
+    arch: Arch | None
     gpu: str | None
     """The GPU whose tuned tiles the spec asks for (target.gpu), if it names one."""
     max_tokens: int
-    activation: str
+    activation: ActivationKind
     """Gated activation kind (moec/plan/activations.py)."""
     activation_values: tuple[tuple[str, float], ...]
     """Its parameters, (name, value) in the spec's order."""
@@ -151,7 +171,7 @@ class Layer:
     def exchanges_rows(self) -> bool:
         """The dispatch sends token rows to the ranks of their experts and the GEMMs run over
         the rows a rank received (all2all, DeepEP normal); low latency uses fixed slots."""
-        return self.dispatch in ("all2all", "deepep_normal")
+        return self.dispatch in (DispatchMode.all2all, DispatchMode.deepep_normal)
 
     @property
     def physical_experts(self) -> int:
@@ -177,7 +197,9 @@ class Layer:
 def layer_of(spec: Spec) -> Layer:
     """The layer of a normalized spec, as one rank runs it."""
     model, parallel = spec.model, spec.parallel
-    fused = spec.experts.shared_experts == "fused" and model.n_shared_experts > 0  # auto: resolve
+    fused = (
+        spec.experts.shared_experts == SharedExperts.fused and model.n_shared_experts > 0
+    )  # auto: resolve
     return Layer(
         name=spec.name,
         dtype=DType(spec.target.dtype),
@@ -190,25 +212,25 @@ def layer_of(spec: Spec) -> Layer:
         routed_experts=model.n_routed_experts,
         local_experts=(model.n_routed_experts + parallel.redundant_experts) // parallel.ep_size,
         placement=tuple(tuple(rank) for rank in placement.of(parallel, model.n_routed_experts)),
-        replica_choice=parallel.replica_choice,
+        replica_choice=ReplicaChoice(parallel.replica_choice),
         record_load=parallel.record_load,
         top_k=model.num_experts_per_tok,
         routed=quant_format(spec.quant.scheme, spec),
         shared=quant_format(spec.quant.shared_scheme or spec.quant.scheme, spec),
         fused_shared=fused,
-        shared_overlap=spec.experts.shared_experts == "overlapped",
+        shared_overlap=spec.experts.shared_experts == SharedExperts.overlapped,
         tp=parallel.tp_size,
         ep=parallel.ep_size,
         nodes=parallel.nodes,
-        dispatch=parallel.dispatch,
+        dispatch=DispatchMode(parallel.dispatch),
         tokens_per_rank=parallel.max_tokens_per_rank,
-        device=spec.target.device,
-        arch=spec.target.arch,
+        device=DeviceKind(spec.target.device),
+        arch=Arch(spec.target.arch) if spec.target.arch else None,
         gpu=spec.target.gpu,
         max_tokens=spec.target.max_num_tokens,
-        activation=spec.activation.kind,
+        activation=ActivationKind(spec.activation.kind),
         activation_values=tuple(
             (key, value) for key, value in spec.activation.model_dump().items() if key != "kind"
         ),
-        vocab=(model.vocab_size or 0) if spec.router.topk_method == "hash" else 0,
+        vocab=(model.vocab_size or 0) if spec.router.topk_method == TopkMethod.hash else 0,
     )

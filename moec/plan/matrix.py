@@ -68,7 +68,12 @@ def rejecting_rules(data: dict[str, Any]) -> list[str]:
 def support_matrix() -> dict[str, list[dict[str, Any]]]:
     kernels = []
     for backend, scheme, activation in itertools.product(BACKENDS, SCHEMES, ACTIVATIONS):
-        row = {"gemm_backend": backend, "scheme": scheme, "activation": activation, "targets": {}}
+        row: dict[str, Any] = {
+            "gemm_backend": backend,
+            "scheme": scheme,
+            "activation": activation,
+            "targets": {},
+        }
         for target in TARGETS:
             data = _base(target)
             data["quant"] = {"scheme": scheme}

@@ -9,15 +9,27 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from moec.plan.devices import device_for
-from moec.plan.graph import Backends, GemmSplit, Plan
+from moec.plan.graph import Backends, GemmSplit
 from moec.plan.layer import Layer
 from moec.plan.layouts import masked_peak_bytes
 from moec.plan.tables import find_backend_times
 from moec.spec.models import Spec
 from moec.spec.rules import arch_number, placed
+from moec.vocab import (
+    Arch,
+    Backend,
+    DeviceKind,
+    DispatchMode,
+    GemmLayout,
+    Scheme,
+)
+
+Decide = Callable[[str, str, str], None]
+"""Records a decision: (what, choice, reason), as Plan.decide."""
 
 GIB = 1024**3
 MASKED_BUDGET_FRACTION = 0.2
@@ -57,42 +69,41 @@ class Environment:
 
 
 DISPATCH_BACKEND = {
-    "local": "torch",
-    "all2all": "torch.distributed",
-    "deepep_normal": "deep_ep",
-    "deepep_low_latency": "deep_ep",
+    DispatchMode.local: Backend.torch,
+    DispatchMode.all2all: Backend.torch_distributed,
+    DispatchMode.deepep_normal: Backend.deep_ep,
+    DispatchMode.deepep_low_latency: Backend.deep_ep,
 }
 
 
 def resolve_backends(
-    plan: Plan, spec: Spec, env: Environment, above: GemmSplit | None = None
-) -> None:
-    """Pass: choose the GEMM backend, the layout and the dispatch backend, each a decision.
+    spec: Spec, layer: Layer, env: Environment, decide: Decide, above: GemmSplit | None = None
+) -> tuple[Backends, Layer]:
+    """Pass, before the plan exists: the GEMM backend, the layout and the dispatch backend, each
+    a decision, and the layer as they store it (shared experts fused, mxfp4 as fp8 blocks).
     `above`: this is the plan of the token counts past a split, on above.above."""
     if above is not None:
         gemm, split = above.above, None
-        plan.decide("gemm_backend", gemm, f"above T={above.up_to}: the split of gemm_backend auto")
+        decide("gemm_backend", gemm, f"above T={above.up_to}: the split of gemm_backend auto")
     else:
-        gemm, split = _gemm_backend(spec, env, plan.layer, plan.decide)
-    layout = _layout(spec, plan.layer, plan.decide)
-    dispatch = DISPATCH_BACKEND[spec.parallel.dispatch]
-    plan.decide("dispatch", f"{spec.parallel.dispatch} ({dispatch})", _dispatch_reason(spec))
+        gemm, split = _gemm_backend(spec, env, layer, decide)
+    layout = _layout(spec, layer, decide)
+    dispatch = DISPATCH_BACKEND[DispatchMode(spec.parallel.dispatch)]
+    decide("dispatch", f"{spec.parallel.dispatch} ({dispatch})", _dispatch_reason(spec))
     least = 1 if above is None else above.up_to + 1
-    plan.backends = Backends(gemm, layout, dispatch, split, least)
-    if _fuse_shared(spec, gemm, plan.decide):
-        plan.layer = replace(plan.layer, fused_shared=True)
-    if gemm == "deep_gemm" and plan.layer.routed.scheme == "mxfp4":
-        _mxfp4_as_e4m3(plan)
+    if _fuse_shared(spec, gemm, decide):
+        layer = replace(layer, fused_shared=True)
+    if gemm == Backend.deep_gemm and layer.routed.scheme == Scheme.mxfp4:
+        layer = _mxfp4_as_e4m3(layer, decide)
+    return Backends(gemm, layout, dispatch, split, least), layer
 
 
-def _mxfp4_as_e4m3(plan: Plan) -> None:
+def _mxfp4_as_e4m3(layer: Layer, decide: Decide) -> Layer:
     """DeepGEMM on sm90 has no fp4 GEMM: its mxfp4 experts are stored as fp8 blocks."""
-    layer = plan.layer
     shared = layer.shared
-    if layer.fused_shared and shared.scheme == "mxfp4":  # stored in the same tensors
+    if layer.fused_shared and shared.scheme == Scheme.mxfp4:  # stored in the same tensors
         shared = shared.as_e4m3_blocks()
-    plan.layer = replace(layer, routed=layer.routed.as_e4m3_blocks(), shared=shared)
-    plan.decide(
+    decide(
         "mxfp4 weights",
         "e4m3 in 128 x 128 blocks, converted at load",
         "DeepGEMM's sm90 kernels take fp8 weights: each block's scale is its largest 1 x 32 "
@@ -100,9 +111,10 @@ def _mxfp4_as_e4m3(plan: Plan) -> None:
         "exactly (a group more than 2**14 below its block's largest is refused at load); the "
         "weights take 8 bits instead of 4.25, and activations 1 x 128 fp32 scales",
     )
+    return replace(layer, routed=layer.routed.as_e4m3_blocks(), shared=shared)
 
 
-def _fuse_shared(spec: Spec, gemm: str, decide) -> bool:
+def _fuse_shared(spec: Spec, gemm: Backend, decide: Decide) -> bool:
     """experts.shared_experts = "auto": fuse the shared experts into the routed GEMMs where the
     backend streams them in the same launches and the rules allow it."""
     if spec.experts.shared_experts != "auto" or spec.model.n_shared_experts == 0:
@@ -110,14 +122,17 @@ def _fuse_shared(spec: Spec, gemm: str, decide) -> bool:
     blocked = [
         why
         for why, present in (
-            (f"the {gemm} backend runs them separately", gemm not in ("triton", "deep_gemm")),
+            (
+                f"the {gemm} backend runs them separately",
+                gemm not in (Backend.triton, Backend.deep_gemm),
+            ),
             (
                 "their scheme differs from the routed one",
                 spec.quant.shared_scheme != spec.quant.scheme,
             ),
             (
                 "one per-tensor activation scale would span routed and shared rows",
-                spec.quant.scheme == "fp8_per_tensor",
+                spec.quant.scheme == Scheme.fp8_per_tensor,
             ),
             ("expert parallelism would put them on one rank", spec.parallel.ep_size > 1),
             ("the layer places replicated experts", placed(spec)),
@@ -142,21 +157,21 @@ def _fuse_shared(spec: Spec, gemm: str, decide) -> bool:
 
 
 def _gemm_backend(
-    spec: Spec, env: Environment, layer: Layer, decide
-) -> tuple[str, GemmSplit | None]:
+    spec: Spec, env: Environment, layer: Layer, decide: Decide
+) -> tuple[Backend, GemmSplit | None]:
     asked = spec.experts.gemm_backend
     if asked != "auto":
         decide("gemm_backend", asked, "set in the spec (experts.gemm_backend)")
-        return asked, None
+        return Backend(asked), None
     target = spec.target
-    if target.device == "cpu":
+    if target.device == DeviceKind.cpu:
         decide(
             "gemm_backend",
             "torch",
             "auto on a CPU target: Triton kernels run on a CPU only interpreted (slow)",
         )
-        return "torch", None
-    renders = "deep_gemm" in renderable_backends("gemm")
+        return Backend.torch, None
+    renders = Backend.deep_gemm in renderable_backends("gemm")
     fits = _deep_gemm_fits(spec) and _deep_gemm_driven(spec)
     if env.has("deep_gemm") and fits and renders:
         return _measured_choice(spec, env, layer, decide)
@@ -168,26 +183,26 @@ def _gemm_backend(
         why_not = f"moec does not drive deep_gemm for {spec.quant.scheme} on {target.arch}"
     else:
         why_not = "deep_gemm is installed, but moec renders no deep_gemm GEMM"
-    if spec.quant.scheme != "bf16" and arch_number(spec) < 89:
+    if spec.quant.scheme != Scheme.bf16 and arch_number(spec) < 89:
         decide("gemm_backend", "torch", f"auto on {target.arch}: no fp8 tensor cores; {why_not}")
-        return "torch", None
+        return Backend.torch, None
     if not env.has("triton"):
         decide("gemm_backend", "torch", f"auto on cuda {target.arch}: {why_not}, nor is triton")
-        return "torch", None
+        return Backend.torch, None
     decide("gemm_backend", "triton", f"auto on cuda {target.arch}: {why_not}")
-    return "triton", None
+    return Backend.triton, None
 
 
 def _measured_choice(
-    spec: Spec, env: Environment, layer: Layer, decide
-) -> tuple[str, GemmSplit | None]:
+    spec: Spec, env: Environment, layer: Layer, decide: Decide
+) -> tuple[Backend, GemmSplit | None]:
     """deep_gemm can run the layer: Triton up to the largest measured token count where it was
     faster, DeepGEMM above, from the layer's times on its GPU; DeepGEMM alone without them."""
     where = f"auto on cuda {spec.target.arch}: deep_gemm is installed"
     times = find_backend_times(layer)
     if isinstance(times, str):
         decide("gemm_backend", "deep_gemm", f"{where}; no times per T to choose by ({times})")
-        return "deep_gemm", None
+        return Backend.deep_gemm, None
     ours, theirs = times.ms.get("triton", {}), times.ms.get("deep_gemm", {})
     measured = sorted(set(ours) & set(theirs))
     if not measured:
@@ -196,7 +211,7 @@ def _measured_choice(
             "deep_gemm",
             f"{where}; {times.where} times no T on both triton and deep_gemm",
         )
-        return "deep_gemm", None
+        return Backend.deep_gemm, None
     table = ", ".join(f"T={t}: {ours[t]:.4g} / {theirs[t]:.4g}" for t in measured)
     evidence = f"ms triton / deep_gemm on {times.gpu} ({times.source}; {times.where}): {table}"
     triton_wins = [t for t in measured if ours[t] <= theirs[t]]
@@ -204,35 +219,39 @@ def _measured_choice(
     if not triton_wins or why_not:
         reason = why_not or "deep_gemm is faster at every T measured"
         decide("gemm_backend", "deep_gemm", f"{where}; {reason}; {evidence}")
-        return "deep_gemm", None
+        return Backend.deep_gemm, None
     up_to = max(triton_wins)
     if up_to == measured[-1]:
         decide("gemm_backend", "triton", f"auto: triton is faster at every T measured; {evidence}")
-        return "triton", None
+        return Backend.triton, None
     decide(
         "gemm_backend",
         f"triton up to T={up_to}, deep_gemm above",
         f"auto, per token bucket: triton up to the largest T where it was faster; {evidence}",
     )
-    return "triton", GemmSplit(up_to, "deep_gemm")
+    return Backend.triton, GemmSplit(up_to, Backend.deep_gemm)
 
 
 def _why_not_triton(spec: Spec, env: Environment, layer: Layer) -> str:
     """Why a package cannot hold Triton GEMMs beside DeepGEMM ones, or ""."""
     if not env.has("triton"):
         return "triton is not installed here"
-    if spec.parallel.dispatch == "deepep_low_latency":
+    if spec.parallel.dispatch == DispatchMode.deepep_low_latency:
         return "DeepEP low-latency dispatch is built around one masked GEMM"
 
-    def fused(gemm: str) -> bool:
+    def fused(gemm: Backend) -> bool:
         return _fuse_shared(spec, gemm, lambda *_: None)
 
-    if fused("triton") != fused("deep_gemm"):
+    if fused(Backend.triton) != fused(Backend.deep_gemm):
         return "the two backends would store the shared experts differently"
     return ""
 
 
-DEEP_GEMM_DRIVEN = {("fp8_block", "sm90"), ("bf16", "sm90"), ("bf16", "sm100")}
+DEEP_GEMM_DRIVEN = {
+    (Scheme.fp8_block, Arch.sm90),
+    (Scheme.bf16, Arch.sm90),
+    (Scheme.bf16, Arch.sm100),
+}
 """(scheme, arch) pairs whose DeepGEMM GEMMs moec renders (codegen/renderers/deep_gemm.py) and
 auto may choose; mxfp4 on sm90 runs there only when the spec names deep_gemm (as fp8 blocks,
 twice the weight bytes of Triton's fp4 GEMMs)."""
@@ -251,19 +270,19 @@ def _deep_gemm_driven(spec: Spec) -> bool:
     return (spec.quant.scheme, spec.target.arch) in DEEP_GEMM_DRIVEN
 
 
-def _layout(spec: Spec, layer: Layer, decide) -> str:
+def _layout(spec: Spec, layer: Layer, decide: Decide) -> GemmLayout:
     asked = spec.experts.layout
-    if spec.parallel.dispatch == "deepep_low_latency":
+    if spec.parallel.dispatch == DispatchMode.deepep_low_latency:
         decide(
             "layout", "masked", "DeepEP low-latency dispatch delivers tokens per expert (masked)"
         )
-        return "masked"
+        return GemmLayout.masked
     if asked != "auto":
         decide("layout", asked, "set in the spec (experts.layout)")
-        return asked
-    if spec.parallel.dispatch == "deepep_normal":
+        return GemmLayout(asked)
+    if spec.parallel.dispatch == DispatchMode.deepep_normal:
         decide("layout", "contiguous", "DeepEP normal dispatch delivers a variable token count")
-        return "contiguous"
+        return GemmLayout.contiguous
     device = device_for(spec.target.device, spec.target.arch)
     budget_gib = spec.experts.masked_memory_budget_gib
     source = "experts.masked_memory_budget_gib"
@@ -279,22 +298,22 @@ def _layout(spec: Spec, layer: Layer, decide) -> str:
             f"masked needs {need:.1f} GiB at T={tokens}, within the budget {budget_gib:.1f} GiB "
             f"({source}); it is graph-static",
         )
-        return "masked"
+        return GemmLayout.masked
     decide(
         "layout",
         "contiguous",
         f"masked needs {need:.1f} GiB at T={tokens}, over the budget {budget_gib:.1f} GiB ({source})",
     )
-    return "contiguous"
+    return GemmLayout.contiguous
 
 
 def _dispatch_reason(spec: Spec) -> str:
     parallel = spec.parallel
-    if parallel.dispatch == "local":
+    if parallel.dispatch == DispatchMode.local:
         if parallel.tp_size > 1:
             return f"every rank holds all experts, 1/{parallel.tp_size} of each intermediate; outputs all-reduced"
         return "one rank holds every expert: tokens are permuted locally"
-    if parallel.dispatch == "all2all":
+    if parallel.dispatch == DispatchMode.all2all:
         return f"{spec.model.n_routed_experts // parallel.ep_size} experts per rank; token rows exchanged with all_to_all_single"
     return f"{spec.model.n_routed_experts // parallel.ep_size} experts per rank; DeepEP exchanges tokens over NVLink/RDMA"
 

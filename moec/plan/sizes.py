@@ -13,6 +13,7 @@ from moec.plan.layer import Layer
 from moec.plan.layouts import compact_rows, masked_max_m
 from moec.plan.tuning import router_slices
 from moec.plan.types import DType, Layout, TensorType
+from moec.vocab import GemmLayout
 
 
 def symbols(layer: Layer, tokens: int) -> dict[str, int]:
@@ -84,13 +85,13 @@ def useful_rows(layer: Layer, tokens: int) -> int:
     return tokens * layer.grouped_top_k
 
 
-def buffer_rows(layer: Layer, tokens: int, layout: str, block_m: int) -> int:
+def buffer_rows(layer: Layer, tokens: int, layout: GemmLayout, block_m: int) -> int:
     """Rows the grouped buffers are allocated with: the worst case of the layout.
 
     With expert parallelism a rank's experts can receive the tokens of all ep ranks (each
     token at most once per expert, and at most min(k, local experts) rows per token)."""
     arriving = tokens * layer.ep
-    if layout == "masked":
+    if layout == GemmLayout.masked:
         return layer.grouped_experts * masked_max_m(arriving)
     per_token = min(layer.grouped_top_k, layer.grouped_experts)
     return compact_rows(arriving * per_token, layer.grouped_experts, block_m)

@@ -14,11 +14,23 @@ changes a stage builds a new record (`dataclasses.replace`) and puts it in the p
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from moec.plan.deepep import DeepEPBuffer
 from moec.plan.layer import QuantFormat
 from moec.plan.types import TensorType
+from moec.vocab import (
+    ActivationKind,
+    Backend,
+    DispatchMode,
+    GemmLayout,
+    GemmRole,
+    ReplicaChoice,
+    RouterPrecision,
+    ScoringFunc,
+    TopkMethod,
+    TorchKernel,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,7 +39,7 @@ class Stage:
 
     kind: ClassVar[str] = "stage"
     name: str
-    backend: str
+    backend: Backend
     """Who runs it: torch, triton, torch.distributed, deep_gemm, deep_ep ("-" for input/output)."""
     outputs: dict[str, TensorType] = field(default_factory=dict)
     """Tensors this stage produces, by variable name."""
@@ -68,7 +80,7 @@ class Router(Stage):
 
     kind: ClassVar[str] = "router"
     experts: int
-    precision: str = "fp32"
+    precision: RouterPrecision = RouterPrecision.fp32
     """fp32: one fp32 GEMM; bf16x3: the fp32 weight as three bf16 parts on bf16 tensor cores."""
 
 
@@ -77,8 +89,8 @@ class Select(Stage):
     """Scores, top-k choice and weights of each token."""
 
     kind: ClassVar[str] = "select"
-    scoring_func: str
-    topk_method: str
+    scoring_func: ScoringFunc
+    topk_method: TopkMethod
     n_group: int
     topk_group: int
     norm_topk_prob: bool
@@ -109,7 +121,7 @@ class Place(Stage):
     top_k: int
     mapped: bool
     """The ids change (replicas, or a placement of its own); else the stage only records."""
-    replica_choice: str
+    replica_choice: ReplicaChoice
     """static (each rank's fixed replica per expert) or random (a hash of the position)."""
     record_load: bool
     tables: tuple[tuple[str, tuple[int, ...] | tuple[tuple[int, ...], ...]], ...] = ()
@@ -131,15 +143,13 @@ class Dispatch(Stage):
     """Tokens to the grouped layout: a local permute, or an exchange between ranks first."""
 
     kind: ClassVar[str] = "dispatch"
-    mode: str
-    """local | all2all | deepep_normal | deepep_low_latency."""
-    layout: str
-    """contiguous | masked."""
+    mode: DispatchMode
+    layout: GemmLayout
     experts: int
     """Experts of the grouped layout on this rank (fused shared ones included)."""
     row_padding: int | None
     """Contiguous rows per expert padded to this; None: the Triton tile's BLOCK_M per bucket."""
-    routing_backend: str
+    routing_backend: Backend
     """Who computes the layout's indices: torch or triton."""
     quantize: QuantFormat | None = None
     """Quantization fused into the copy (the fuse pass), or None."""
@@ -163,16 +173,15 @@ class Gemm(Stage):
     """One grouped GEMM of the routed experts: [rows, k] x [E, n, k] -> [rows, n]."""
 
     kind: ClassVar[str] = "gemm"
-    role: str
-    """gate_up or down."""
+    role: GemmRole
     format: QuantFormat
-    layout: str
+    layout: GemmLayout
     n: str
     k: str
     n_value: int
     k_value: int
-    torch_kernel: str | None = None
-    """The torch backend's way: loop, grouped_mm or bmm (None for other backends)."""
+    torch_kernel: TorchKernel | None = None
+    """The torch backend's way (None for other backends)."""
     gather: bool = False
     """A is the tokens' rows [T, k], each layout row reading its token's (Dispatch.gather)."""
     psum_from: int | None = None
@@ -185,7 +194,7 @@ class Gemm(Stage):
 
     @property
     def weight(self) -> str:
-        return "w13" if self.role == "gate_up" else "w2"
+        return "w13" if self.role == GemmRole.gate_up else "w2"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,9 +202,9 @@ class Activation(Stage):
     """The gated activation of the gate/up output, [rows, 2I] -> [rows, I]."""
 
     kind: ClassVar[str] = "activation"
-    activation: str
+    activation: ActivationKind
     values: tuple[tuple[str, float], ...]
-    layout: str
+    layout: GemmLayout
     intermediate: int
     quantize: QuantFormat | None = None
     """Quantization of the output for the down GEMM, fused in (the fuse pass), or None."""
@@ -208,12 +217,13 @@ class Combine(Stage):
     """Weighted sum of each token's expert rows (after the return exchange, with EP)."""
 
     kind: ClassVar[str] = "combine"
-    mode: str
-    layout: str
+    mode: DispatchMode
+    layout: GemmLayout
     add_shared: bool = False
-    reduce_backend: str = ""
+    reduce_backend: Backend | Literal[""] = ""
     """all2all and deepep_normal: who weights and sums each received row's expert outputs on
-    the expert rank (and, all2all, each token's returned partials): torch or triton."""
+    the expert rank (and, all2all, each token's returned partials): torch or triton; "" for
+    the other modes."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,7 +234,7 @@ class SharedExpert(Stage):
     format: QuantFormat
     experts: int
     intermediate: int
-    activation: str
+    activation: ActivationKind
     values: tuple[tuple[str, float], ...]
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from moec.plan.graph import Plan
 from moec.plan.layer import Layer
+from moec.plan.stages import Dispatch
 from moec.plan.tables import (
     SHIPPED_TABLES,
     TUNED_DIR,
@@ -24,10 +25,11 @@ from moec.plan.tables import (
     shown,
     table_key,
 )
+from moec.vocab import Arch, Backend, DeviceKind
 
 __all__ = ["TUNED_DIR", "TileBucket", "Tiles", "choose_tiles", "table_key"]
 
-PDL_ARCHS = ("sm90", "sm100", "sm120")
+PDL_ARCHS = (Arch.sm90, Arch.sm100, Arch.sm120)
 """Architectures with programmatic dependent launch."""
 
 
@@ -83,7 +85,7 @@ class Tiles:
 def choose_tiles(plan: Plan) -> None:
     """Pass: the tile table of a Triton layer, recorded with its source."""
     layer = plan.layer
-    found = find_table(layer) if layer.device == "cuda" else None
+    found = find_table(layer) if layer.device == DeviceKind.cuda else None
     buckets, source = gemm_buckets(layer, found)
     split = plan.backends.split
     if split is not None:  # the Triton GEMMs run only up to the split
@@ -92,7 +94,7 @@ def choose_tiles(plan: Plan) -> None:
     if isinstance(found, TunedTable):
         triton_gemms = buckets if plan.backends.gemm == "triton" else []
         check_launch_limits(found, triton_gemms, layer.arch, _gemm_schemes(plan), _groups(plan))
-    pdl = layer.device == "cuda" and layer.arch in PDL_ARCHS
+    pdl = layer.device == DeviceKind.cuda and layer.arch in PDL_ARCHS
     received = received_per_token(layer) if layer.exchanges_rows else None
     plan.tiles = Tiles(
         buckets=tuple(
@@ -119,7 +121,7 @@ def choose_tiles(plan: Plan) -> None:
             "table was tuned on",
         )
     limits = ", ".join(f"T<={b['max_tokens']}" if b["max_tokens"] else "larger" for b in buckets)
-    if plan.backends.gemm == "triton":
+    if plan.backends.gemm == Backend.triton:
         upper = f", up to T={split.up_to}" if split else ""
         plan.decide("triton tiles", f"{len(buckets)} token buckets ({limits}{upper})", source)
     else:
@@ -136,7 +138,7 @@ def choose_tiles(plan: Plan) -> None:
         if pdl
         else f"{layer.arch or layer.device} has no programmatic dependent launch (sm90 and newer)",
     )
-    if plan.has("shared_expert") and plan.stage("shared_expert").backend == "triton":
+    if plan.has("shared_expert") and plan.stage("shared_expert").backend == Backend.triton:
         plan.decide(
             "shared expert tiles",
             "the routed experts' bucket for T",
@@ -181,8 +183,8 @@ def order_dispatch_pass(plan: Plan) -> None:
     after the route (the row copy, or the tokens' quantization) takes part in PDL."""
     if plan.tiles is None or not plan.tiles.pdl or not plan.has("dispatch"):
         return
-    dispatch = plan.stage("dispatch")
-    if dispatch.backend != "triton":
+    dispatch = plan.stage("dispatch", Dispatch)
+    if dispatch.backend != Backend.triton:
         return
     if dispatch.gather and not dispatch.quantize:
         plan.decide(
@@ -230,7 +232,7 @@ def router_configs(layer: Layer) -> tuple[tuple[int | None, dict[str, int]], ...
     grid, and the selection then sums twice the partial logits: router + select at T=1024
     31.0 us against 28.1 with 64, at T=2048 51.4 against 48.9, at T=4096 89.3 against 97.7, at
     T=16384 342 against 396 (runs 57-59). Interpreted: small tiles, a few slices (the split path is tested)."""
-    if layer.device == "cpu":
+    if layer.device == DeviceKind.cpu:
         small = {"BLOCK_T": 16, "BLOCK_E": 64, "BLOCK_K": 64, "PROGRAMS": 4}
         return ((None, small | {"num_warps": 4, "num_stages": 1}),)
     decode = {"BLOCK_T": 16, "BLOCK_E": 32, "BLOCK_K": 128, "PROGRAMS": 264}
@@ -259,7 +261,7 @@ def combine_decode_config(layer: Layer, combine: dict[str, int]) -> dict[str, in
     expert row of a step loaded at once. The tuned tiles are chosen at T=4096; at T=1-32 on the
     H200 (DeepSeek-V3) these took 1.7-2.6 us against 3.4-5.0 us with them (benchmarks/RESULTS.md,
     runs 35-36). Interpreted: the layer's own combine tiles."""
-    if layer.device == "cpu":
+    if layer.device == DeviceKind.cpu:
         return dict(combine)
     return {"BLOCK_T": 1, "BLOCK_H": 256, "num_warps": 1, "TERMS_AT_ONCE": 16}
 
@@ -299,7 +301,7 @@ def _interpreted() -> list[dict[str, Any]]:
 def gemm_buckets(layer: Layer, found: TunedTable | str | None) -> tuple[list[dict[str, Any]], str]:
     """Bucket table for this layer and where it came from (for the plan's decision); `found`:
     the layer's tuned table, or why there is none (None for a CPU target)."""
-    if layer.device == "cpu":
+    if layer.device == DeviceKind.cpu:
         return _interpreted(), "one bucket of large tiles: a CPU target runs Triton interpreted"
     if isinstance(found, TunedTable):
         return found.buckets, f"tuned on {found.gpu}: {found.where}, key {found.key}"
@@ -310,7 +312,7 @@ def elementwise_configs(layer: Layer, found: TunedTable | str | None) -> dict[st
     """Tiles of the memory-bound kernels (rows x columns): the tuned table's, else defaults."""
     if isinstance(found, TunedTable) and found.elementwise:
         return found.elementwise
-    if layer.device == "cpu":
+    if layer.device == DeviceKind.cpu:
         return {
             "permute": {"BLOCK_M": 16, "BLOCK_H": 256, "num_warps": 4},
             "act": {"BLOCK_M": 16, "BLOCK_I": 256, "num_warps": 4},

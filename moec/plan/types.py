@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from moec.vocab import ScaleMajor
+
 
 class DType(str, Enum):
     """Element types, with one lookup table per target below."""
@@ -25,7 +27,7 @@ class DType(str, Enum):
     int64 = "int64"
 
     @property
-    def bytes(self) -> float:
+    def bytes(self) -> int:
         return _BYTES[self]
 
     @property
@@ -89,16 +91,15 @@ class ScaleType:
     """"per-tensor", "per-expert", "1x128", "1x32", "128x128"."""
     dtype: DType
     """fp32, or UE8M0 (fp32 powers of two, or packed four per int32)."""
-    major: str = "K"
-    """"K": scales of one row are contiguous; "MN": scales of one K group are contiguous."""
+    major: ScaleMajor = ScaleMajor.K
     tma_aligned: bool = False
     """MN-major scales padded so each group's column starts 16-byte aligned (TMA)."""
-    power_of_two: bool = False
+    pow2_scales: bool = False
     """Values are powers of two (UE8M0 semantics) even when stored as fp32."""
 
     def label(self) -> str:
         parts = [self.granularity, self.dtype.short]
-        if self.power_of_two and self.dtype is DType.float32:
+        if self.pow2_scales and self.dtype is DType.float32:
             parts.append("pow2")
         parts.append(f"{self.major}-major")
         if self.tma_aligned:
@@ -146,6 +147,6 @@ class TensorType:
                 "dtype": self.scale.dtype.value,
                 "major": self.scale.major,
                 "tma_aligned": self.scale.tma_aligned,
-                "power_of_two": self.scale.power_of_two,
+                "power_of_two": self.scale.pow2_scales,  # plan.json keeps its key
             }
         return data

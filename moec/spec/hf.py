@@ -66,7 +66,7 @@ def written_by_init(data: bytes) -> bool:
     if len(lines) < 3 or not lines[1].startswith(INIT_MARK.encode()):
         return False
     found = re.search(rb"lines below: sha256 ([0-9a-f]{16})\.$", lines[1])
-    return bool(found) and found.group(1).decode() == _digest(lines[2])
+    return found is not None and found.group(1).decode() == _digest(lines[2])
 
 
 def _digest(body: bytes) -> str:
@@ -169,9 +169,10 @@ def spec_data_from_config(
     source = hf_families.moe_source(outer, model_type)
     if source is None:  # text_config unusable: nothing else to read
         outer.raise_problems()
+        raise AssertionError("moe_source records a problem where it finds no MoE keys")
     layer_type = hf_families.check_layer_type(source, layer_type)
     family, reader = hf_families.FAMILIES[source.model_type], source.reader
-    raw = {"name": name or _name_from(outer)}
+    raw: dict[str, Any] = {"name": name or _name_from(outer)}
     raw.update(model=_model_from(reader, family), router=_router_from(reader, family))
     if layer_type == "hash_moe":  # tid2eid[token_id] chooses: a table of vocab_size rows
         raw["router"]["topk_method"] = "hash"
@@ -219,8 +220,8 @@ def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
         value = reader.text(key, f"router.{key}")
         router[key] = default if value is None else value
     for key in ("n_group", "topk_group"):
-        value = reader.integer(key, f"router.{key}")
-        router[key] = 1 if value is None else value
+        count = reader.integer(key, f"router.{key}")
+        router[key] = 1 if count is None else count
     norm = reader.boolean("norm_topk_prob", "router.norm_topk_prob")
     router["norm_topk_prob"] = family.norm_topk_prob if norm is None else norm
     scaling = reader.number("routed_scaling_factor", "router.routed_scaling_factor")

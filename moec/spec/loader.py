@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, get_args
@@ -224,7 +225,9 @@ def _read_placement(
     """parallel.placement naming a file: its placement replaces the name in `raw`, so that the
     spec (its hash, the package's spec.json) holds the placement itself."""
     parallel = raw.get("parallel")
-    name = parallel.get("placement") if isinstance(parallel, dict) else None
+    if not isinstance(parallel, dict):
+        return raw, None
+    name = parallel.get("placement")
     if not isinstance(name, str) or name == "even":
         return raw, None
     if not name:
@@ -442,7 +445,7 @@ def _required_hint(loc: list[str]) -> str:
     return "set it"
 
 
-def _type_hint(kind_of: str, item: dict[str, Any]) -> str:
+def _type_hint(kind_of: str, item: Mapping[str, Any]) -> str:
     """What the key accepts, said differently from pydantic's message (which names the type)."""
     if kind_of.startswith("int"):
         return "an integer, without quotes or a decimal point: e.g. 256"

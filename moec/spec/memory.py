@@ -69,8 +69,9 @@ def layer_bytes(spec: Spec, tokens: int) -> LayerBytes:
     local_experts = -(-physical // parallel.ep_size)
     routed = local_experts * 3 * hidden * intermediate * bytes_per_weight(spec, spec.quant.scheme)
     shared_scheme = spec.quant.shared_scheme or spec.quant.scheme
-    shared = model.n_shared_experts * 3 * hidden * intermediate
-    shared *= bytes_per_weight(spec, shared_scheme)
+    shared = (
+        model.n_shared_experts * 3 * hidden * intermediate * bytes_per_weight(spec, shared_scheme)
+    )
     router = model.n_routed_experts * hidden * 4
     element = _DTYPE_BYTES[spec.target.dtype]
     rows = tokens * model.num_experts_per_tok

@@ -16,6 +16,22 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from moec.vocab import (
+    ActivationSchemeName,
+    ArchName,
+    CheckpointFormatName,
+    DeviceKindName,
+    DispatchModeName,
+    GemmBackendChoice,
+    LayoutChoice,
+    ReplicaChoiceName,
+    ScaleDtypeName,
+    SchemeName,
+    ScoringFuncName,
+    SharedExpertsChoice,
+    TopkMethodName,
+)
+
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 GPU_NAME = r"[a-z0-9]+(-[a-z0-9]+)*"
 """A GPU as tuned tables name it: the device name in lowercase, each run of other characters
@@ -81,8 +97,8 @@ MAX_FLOAT = 1e6
 """Largest value of a float key (scaling factors, clamp limits, GiB, GB/s)."""
 
 Preset = Literal["deepseek-v3", "deepseek-r1", "deepseek-v2", "deepseek-v2-lite", "kimi-k2"]
-QuantScheme = Literal["bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"]
-Arch = Literal["sm80", "sm89", "sm90", "sm100", "sm120"]
+QuantScheme = SchemeName
+Arch = ArchName
 PositiveInt = Annotated[int, Field(gt=0, le=MAX_INT)]
 Count = Annotated[int, Field(ge=0, le=MAX_INT)]
 PositiveFloat = Annotated[float, Field(gt=0, le=MAX_FLOAT)]
@@ -125,9 +141,9 @@ class Model(Table):
 class Router(Table):
     """The gate: logits, scoring and top-k selection."""
 
-    scoring_func: Literal["softmax", "sigmoid", "sqrtsoftplus"] = "softmax"
+    scoring_func: ScoringFuncName = "softmax"
     """How logits become scores: softmax over experts, sigmoid, or sqrt(softplus(x))."""
-    topk_method: Literal["greedy", "group_limited_greedy", "noaux_tc", "hash"] = "greedy"
+    topk_method: TopkMethodName = "greedy"
     """greedy: top-k of all experts; group_limited_greedy: top-k within the topk_group groups
     with the highest max score; noaux_tc: as grouped, ranking groups by the sum of their top-2
     scores plus `e_score_correction_bias`, which also biases the expert choice; hash: a frozen
@@ -154,13 +170,13 @@ class Quant(Table):
     weight_block: list[PositiveInt] | None = None
     """[block_n, block_k] of the weight scales; default [128, 128] for fp8_block and [1, 32]
     for mxfp8 / mxfp4; must be absent for bf16 and fp8_per_tensor."""
-    activation_scheme: Literal["dynamic", "static"] = "dynamic"
+    activation_scheme: ActivationSchemeName = "dynamic"
     """dynamic: activation scales computed per forward; static: fixed scales from the
     checkpoint (`input_scale`), fp8_per_tensor only."""
-    scale_dtype: Literal["fp32", "ue8m0"] | None = None
+    scale_dtype: ScaleDtypeName | None = None
     """Scale format: fp32, or UE8M0 (powers of two). Default: ue8m0 for mxfp8 / mxfp4 and for
     fp8_block on deep_gemm sm100, fp32 otherwise."""
-    checkpoint: Literal["bf16", "quantized"] = "quantized"
+    checkpoint: CheckpointFormatName = "quantized"
     """Format of the checkpoint `load_weights` reads: bf16 (quantized on load) or already
     quantized in this scheme (with `weight_scale_inv`). Ignored for scheme = bf16."""
     shared_scheme: QuantScheme | None = None
@@ -212,15 +228,15 @@ Activation = Annotated[Silu | SiluClamped | OaiSwiglu | Situ, Field(discriminato
 class Experts(Table):
     """How the routed experts run."""
 
-    gemm_backend: Literal["auto", "torch", "triton", "deep_gemm"] = "auto"
+    gemm_backend: GemmBackendChoice = "auto"
     """Grouped GEMM implementation; auto picks from the target and what is installed."""
-    layout: Literal["auto", "contiguous", "masked"] = "auto"
+    layout: LayoutChoice = "auto"
     """contiguous: rows grouped by expert, padded per expert; masked: [E, max_m, H] per
     expert with valid-row counts. auto: masked when its peak memory at max_num_tokens fits
     masked_memory_budget_gib."""
     masked_memory_budget_gib: PositiveFloat | None = None
     """Memory the masked layout may take; default 20% of the target's device memory."""
-    shared_experts: Literal["auto", "separate", "fused", "overlapped"] = "auto"
+    shared_experts: SharedExpertsChoice = "auto"
     """separate: a dense MLP beside the routed experts; fused: appended as extra experts that
     every token selects with weight 1; overlapped: separate, on a second CUDA stream from the
     start of the forward, so that they run while the router, the selection and the dispatch do
@@ -231,7 +247,7 @@ class Experts(Table):
 class Parallel(Table):
     """How the layer is spread over ranks."""
 
-    dispatch: Literal["local", "all2all", "deepep_normal", "deepep_low_latency"] = "local"
+    dispatch: DispatchModeName = "local"
     """local: one rank, or tensor parallel with an all-reduce; all2all: expert parallel over
     torch.distributed all_to_all; deepep_*: expert parallel through DeepEP."""
     tp_size: PositiveInt = 1
@@ -254,7 +270,7 @@ class Parallel(Table):
     r * E/ep_size .. in order, the replicas after them round-robin; a list of ep_size lists
     (each rank's experts, equal lengths); or the path of a JSON file written by `moec eplb`
     (relative to the spec's folder), read into the spec."""
-    replica_choice: Literal["static", "random"] = "static"
+    replica_choice: ReplicaChoiceName = "static"
     """Which replica of an expert a token goes to. static: one fixed replica per rank (its own
     rank's, else one of its node's, else one spread by rank); random: a deterministic hash of
     the token's position and top-k slot picks one (SGLang's dynamic dispatch)."""
@@ -267,7 +283,7 @@ class Parallel(Table):
 class Target(Table):
     """Where the generated layer runs."""
 
-    device: Literal["cpu", "cuda"] = "cpu"
+    device: DeviceKindName = "cpu"
     """Device the layer runs on."""
     arch: Arch | None = None
     """CUDA architecture (sm90 = Hopper, sm100 = Blackwell); default sm90 for cuda."""

@@ -111,6 +111,10 @@ def elementwise_candidates(kernel: str) -> list[dict[str, int]]:
     512-column combine took 138 us at T=4096 on the H200 against 162 us for the 4-warp,
     1024-column tile the earlier, wider set chose (benchmarks/RESULTS.md, run 38)."""
     tiles = []
+    rows_: tuple[int, ...]
+    columns_: tuple[int, ...]
+    warps_: tuple[int, ...]
+    terms: tuple[int, ...]
     if kernel == "combine":  # each candidate compiles a kernel (about 0.8 s): about 50 of each
         rows_, columns_, warps_, terms = (1, 2, 4), (256, 512, 1024), (1, 2, 4), (4, 8)
     else:

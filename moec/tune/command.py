@@ -28,7 +28,7 @@ from moec.plan.tables import (
     user_tuning_dir,
 )
 from moec.spec import LoadedSpec, load_spec
-from moec.spec.rules import ARCH_NUMBER
+from moec.spec.rules import arch_number
 from moec.tune.measure import Timer
 from moec.tune.progress import Progress
 from moec.tune.run import TunedLayer, default_search, search_size, tune_layer
@@ -137,7 +137,7 @@ def _local_gpu(loaded: LoadedSpec) -> str:
         )
     name = torch.cuda.get_device_name()
     major, minor = torch.cuda.get_device_capability()
-    if major * 10 + minor < ARCH_NUMBER[target.arch]:
+    if major * 10 + minor < arch_number(loaded.spec):
         raise _unfit(
             loaded,
             "target.arch",

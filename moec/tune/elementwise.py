@@ -92,12 +92,12 @@ class ElementwiseTuner:
 
     def outputs(self, kernel: str) -> list[torch.Tensor]:
         """What `kernel` writes."""
-        written = {
+        written: dict[str, list[torch.Tensor | None]] = {
             "permute": [self.a, self.a_scale],
             "act": [self.g, self.g_scale],
             "combine": [self.out],
-        }[kernel]
-        return [t for t in written if t is not None]
+        }
+        return [t for t in written[kernel] if t is not None]
 
     def launch(self, kernel: str, config: Config) -> None:
         k = self.kernels

@@ -51,6 +51,7 @@ class BucketChoice:
     @property
     def ms(self) -> float:
         """Both GEMMs' time."""
+        assert self.gate_up.ms is not None and self.down.ms is not None  # best() trials, timed
         return self.gate_up.ms + self.down.ms
 
 
@@ -117,8 +118,9 @@ class GemmTuner:
             up = self.trials("gate_up", routing, mine, timer, step)
             down = self.trials("down", routing, mine, timer, step)
             trials += up + down
-            if best(up) and best(down):
-                candidate = BucketChoice(block_m, best(up), best(down))
+            fastest_up, fastest_down = best(up), best(down)
+            if fastest_up and fastest_down:
+                candidate = BucketChoice(block_m, fastest_up, fastest_down)
                 if choice is None or candidate.ms < choice.ms:
                     choice = candidate
         return choice, trials

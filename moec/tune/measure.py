@@ -7,6 +7,7 @@ clock elsewhere, for dry runs under TRITON_INTERPRET=1).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,12 +48,12 @@ class Timer:
             start = time.perf_counter()
             fn()
             return (time.perf_counter() - start) * 1e3
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end)
+        return begin.elapsed_time(end)
 
 
 def run_trials(
@@ -69,7 +70,7 @@ def run_trials(
         try:
             verdict = check(config)
             trial = (
-                Trial(config, timer(lambda c=config: launch(c)))
+                Trial(config, timer(functools.partial(launch, config)))
                 if verdict is None
                 else Trial(config, None, f"wrong: {verdict}")
             )
@@ -84,7 +85,7 @@ def run_trials(
 def best(trials: list[Trial]) -> Trial | None:
     """The fastest candidate that passed its check, or None when none did."""
     timed = [t for t in trials if t.ms is not None]
-    return min(timed, key=lambda t: t.ms) if timed else None
+    return min(timed, key=lambda t: t.ms or 0.0) if timed else None  # every t.ms is set
 
 
 def synchronize(device: str) -> None:

@@ -99,6 +99,7 @@ def _dequantize_expert(weights: Weights, e: int) -> torch.Tensor:
     w, scale = weights.w[e], weights.w_scale
     if weights.scheme == "bf16":
         return w.double()
+    assert scale is not None  # every quantized scheme's weights have scales
     if weights.scheme == "fp8_per_tensor":
         return w.double() * scale[e].double()
     if weights.scheme == "fp8_block":

@@ -11,6 +11,7 @@ from typing import Any
 
 from moec.codegen.render import literal
 from moec.plan.layer import QuantFormat
+from moec.vocab import GemmLayout, Scheme
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,14 @@ def call_kwargs(**values: Any) -> str:
 
 def matmul_binding(role: str, fmt: QuantFormat) -> tuple[str, str]:
     """`matmul_<role>`: the torch matmul of one format with its block sizes bound."""
-    if fmt.scheme == "bf16":
+    if fmt.scheme == Scheme.bf16:
         function, extra = "matmul_bf16", ""
-    elif fmt.scheme == "fp8_per_tensor":
+    elif fmt.scheme == Scheme.fp8_per_tensor:
         function, extra = "matmul_fp8_per_tensor", ""
-    elif fmt.scheme == "mxfp4":
+    elif fmt.scheme == Scheme.mxfp4:
         function, extra = "matmul_mxfp4", ""
     else:
+        assert fmt.weight_block is not None, "a block-scaled format has weight blocks"
         function = "matmul_block_scaled"
         extra = f"group={fmt.group}, block={literal(tuple(fmt.weight_block))}, "
     return (
@@ -73,7 +75,7 @@ def kernel_quant(fmt: QuantFormat | None) -> dict[str, Any]:
 
 def shape_doc(stage) -> str:
     """`[rows, n]`-style shape words of a grouped tensor for docstrings."""
-    return "E, max_m" if stage.layout == "masked" else "M"
+    return "E, max_m" if stage.layout == GemmLayout.masked else "M"
 
 
 def bucket_function(plan) -> str:

@@ -9,31 +9,32 @@ from moec.codegen.renderers import received
 from moec.codegen.renderers.common import StageCode, call_kwargs
 from moec.codegen.renderers.torch_stages import dispatch_targets
 from moec.plan.stages import Combine, Dispatch
+from moec.vocab import DispatchMode
 
 DEEP_EP = ("deep_ep",)
 
 
 def _template(kind: str):
-    def choose(stage) -> str:
-        mode = "low_latency" if stage.mode == "deepep_low_latency" else "normal"
+    def choose(stage: Dispatch | Combine) -> str:
+        mode = "low_latency" if stage.mode == DispatchMode.deepep_low_latency else "normal"
         return f"stages/deep_ep/{kind}_{mode}.py.j2"
 
     return choose
 
 
 def _dispatch_runtime(stage: Dispatch) -> tuple[str, ...]:
-    if stage.mode == "deepep_low_latency":
+    if stage.mode == DispatchMode.deepep_low_latency:
         return ("deepep", "grouping")
     return ("deepep", *received.dispatch_runtime(stage))
 
 
 def _combine_runtime(stage: Combine) -> tuple[str, ...]:
-    if stage.mode == "deepep_low_latency":
+    if stage.mode == DispatchMode.deepep_low_latency:
         return ("deepep",)
     return ("deepep", *received.combine_runtime(stage))
 
 
-def _deepep_only(plan, stage) -> str | None:
+def _deepep_only(plan, stage: Dispatch | Combine) -> str | None:
     if not stage.mode.startswith("deepep"):
         return f"deep_ep renders the DeepEP dispatch modes, not {stage.mode}"
     return None
@@ -49,13 +50,14 @@ def _deepep_only(plan, stage) -> str | None:
 )
 def dispatch(plan, stage: Dispatch) -> StageCode:
     layer, buffer = plan.layer, stage.buffer
-    if stage.mode == "deepep_low_latency":
+    assert buffer is not None, "the plan sizes the buffer of every DeepEP dispatch"
+    if stage.mode == DispatchMode.deepep_low_latency:
         quantized = stage.quantize is not None
         options = call_kwargs(
             max_tokens=buffer.max_tokens,
             experts=layer.routed_experts,
             fp8=quantized,
-            pow2=quantized and stage.quantize.pow2_scales,
+            pow2=stage.quantize is not None and stage.quantize.pow2_scales,
         )
         sizes = call_kwargs(
             rdma_bytes=buffer.rdma_bytes,
@@ -79,9 +81,9 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
         qps=buffer.qps,
         hidden_bytes=layer.hidden * max(layer.dtype.bytes, 2),
     )
-    quantized = " (e4m3 and scales)" if scaled else ""
+    what = " (e4m3 and scales)" if scaled else ""
     return StageCode(
-        f"DeepEP normal dispatch: each token row{quantized} once to every rank owning one of its "
+        f"DeepEP normal dispatch: each token row{what} once to every rank owning one of its "
         "experts, with its top-k ids and weights; the received rows laid out by local expert "
         f"in the {stage.layout} layout (ids of other ranks' experts are -1: no row).",
         {"buffer": sizes, **received.dispatch_fields(plan, stage)},
@@ -99,7 +101,7 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
 def combine(plan, stage: Combine) -> StageCode:
     shared = {"shared": "shared" if stage.add_shared else "None"}
     plus = " + shared[t]" if stage.add_shared else ""
-    if stage.mode == "deepep_low_latency":
+    if stage.mode == DispatchMode.deepep_low_latency:
         return StageCode(
             "DeepEP low-latency combine: every expert output back to its token's rank, weighted "
             f"and summed there (fp32, rounded once){plus}.",

@@ -8,15 +8,16 @@ from moec.codegen.registry import register
 from moec.codegen.renderers.common import StageCode, shape_doc
 from moec.plan.fuse import LAYOUT_STEPS
 from moec.plan.stages import Convert, Gemm
+from moec.vocab import Arch, Scheme
 
 DEEP_GEMM = ("deep_gemm",)
 
 
 def _fp8_block_or_bf16(plan, stage: Gemm) -> str | None:
     scheme = stage.format.scheme
-    if scheme not in ("fp8_block", "bf16"):
+    if scheme not in (Scheme.fp8_block, Scheme.bf16):
         return f"moec drives DeepGEMM's fp8_block and bf16 grouped GEMMs, not {scheme}"
-    if scheme == "fp8_block" and plan.layer.arch != "sm90":
+    if scheme == Scheme.fp8_block and plan.layer.arch != Arch.sm90:
         return "moec drives DeepGEMM's fp8 grouped GEMMs on sm90 (its Hopper kernels) only"
     return None
 

@@ -7,6 +7,7 @@ from moec.codegen.registry import register
 from moec.codegen.renderers import received
 from moec.codegen.renderers.common import StageCode
 from moec.plan.stages import Combine, Dispatch, Finalize
+from moec.vocab import DispatchMode
 
 
 def _dispatch_runtime(stage: Dispatch) -> tuple[str, ...]:
@@ -17,8 +18,8 @@ def _combine_runtime(stage: Combine) -> tuple[str, ...]:
     return ("all2all", *received.combine_runtime(stage))
 
 
-def _all2all_only(plan, stage) -> str | None:
-    if stage.mode != "all2all":
+def _all2all_only(plan, stage: Dispatch | Combine) -> str | None:
+    if stage.mode != DispatchMode.all2all:
         return f"torch.distributed renders the all2all dispatch, not {stage.mode}"
     return None
 

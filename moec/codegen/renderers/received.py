@@ -8,12 +8,13 @@ from __future__ import annotations
 from moec.codegen.renderers.common import bucket_function
 from moec.codegen.renderers.torch_stages import dispatch_targets, route_call
 from moec.plan.stages import Combine, Dispatch
+from moec.vocab import Backend
 
 
 def dispatch_fields(plan, stage: Dispatch) -> dict[str, object]:
     """Fields of a dispatch template's receive lines: the token rows' scale argument, the
     experts per rank, the layout's routing call over the received ids, the copy into it."""
-    triton = stage.routing_backend == "triton"
+    triton = stage.routing_backend == Backend.triton
     bucket = bucket_function(plan)
     return {
         "x_scale": "x_scale" if stage.outputs["a"].scale is not None else "None",
@@ -26,20 +27,20 @@ def dispatch_fields(plan, stage: Dispatch) -> dict[str, object]:
 
 def dispatch_runtime(stage: Dispatch) -> tuple[str, ...]:
     """Runtime modules of the receive lines of a dispatch."""
-    if stage.routing_backend == "triton":
+    if stage.routing_backend == Backend.triton:
         return ("grouping", "triton_route", "triton_permute", "tiles")
     return ("grouping",)
 
 
 def combine_runtime(stage: Combine) -> tuple[str, ...]:
     """Runtime modules of the weighted sums of a combine."""
-    return ("triton_combine", "tiles") if stage.reduce_backend == "triton" else ("grouping",)
+    return ("triton_combine", "tiles") if stage.reduce_backend == Backend.triton else ("grouping",)
 
 
 def weighted_rows(stage: Combine, y: str, row_of: str, weights: str, shared: str) -> str:
     """The call of sum_k weights[r, k] * y[row_of[r, k]] (+ shared[r]), rounded once to the
     model dtype, in the combine's reduce backend."""
-    if stage.reduce_backend == "triton":
+    if stage.reduce_backend == Backend.triton:
         return (
             f"triton_combine.weighted_rows({y}, {row_of}, {weights}, {shared}, "
             f"config=tiles.combine({row_of}.shape[0]), out_dtype=DTYPE, pdl=tiles.PDL)"
@@ -50,7 +51,7 @@ def weighted_rows(stage: Combine, y: str, row_of: str, weights: str, shared: str
 def _permute(stage: Dispatch) -> str:
     """The copy of received rows (already in the GEMM's format) and their scales into the
     layout: one Triton launch each where Triton routes, else torch."""
-    if stage.routing_backend == "triton":
+    if stage.routing_backend == Backend.triton:
         return (
             f"triton_permute.permute_rows(rows, row_scales, routing, {stage.experts}, "
             "config=tiles.PERMUTE, pdl=tiles.PDL)"

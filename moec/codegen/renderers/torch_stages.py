@@ -25,6 +25,7 @@ from moec.plan.stages import (
     Select,
     SharedExpert,
 )
+from moec.vocab import GemmLayout, ReplicaChoice, TopkMethod, TorchKernel
 
 FUNCTOOLS = ("import functools",)
 
@@ -38,7 +39,7 @@ def router(plan, stage: Router) -> StageCode:
 
 
 def select_options(stage: Select) -> str:
-    if stage.topk_method == "hash":  # the table chooses: no method, groups or bias
+    if stage.topk_method == TopkMethod.hash:  # the table chooses: no method, groups or bias
         return call_kwargs(
             scoring_func=stage.scoring_func,
             norm_topk_prob=stage.norm_topk_prob,
@@ -59,11 +60,11 @@ def select_options(stage: Select) -> str:
 
 def select_doc(stage: Select) -> str:
     parts = [f"{stage.scoring_func} scores"]
-    if stage.topk_method == "hash":
+    if stage.topk_method == TopkMethod.hash:
         parts.append("the experts tid2eid[token_id] (the hash table)")
-    if stage.topk_method == "noaux_tc":
+    if stage.topk_method == TopkMethod.noaux_tc:
         parts.append("choice biased by e_score_correction_bias")
-    if stage.topk_method != "greedy" and stage.n_group > 1:
+    if stage.topk_method != TopkMethod.greedy and stage.n_group > 1:
         parts.append(f"{stage.topk_group} of {stage.n_group} groups kept")
     if stage.norm_topk_prob:
         parts.append("weights renormalized")
@@ -76,13 +77,15 @@ def select_doc(stage: Select) -> str:
 
 def _select_template(stage: Select) -> str:
     return (
-        "stages/torch/select_hash.py.j2" if stage.topk_method == "hash" else "stages/select.py.j2"
+        "stages/torch/select_hash.py.j2"
+        if stage.topk_method == TopkMethod.hash
+        else "stages/select.py.j2"
     )
 
 
 @register("select", "torch", _select_template, runtime=("torch_select",))
 def select(plan, stage: Select) -> StageCode:
-    if stage.topk_method == "hash":
+    if stage.topk_method == TopkMethod.hash:
         return StageCode(select_doc(stage), {"options": select_options(stage)})
     fields = {
         "function": "torch_select.select_topk",
@@ -101,7 +104,7 @@ def input_scale_arg(stage, weight: str) -> str:
 def place(plan, stage: Place) -> StageCode:
     if not stage.mapped:
         mapping, what = "topk_ids", "The ids unchanged (physical = logical)"
-    elif stage.replica_choice == "static":
+    elif stage.replica_choice == ReplicaChoice.static:
         mapping = "placement.static_replicas(topk_ids, replica_of)"
         what = "Each logical id [T, K] to this rank's replica of its expert"
     else:
@@ -131,7 +134,7 @@ def route_call(stage: Dispatch, module: str, ids: str, bucket: str = "bucket") -
     """The routing call of a dispatch: the layout's indices for `ids` [rows, K]; `bucket`: the
     tiles function that picks the row padding's bucket from the row count."""
     extra = ", pdl=tiles.PDL" if module == "triton_route" else ""
-    if stage.layout == "masked":
+    if stage.layout == GemmLayout.masked:
         return f"{module}.route_masked({ids}, {stage.experts}{extra})"
     padding = stage.row_padding or f"tiles.{bucket}({ids}.shape[0]).block_m"
     return f"{module}.route_contiguous({ids}, {stage.experts}, {padding}{extra})"
@@ -156,7 +159,7 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
 
 
 def _gemm_template(stage: Gemm) -> str:
-    if stage.torch_kernel == "loop":
+    if stage.torch_kernel == TorchKernel.loop:
         return f"stages/torch/gemm_loop_{stage.layout}.py.j2"
     return f"stages/torch/gemm_{stage.torch_kernel}.py.j2"
 
@@ -179,7 +182,7 @@ def gemm(plan, stage: Gemm) -> StageCode:
         "weight_scale": f"{stage.weight}_scale[expert]" if scaled else "None",
         "a_scale": a_scale_of(stage, "rows"),
         "matmul": name,
-        "padding": plan.stage("dispatch").row_padding,
+        "padding": plan.stage("dispatch", Dispatch).row_padding,
     }
     doc = (
         f"[{rows}, {stage.k}] x [E, {stage.n}, {stage.k}] -> [{rows}, {stage.n}]: each expert's "
@@ -196,7 +199,7 @@ def _activation_template(stage: Activation) -> str:
 @register("activation", "torch", _activation_template, runtime=("gated_activation", "torch_matmul"))
 def activation(plan, stage: Activation) -> StageCode:
     rows = shape_doc(stage)
-    fields = {"intermediate": stage.intermediate}
+    fields: dict[str, object] = {"intermediate": stage.intermediate}
     bindings: tuple = ()
     doc = f"{stage.activation} of [{rows}, 2I] gate|up halves -> [{rows}, I]"
     if stage.quantize is not None:
@@ -234,7 +237,7 @@ def _shared_template(stage: SharedExpert) -> str:
 def shared_expert(plan, stage: SharedExpert) -> StageCode:
     fmt = stage.format
     bindings = [matmul_binding("shared", fmt)]
-    fields = {"intermediate": stage.intermediate}
+    fields: dict[str, object] = {"intermediate": stage.intermediate}
     if fmt.quantized:
         bindings.append(quantizer_binding("shared", fmt))
         scaled = "shared_w13_scale" in stage.weights

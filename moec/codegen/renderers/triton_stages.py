@@ -13,7 +13,17 @@ from moec.codegen.renderers.common import (
 )
 from moec.codegen.renderers.torch_stages import dispatch_targets, select_doc, select_options
 from moec.plan.build import ONE_LAUNCH_ROUTE
-from moec.plan.stages import Activation, Combine, Dispatch, Gemm, Quantize, Select, SharedExpert
+from moec.plan.stages import (
+    Activation,
+    Combine,
+    Dispatch,
+    Gemm,
+    Quantize,
+    Router,
+    Select,
+    SharedExpert,
+)
+from moec.vocab import GemmLayout, RouterPrecision, TopkMethod
 
 TRITON = ("triton",)
 
@@ -31,8 +41,8 @@ def _quant_options(fmt, scale_weight: str | None) -> str:
     return ", " + options
 
 
-def _bf16x3_only(plan, stage) -> str | None:
-    if stage.precision != "bf16x3":
+def _bf16x3_only(plan, stage: Router) -> str | None:
+    if stage.precision != RouterPrecision.bf16x3:
         return f"the Triton router runs the bf16x3 split, not {stage.precision}"
     return None
 
@@ -45,7 +55,7 @@ def _bf16x3_only(plan, stage) -> str | None:
     requires=TRITON,
     refuses=_bf16x3_only,
 )
-def router(plan, stage) -> StageCode:
+def router(plan, stage: Router) -> StageCode:
     return StageCode(
         "Router logits [T, E] in fp32: x times the fp32 weight's three bf16 parts on the tensor "
         "cores, summed in fp32 (the fp32 GEMM's values up to summation order)."
@@ -57,23 +67,23 @@ def _with_router(stage: Select) -> bool:
 
 
 def _select_template(stage: Select) -> str:
-    if stage.topk_method == "hash":
+    if stage.topk_method == TopkMethod.hash:
         return "stages/triton/select_hash.py.j2"
     return "stages/triton/gate.py.j2" if _with_router(stage) else "stages/select.py.j2"
 
 
 def _select_runtime(stage: Select) -> tuple[str, ...]:
-    if stage.topk_method == "hash":
+    if stage.topk_method == TopkMethod.hash:
         return ("triton_hash", "tiles")
     return ("triton_gate", "tiles") if _with_router(stage) else ("triton_select", "tiles")
 
 
 @register("select", "triton", _select_template, runtime=_select_runtime, requires=TRITON)
 def select(plan, stage: Select) -> StageCode:
-    if stage.topk_method == "hash":
-        fields = {"options": select_options(stage) + ", pdl=tiles.PDL"}
-        return StageCode(select_doc(stage)[:-1] + "; one Triton program per token.", fields)
-    fields = {
+    if stage.topk_method == TopkMethod.hash:
+        options = {"options": select_options(stage) + ", pdl=tiles.PDL"}
+        return StageCode(select_doc(stage)[:-1] + "; one Triton program per token.", options)
+    fields: dict[str, object] = {
         "function": "triton_select.select_topk",
         "bias": "gate_bias" if stage.has_bias else "None",
         "options": select_options(stage) + ", pdl=tiles.PDL",
@@ -118,7 +128,7 @@ def quantize(plan, stage: Quantize) -> StageCode:
 def dispatch(plan, stage: Dispatch) -> StageCode:
     static = "w13_input_scale" if "w13_input_scale" in stage.weights else None
     layout_options = ""
-    if stage.layout == "contiguous":
+    if stage.layout == GemmLayout.contiguous:
         block_m = stage.row_padding or "tiles.bucket(topk_ids.shape[0]).block_m"
         layout_options = f", block_m={block_m}"
     if stage.one_launch:
