@@ -12,7 +12,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,10 @@ def os_error(error: OSError, path: object, action: str = "cannot write") -> Moec
 # --- arguments of the Python API ----------------------------------------------------------
 
 
+@overload
+def path_argument(value: Any, name: str, call: str, optional: Literal[False] = False) -> str: ...
+@overload
+def path_argument(value: Any, name: str, call: str, optional: bool) -> str | None: ...
 def path_argument(value: Any, name: str, call: str, optional: bool = False) -> str | None:
     """`value` as a path string, for an argument of the Python API that takes a path (None
     where `optional`); a TypeError naming the argument otherwise."""

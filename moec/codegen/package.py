@@ -18,6 +18,7 @@ from moec.plan.activations import lower
 from moec.plan.graph import Plan
 from moec.plan.placement import physical_to_logical
 from moec.plan.sizes import dim, symbols
+from moec.plan.stages import Select
 from moec.plan.tuning import COMBINE_DECODE_ROWS
 from moec.version import __version__
 
@@ -180,8 +181,8 @@ def _router_parts(plan: Plan) -> bool:
 def _weight_fields(plan: Plan) -> dict[str, Any]:
     layer = plan.layer
     dtype = layer.dtype.torch
-    select = plan.stage("select")
-    values = [
+    select = plan.stage("select", Select)
+    values: list[tuple[str, object]] = [
         ("hidden", layer.hidden),
         ("intermediate", layer.intermediate * layer.tp),
         ("routed_experts", layer.routed_experts),
@@ -302,6 +303,7 @@ def _activation_module(jinja, plan: Plan, common: dict[str, Any], modules: set[s
 
 def _tile_fields(plan: Plan) -> dict[str, Any]:
     tiles = plan.tiles
+    assert tiles is not None, "tiles.py is rendered only for a plan with tiles"
     return {
         "source": tiles.source,
         "buckets": tiles.buckets,

@@ -14,7 +14,7 @@ from typing import Any
 
 from moec.plan.graph import Plan
 from moec.plan.layer import Layer
-from moec.plan.stages import Dispatch
+from moec.plan.stages import Dispatch, Quantize
 from moec.plan.tables import (
     SHIPPED_TABLES,
     TUNED_DIR,
@@ -163,7 +163,7 @@ def _groups(plan: Plan) -> dict[str, int]:
     groups = {}
     for stage, kernel in (("quantize", "permute"), ("quantize_down", "act")):
         if plan.has(stage) and plan.stage(stage).backend == "triton":
-            group = plan.stage(stage).format.group
+            group = plan.stage(stage, Quantize).format.group
             if group:
                 groups[kernel] = group
     return groups
