@@ -138,6 +138,7 @@ def test_a_package_draws_its_line_on_a_terminal(kind, load_layer, monkeypatch, t
     lines = said.split("\n")
     assert len(lines) == 3 and lines[2] == ""  # two lines, each ended
     assert lines[0].startswith("\r\033[Ktiny_cpu: random weights") and "done" in lines[0]
+    assert re.search(r"\b(\d+)/\1 done", lines[0])  # random_ counts the experts it made
     # the folder's shards are counted on the layer's own line: no second line
     assert "tiny_cpu: loading weights: [" in lines[1] and "2/2 b.safetensors" in lines[1]
     assert re.search(r"2/2 done \(\d+ s\)$", lines[1])

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import quant
+from . import progress, quant
 from .checkpoint import WeightError, read_tensors
 from .weight_formats import Pair, WeightFormat
 
@@ -162,7 +162,13 @@ def randomize(layer, seed: int, spec: LayerWeights) -> None:
             out["w2_input"] = torch.tensor(1.0 / 448.0, device=device)
         return out
 
-    experts = [mlp(spec.intermediate, 16 + 4 * e, spec.routed) for e in _local_logical(layer, spec)]
+    logical = _local_logical(layer, spec)
+    line = progress.current()  # the layer's "random weights" line, drawn on a terminal
+    experts = []
+    for number, e in enumerate(logical, start=1):
+        experts.append(mlp(spec.intermediate, 16 + 4 * e, spec.routed))
+        if line is not None:
+            line.update(number, f"expert {e}", total=len(logical))
     shared = mlp(spec.shared_intermediate, 8, spec.shared) if spec.n_shared else None
     _copy_in(layer, _assemble(values, experts, shared, spec))
     if spec.router_parts:
