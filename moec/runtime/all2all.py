@@ -101,8 +101,8 @@ def send_tokens(x, x_scale, topk_ids, topk_weights, local_experts: int, group):
     scaled_rows = x_scale is not None and x_scale.dim() == 2  # else one scale (or none) for all
     parts = [x, *([x_scale] if scaled_rows else []), topk_ids, topk_weights]
     arrived = exchange_rows(pack_rows(parts, token_of_sent), received, send, group)
-    rows, *row_scales, ids, weights = unpack_rows(arrived, parts)  # [R, H], ..., [R, K], [R, K]
-    row_scales = row_scales[0] if scaled_rows else x_scale
+    rows, *row_scale, ids, weights = unpack_rows(arrived, parts)  # [R, H], ..., [R, K], [R, K]
+    row_scales = row_scale[0] if scaled_rows else x_scale
     local = ids.long() - rank * local_experts
     local_ids = torch.where((local >= 0) & (local < local_experts), local, -1).to(torch.int32)
     # the sent rows come back in the order they left: token t's row from rank w is number

@@ -59,8 +59,9 @@ of a layer."""
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 INDEX = "model.safetensors.index.json"
-_UNPICKLE_ERRORS = (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, OSError, RuntimeError)
-_UNPICKLE_ERRORS += (ValueError, TypeError, KeyError, AttributeError, ImportError)
+_UNPICKLE_ERRORS: tuple[type[Exception], ...] = (pickle.UnpicklingError, zipfile.BadZipFile)
+_UNPICKLE_ERRORS += (EOFError, OSError, RuntimeError, ValueError, TypeError, KeyError)
+_UNPICKLE_ERRORS += (AttributeError, ImportError)
 """What torch.load(weights_only=True) raises on a bad or disallowed file."""
 LAYER_NAME = re.compile(r"gate\.(weight|e_score_correction_bias|bias|tid2eid)$|(shared_)?experts\.")
 """How the names of an MoE layer start after its prefix: what a read without `expected`
@@ -331,8 +332,9 @@ def _read_safetensors(path: Path, wanted, problems, found, names: set[str] | Non
 def _read_folder(path: Path, wanted, problems, found, allow_pickle, progress):
     index = path / INDEX
     indexed = index.exists()
+    shards: dict[str, set[str] | None]  # a shard's wanted names (None: read all it holds)
     if indexed:
-        shards = _shards_from_index(index, wanted, problems, found)
+        shards = dict(_shards_from_index(index, wanted, problems, found))
     else:
         shards = {file.name: None for file in sorted(path.glob("*.safetensors"))}
         if not shards:

@@ -146,15 +146,15 @@ def check_tokens(layer, plan, torch_gated, tokens: int, args, bound: float) -> s
         raised = f"{type(error).__name__}: {last_line(error)}"
         print(f"{tokens:>6} {raised}")
         return f"T={tokens}: raised {raised}"
-    error = norm_error(out, expected)
+    gap = norm_error(out, expected)
     repeats = args.repeats or REPEATS[args.device]
     ms = median_ms(run, args.device, repeats, WARMUP[args.device])
     floors = {row["tokens"]: row["floor_ms"] for row in plan["cost"]}
     floor = floors.get(tokens)
     shown = f"{floor:>10.4f} {ms / floor:>9.3g}" if floor else f"{'-':>10} {'-':>9}"
-    verdict = "ok" if error <= bound else f"OVER the bound {bound:.2e}"
-    print(f"{tokens:>6} {error:>9.2e} {ms:>10.3f} {shown}  {verdict}")
-    return "" if error <= bound else f"T={tokens}: error {error:.3g} > {bound:.3g}"
+    verdict = "ok" if gap <= bound else f"OVER the bound {bound:.2e}"
+    print(f"{tokens:>6} {gap:>9.2e} {ms:>10.3f} {shown}  {verdict}")
+    return "" if gap <= bound else f"T={tokens}: error {gap:.3g} > {bound:.3g}"
 
 
 def last_line(error: Exception, width: int = 200) -> str:
@@ -193,9 +193,9 @@ def median_ms(run, device: str, repeats: int, warmup: int, barrier=None) -> floa
             end.synchronize()
             times.append(start.elapsed_time(end))
         else:
-            start = time.perf_counter()
+            began = time.perf_counter()
             run()
-            times.append((time.perf_counter() - start) * 1e3)
+            times.append((time.perf_counter() - began) * 1e3)
     return sorted(times)[len(times) // 2]
 
 

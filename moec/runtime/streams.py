@@ -20,7 +20,7 @@ class SideStream:
     """A second CUDA stream of the device of the tensors it is given, made on first use."""
 
     def __init__(self) -> None:
-        self.stream = None
+        self.stream: torch.cuda.Stream | None = None
 
     @contextlib.contextmanager
     def beside(self, x: torch.Tensor):
@@ -39,5 +39,6 @@ class SideStream:
         if tensor.device.type != "cuda":
             return
         current = torch.cuda.current_stream(tensor.device)
+        assert self.stream is not None, "join() follows a beside() block on the same device"
         current.wait_stream(self.stream)
         tensor.record_stream(current)
