@@ -68,6 +68,13 @@ class LayerWeights:
     """The logical expert of each physical expert of all ranks (rank r holds physical
     r * local_experts ..); empty: physical = logical. Replicas read one checkpoint tensor."""
 
+    @property
+    def shared_format(self) -> WeightFormat:
+        """`shared`, for a layer that has shared experts."""
+        if self.shared is None:
+            raise ValueError("the layer has no shared experts")
+        return self.shared
+
 
 def load(layer, source, prefix: str, spec: LayerWeights) -> None:
     """Read the checkpoint, check every tensor, convert to this layer's formats, copy in.
@@ -80,7 +87,7 @@ def load(layer, source, prefix: str, spec: LayerWeights) -> None:
         )
     except WeightError as error:  # the checkpoint's own problems, before any tensor is copied
         raise WeightError(error.problems, unchanged=True) from None
-    values: dict[str, torch.Tensor] = {}
+    values: dict[str, torch.Tensor | None] = {}  # None: a problem, raised below
     values["gate_weight"] = _take(
         found, "gate", (spec.routed_experts, spec.hidden), prefix + "gate.weight", problems
     )
@@ -151,8 +158,11 @@ def randomize(layer, seed: int, spec: LayerWeights) -> None:
     rank = layer.rank if spec.tp > 1 else 0
 
     def mlp(inter: int, stream: int, fmt: WeightFormat) -> dict:
-        shapes = (("gate", (inter, spec.hidden)), ("up", (inter, spec.hidden)))
-        shapes += (("down", (spec.hidden, inter)),)
+        shapes = (
+            ("gate", (inter, spec.hidden)),
+            ("up", (inter, spec.hidden)),
+            ("down", (spec.hidden, inter)),
+        )
         weights = {
             p: fmt.from_float(normal(*shape, stream + i)) for i, (p, shape) in enumerate(shapes)
         }
@@ -169,7 +179,7 @@ def randomize(layer, seed: int, spec: LayerWeights) -> None:
         experts.append(mlp(spec.intermediate, 16 + 4 * e, spec.routed))
         if line is not None:
             line.update(number, f"expert {e}", total=len(logical))
-    shared = mlp(spec.shared_intermediate, 8, spec.shared) if spec.n_shared else None
+    shared = mlp(spec.shared_intermediate, 8, spec.shared_format) if spec.n_shared else None
     _copy_in(layer, _assemble(values, experts, shared, spec))
     if spec.router_parts:
         count_router_parts(layer)
@@ -291,8 +301,9 @@ def _take_table(table, name: str, spec: LayerWeights, problems) -> torch.Tensor 
     if table is None:
         problems.append(f"{name}: missing (the hash router's table)")
         return None
-    if tuple(table.shape) != spec.hash_table:
-        problems.append(f"{name}: shape {list(table.shape)}, expected {list(spec.hash_table)}")
+    expected = spec.hash_table or ()
+    if tuple(table.shape) != expected:
+        problems.append(f"{name}: shape {list(table.shape)}, expected {list(expected)}")
         return None
     outside = (table < 0) | (table >= spec.routed_experts)
     if outside.any():
@@ -307,12 +318,12 @@ def _checkpoint_mlp(found, names, key, name: str, spec: LayerWeights, rank: int,
     """One expert's (or the shared experts') w13 and w2 for this rank, from the checkpoint."""
     kind, index = key
     shared = kind == "shared"
-    fmt = spec.shared if shared else spec.routed
+    fmt = spec.shared_format if shared else spec.routed
     inter = spec.shared_intermediate if shared else spec.intermediate
-    converted = {}
+    converted: dict[str, Pair] = {}
     for proj in ("gate", "up", "down"):
         shape = (spec.hidden, inter) if proj == "down" else (inter, spec.hidden)
-        converted[proj] = fmt.from_checkpoint(
+        pair = fmt.from_checkpoint(
             found.get((kind, index, proj, "weight")),
             found.get((kind, index, proj, "scale")),
             shape,
@@ -320,7 +331,9 @@ def _checkpoint_mlp(found, names, key, name: str, spec: LayerWeights, rank: int,
             problems,
             (names.get((kind, index, proj, "weight")), names.get((kind, index, proj, "scale"))),
         )
-    if any(part is None for part in converted.values()):
+        if pair is not None:  # None: its problems are listed
+            converted[proj] = pair
+    if len(converted) < 3:
         return {}
     result = _split_rank(converted, inter, rank, spec.tp, fmt)
     if fmt.static:
@@ -364,7 +377,7 @@ def _split_shared(shared: dict, spec: LayerWeights) -> list[dict]:
     """The shared MLP of width n_shared * I as n_shared experts of width I: the gated activation
     is per column and the down projection a sum over columns, so the sum is the same. Static
     activation scales (per tensor) are the whole MLP's, so each part takes them."""
-    fmt, total = spec.shared, spec.shared_intermediate
+    fmt, total = spec.shared_format, spec.shared_intermediate
     width = total // spec.n_shared
     gate = fmt.slice(shared["w13"], 0, 0, total)
     up = fmt.slice(shared["w13"], 0, total, total)
@@ -382,7 +395,7 @@ def _split_shared(shared: dict, spec: LayerWeights) -> list[dict]:
 def _assemble(values: dict, experts: list[dict], shared: dict | None, spec) -> dict:
     """The layer's parameters from converted experts: stacked values and scales."""
     values = _router_values(values, spec)
-    if spec.fused_shared:
+    if spec.fused_shared and shared is not None:
         experts = experts + _split_shared(shared, spec)
     values.update(_stack("w13", [e["w13"] for e in experts]))
     values.update(_stack("w2", [e["w2"] for e in experts]))
@@ -402,8 +415,9 @@ def _stack(name: str, parts: list[Pair], single: bool = False) -> dict[str, torc
     """[(value, scale)] per expert -> {name: stacked values, name_scale: stacked scales}."""
     pick = (lambda xs: xs[0]) if single else torch.stack
     out = {name: pick([value for value, _ in parts])}
-    if parts[0][1] is not None:
-        out[name + "_scale"] = pick([scale for _, scale in parts])
+    scales = [scale for _, scale in parts if scale is not None]
+    if scales:  # every part of one format: all scaled, or none
+        out[name + "_scale"] = pick(scales)
     return out
 
 

@@ -37,6 +37,13 @@ class WeightFormat:
     fp8_block format, converted exactly at load (quant.e2m1_to_e4m3_blocks)."""
 
     @property
+    def scale_block(self) -> tuple[int, int]:
+        """`block`, for the schemes that scale blocks of values (the others have none)."""
+        if self.block is None:
+            raise ValueError(f"{self.scheme} weights have no scale blocks")
+        return self.block
+
+    @property
     def pack(self) -> int:
         """Values per stored element along K."""
         return 2 if self.scheme == "mxfp4" else 1
@@ -44,14 +51,14 @@ class WeightFormat:
     def from_float(self, w: torch.Tensor) -> Pair:
         """Quantize a float weight [N, K] into this format."""
         if self.source == "mxfp4":  # the mxfp4 values, exactly, as e4m3 blocks
-            return quant.e2m1_to_e4m3_blocks(*quant.quantize_e2m1(w), self.block[0])
+            return quant.e2m1_to_e4m3_blocks(*quant.quantize_e2m1(w), self.scale_block[0])
         if self.scheme == "bf16":
             return w.to(self.dtype), None
         if self.scheme == "fp8_per_tensor":
             return quant.quantize_tensor(w)
         if self.scheme == "mxfp4":
             return quant.quantize_e2m1(w)
-        return quant.quantize_blocks(w, self.block[0], self.block[1], pow2=self.pow2)
+        return quant.quantize_blocks(w, *self.scale_block, pow2=self.pow2)
 
     def from_checkpoint(
         self,
@@ -134,13 +141,16 @@ class WeightFormat:
         pair = mxfp4.from_checkpoint(value, scale, shape, name, problems, names)
         if pair is None:
             return None
+        value, scale = pair
+        assert scale is not None  # an mxfp4 pair holds its scales
         try:
-            return quant.e2m1_to_e4m3_blocks(pair[0], pair[1], self.block[0])
+            return quant.e2m1_to_e4m3_blocks(value, scale, self.scale_block[0])
         except ValueError as error:
             problems.append(f"{names[0] or name + '.weight'}: mxfp4 to e4m3: {error}")
             return None
 
     def _checkpoint_scale(self, value, scale, shape, wname, sname, problems) -> Pair | None:
+        expected: tuple[int, ...]
         if self.block is None:
             expected = (1,)
         else:
@@ -194,7 +204,7 @@ class WeightFormat:
         needs_pow2 = self.pow2 and self.scheme in ("fp8_block", "mxfp8")
         if needs_pow2 and not torch.equal(scale, quant.round_up_pow2(scale)):
             # fp32 scales where UE8M0 is needed: requantize with power-of-two scales.
-            dequantized = quant.dequantize_blocks(value, scale, self.block[0], self.block[1])
+            dequantized = quant.dequantize_blocks(value, scale, *self.scale_block)
             return self.from_float(dequantized)
         return value, scale
 
@@ -212,11 +222,15 @@ class WeightFormat:
         """[gate; up] of two converted weights (per-tensor: requantized to the larger scale)."""
         (a, a_scale), (b, b_scale) = first, second
         if self.scheme == "fp8_per_tensor":
+            assert a_scale is not None and b_scale is not None  # one scale per tensor
             scale = torch.maximum(a_scale, b_scale)
             a = quant.quantize_with_scale(a.float() * a_scale, scale)
             b = quant.quantize_with_scale(b.float() * b_scale, scale)
             return torch.cat((a, b)), scale
-        return torch.cat((a, b)), (None if a_scale is None else torch.cat((a_scale, b_scale)))
+        if a_scale is None:  # bf16: no scales
+            return torch.cat((a, b)), None
+        assert b_scale is not None  # both weights are of this format
+        return torch.cat((a, b)), torch.cat((a_scale, b_scale))
 
 
 BF16_MAX = torch.finfo(torch.bfloat16).max

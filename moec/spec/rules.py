@@ -666,7 +666,7 @@ def _placement(spec: Spec) -> Iterator[Problem]:
     n_routed_experts + redundant_experts physical experts, each a routed expert's id, every
     routed expert at least once."""
     parallel = spec.parallel
-    if parallel.placement == "even":
+    if isinstance(parallel.placement, str):  # "even", or a file the loader read (or refused)
         return
     found = placement.problems(
         [list(rank) for rank in parallel.placement],
