@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH_CPU ?= torch==2.13.0
 GPU_TESTS ?= tests/kernels tests/gpu
 
-.PHONY: demo test setup lint typecheck schema figures clean gpu-test deps
+.PHONY: demo test test-fast setup lint typecheck schema figures clean gpu-test deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -x --durations=15
+
+# The spec, plan and build tier alone, under a minute: for a change above the kernels (make
+# test, the whole suite, stays the check).
+FAST_TESTS := tests/test_spec_*.py tests/test_plan_*.py tests/test_vocab.py tests/test_schema.py \
+	tests/test_user_errors.py tests/test_explain.py tests/test_support_matrix.py tests/test_build.py
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -x -m "not slow" $(FAST_TESTS)
 
 # On a CUDA machine, with moec's dependencies importable by $(PY) (the GPU image's python3 plus
 # carried wheels, see README "On the GPU"): the kernel suite compiled, and the GPU layer tests.

@@ -113,6 +113,7 @@ def test_the_matrix_is_mostly_valid(valid):
     assert len(valid) >= 100  # rejected: fused shared with EP or TP, TP with EP, per-tensor EP
 
 
+@pytest.mark.slow
 def test_every_valid_combination_builds_and_imports(valid, load_layer):
     folders = []
     for combo in valid:
@@ -164,6 +165,7 @@ def _bound(combo) -> float:
     return 2**-3 if tp > 1 and scheme == "fp8_per_tensor" else 2**-7
 
 
+@pytest.mark.slow
 def test_two_rank_combinations_equal_one_rank_torch(valid, load_layer, tmp_path):
     jobs, combos = [], []
     for combo in DISTRIBUTED:
