@@ -124,13 +124,7 @@ def holds_marker(folder: Path) -> bool:
     be damaged): the folder is a package moec built. A fifo or a user's file of that name is
     not."""
     path = folder / MARKER
-    if kind_of(path) != "a file":
-        return False
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(len(_MARKER_TITLE)) == _MARKER_TITLE
-    except OSError:
-        return False
+    return kind_of(path) == "a file" and _starts_with(path, _MARKER_TITLE)
 
 
 def foreign_reason(folder: Path, leftover: bool = False) -> str | None:
@@ -187,8 +181,11 @@ def _is_generated(path: Path) -> bool:
     if path.is_symlink() or not path.is_file():
         return False
     start = {".py": GENERATED_HEADER}.get(path.suffix) or _DATA_FILES.get(path.name)
-    if start is None:
-        return False
+    return start is not None and _starts_with(path, start)
+
+
+def _starts_with(path: Path, start: bytes) -> bool:
+    """Whether the file at `path` can be read and begins with `start`."""
     try:
         with open(path, "rb") as handle:
             return handle.read(len(start)) == start
