@@ -174,8 +174,10 @@ def _weight_format(fmt, dtype: str) -> str:
 
 
 def _router_parts(plan: Plan) -> bool:
-    """Whether the layer holds the router weight as bf16 parts (`gate_parts`), not fp32."""
-    return any("gate_parts" in stage.weights for stage in plan.order())
+    """Whether the layer holds the router weight as bf16 parts whose use it counts."""
+    return any(
+        held.in_use == "router_parts" for stage in plan.order() for held in stage.weights.values()
+    )
 
 
 def _weight_fields(plan: Plan) -> dict[str, Any]:

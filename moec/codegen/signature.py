@@ -21,11 +21,6 @@ RECORD_MODULE = {
 }
 """Runtime module defining each record type that travels along an edge."""
 
-IN_USE = {"gate_parts": "self.gate_parts[: self.router_parts]"}
-"""Weights a stage is given only in part: of the router weight's three bf16 parts, those not
-all zero (`MoELayer.router_parts`, counted when the weights are set: one for a weight the
-checkpoint stores in bf16)."""
-
 
 def takes_group(stage: Stage) -> bool:
     """Whether the stage's function takes the layer's process group: every torch.distributed
@@ -92,9 +87,10 @@ def signature(plan: Plan, stage: Stage) -> Signature:
     for _, edge in plan.inputs(stage.name):
         params += _with_scale(edge.input, edge.type)
         args += [name for name, _ in _with_scale(edge.tensor, edge.type)]
-    for weight in (*stage.weights, *stage.workspace):
+    for weight, held in (*stage.weights.items(), *stage.workspace.items()):
         params.append((weight, TENSOR))
-        args.append(IN_USE.get(weight, f"self.{weight}"))
+        # a weight read in part: its leading entries in use, as the layer counted them
+        args.append(f"self.{weight}[: self.{held.in_use}]" if held.in_use else f"self.{weight}")
     if takes_group(stage):
         params.append(("group", "torch.distributed.ProcessGroup | None"))
         args.append("self.group")

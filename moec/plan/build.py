@@ -184,7 +184,9 @@ def _router(plan: Plan, around: Backend) -> None:
     layer = plan.layer
     split = around == Backend.triton and layer.dtype is DType.bfloat16
     if split:
-        weights = {"gate_parts": TensorType(DType.bfloat16, ("3", "E", "H"))}
+        # the parts not all zero, counted at load: one for a bf16 checkpoint weight
+        parts = TensorType(DType.bfloat16, ("3", "E", "H"), in_use="router_parts")
+        weights = {"gate_parts": parts}
         note = (
             "x W^T with W = three bf16 parts (fp32 to one rounding), fp32 sums, only the parts "
             "not all zero (one for a bf16 checkpoint weight, counted at load); H split in S "

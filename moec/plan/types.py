@@ -119,6 +119,9 @@ class TensorType:
     """For index metadata passed as one record (the grouped layout's routing, an all2all's
     exchange): the record's class in the generated package; `dtype` and `shape` describe its
     largest index tensor."""
+    in_use: str | None = None
+    """For a weight read only in part: the layer attribute (counted when its weights are set)
+    saying how many of its leading entries the stage reads; None: all of it."""
 
     def label(self) -> str:
         text = f"{self.dtype.short}[{', '.join(self.shape)}]"
