@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH_CPU ?= torch==2.13.0
-GPU_TESTS ?= tests/kernels tests/gpu
+GPU_TESTS ?= tests/kernel_tests tests/gpu
 
 .PHONY: demo test test-fast setup lint typecheck schema figures clean gpu-test deps
 

@@ -2,7 +2,7 @@
 # One device call: the native kernel and layer tests of TESTS (`make gpu-test`, 4 processes), then
 # ab_layers.py for each before,after package pair of PAIRS (built here beforehand, carried in
 # benchmarks/.packages; see ab_layers.py for building the "before" side from an earlier commit).
-#   TESTS="tests/kernels/test_gate.py tests/gpu/test_layer.py" SKIP="shipped_tuned" \
+#   TESTS="tests/kernel_tests/test_gate.py tests/gpu/test_layer.py" SKIP="shipped_tuned" \
 #   PAIRS="bench_v3_fp8_before,bench_v3_fp8_triton" TOKENS=1,16,1024 bash benchmarks/ab_session.sh
 # SKIP / ONLY: pytest -k expressions to leave out / to keep; DIST=load spreads one kernel file's
 # tests over the processes (the default, loadfile, keeps each file in one); tests/gpu always

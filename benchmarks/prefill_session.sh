@@ -7,7 +7,7 @@
 # the tests of LAYER_TESTS (one process: they hold whole layers). Everything lands in $OUT.
 # PROFILE=1: each run's kernels at its largest T; ROUNDS: prefill_ab's rounds (default 3).
 #   RUNS="fp8:bench_v3_fp8_dg_before,bench_v3_fp8_deep_gemm:bench_v3_fp8_torch:2048,4096" \
-#   KERNEL_TESTS="tests/kernels/test_route.py" LAYER_TESTS="tests/gpu/test_deep_gemm.py" \
+#   KERNEL_TESTS="tests/kernel_tests/test_route.py" LAYER_TESTS="tests/gpu/test_deep_gemm.py" \
 #   bash benchmarks/prefill_session.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

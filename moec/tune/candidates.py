@@ -96,7 +96,7 @@ def gemm_candidates(
 def _may_promote_late(config: dict[str, Any]) -> bool:
     """Whether FP8_ACC 128 is worth trying: not for swap-AB tiles of 16 token rows, whose 128-deep
     sums in the fp8 tensor core exceeded the fp32 bound in every shipped config on the H200
-    (tests/kernels test_shipped_tuned_configs, benchmarks/RESULTS.md, run 51), though the
+    (tests/kernel_tests test_shipped_tuned_configs, benchmarks/RESULTS.md, run 51), though the
     tuner's sampled rows had passed."""
     return not (config.get("SWAP_AB") and config["BLOCK_M"] < 32)
 

@@ -2,7 +2,7 @@
 passes before `moec tune` times it.
 
 The check compares sampled output rows with the fp64 product of the dequantized operands. Bound
-(docs/numerics.md, Grouped GEMM; tests/kernels/test_grouped_gemm.py uses the same): for each
+(docs/numerics.md, Grouped GEMM; tests/kernel_tests/test_grouped_gemm.py uses the same): for each
 output element of a correct kernel
     |out - ref| <= u_out * |ref| + (K + 3 * ceil(K / BLOCK_K) + 4) * 2**-24 * sum_k |a_k * w_k|
 where u_out is the unit roundoff of the output dtype (one final rounding: 2**-8 for bf16) and the
