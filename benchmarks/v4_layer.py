@@ -83,7 +83,7 @@ def weights(dims: dict, scheme: str, seed: int) -> tuple[dict, dict]:
                 checkpoint[f"{prefix}.{name}.scale"] = scale
                 held[name] = quant.unpack_e2m1(packed) * scale.repeat_interleave(32, dim=1)
             elif scheme == "mxfp4":  # V4's fp8 128x128 shared expert beside fp4 experts
-                q, scale = quant.quantize_blocks(w, 128, 128, pow2=False)
+                q, scale = quant.quantize_blocks(w, 128, 128, pow2_scales=False)
                 checkpoint[f"{prefix}.{name}.weight"] = q
                 checkpoint[f"{prefix}.{name}.scale"] = scale
                 held[name] = quant.dequantize_blocks(q, scale, 128, 128)

@@ -45,9 +45,9 @@ SchemeName = Literal["bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4"]
 
 class ScaleDtype(StrEnum):
     """How quantization scales are stored: fp32, or UE8M0 (powers of two). The plan carries the
-    choice as one flag, `pow2_scales` (QuantFormat, ScaleType; plan.json's scale types write it
-    `power_of_two`); the runtime's arguments name it `pow2` (moec/runtime quant, torch_matmul,
-    deepep) and `ue8m0` (the Triton launchers)."""
+    choice as one flag under one name, `pow2_scales`, from the plan (QuantFormat, ScaleType,
+    plan.json's scale types) to the runtime's arguments (quant, torch_matmul, deepep, the Triton
+    launchers; the kernels' constexpr POW2_SCALES). UE8M0 names the stored byte format only."""
 
     fp32 = "fp32"
     ue8m0 = "ue8m0"

@@ -151,7 +151,7 @@ STAGE_KEYS = {
     "note",
 }
 TYPE_KEYS = {"dtype", "shape", "layout", "label"}
-SCALE_KEYS = {"granularity", "dtype", "major", "tma_aligned", "power_of_two"}
+SCALE_KEYS = {"granularity", "dtype", "major", "tma_aligned", "pow2_scales"}
 COST_KEYS = {"tokens", "bytes", "flops", "floor_ms", "peak_bytes", "experts_hit", "stages"}
 COST_STAGE_KEYS = {"stage", "bytes", "flops", "compute", "floor_ms", "link_bytes", "nic_bytes"}
 

@@ -199,7 +199,7 @@ def test_tensor_type_label_and_dict():
             "dtype": "float32",
             "major": "MN",
             "tma_aligned": True,
-            "power_of_two": False,
+            "pow2_scales": False,
         },
     }
     assert "scale" not in TensorType(DType.bfloat16, ("T", "H")).as_dict()

@@ -324,7 +324,7 @@ def test_a_one_block_weight_keeps_its_scale_grid():
 
     fmt = WeightFormat("fp8_block", (128, 128), False, True, False, torch.bfloat16)
     w = torch.randn(128, 128)
-    value, scale = quant.quantize_blocks(w, 128, 128, pow2=False)
+    value, scale = quant.quantize_blocks(w, 128, 128, pow2_scales=False)
     problems = []
     pair = fmt.from_checkpoint(value, scale, (128, 128), "shared_experts.w1", problems)
     assert problems == [] and torch.equal(pair[1], scale)

@@ -168,7 +168,7 @@ def _weight_format(fmt, dtype: str) -> str:
     source = f", source={literal(fmt.source)}" if fmt.source else ""
     return (
         f"WeightFormat(scheme={literal(fmt.scheme)}, block={literal(block)}, "
-        f"pow2={literal(fmt.pow2_scales)}, checkpoint_quantized={literal(fmt.checkpoint_quantized)}, "
+        f"pow2_scales={literal(fmt.pow2_scales)}, checkpoint_quantized={literal(fmt.checkpoint_quantized)}, "
         f"static={literal(fmt.static)}, dtype=torch.{dtype}{source})"
     )
 

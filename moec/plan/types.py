@@ -150,6 +150,6 @@ class TensorType:
                 "dtype": self.scale.dtype.value,
                 "major": self.scale.major,
                 "tma_aligned": self.scale.tma_aligned,
-                "power_of_two": self.scale.pow2_scales,  # plan.json keeps its key
+                "pow2_scales": self.scale.pow2_scales,
             }
         return data

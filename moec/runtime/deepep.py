@@ -147,7 +147,15 @@ def low_latency_buffer(
 
 
 def send_tokens_low_latency(
-    x, topk_ids, topk_weights, buffer, *, max_tokens: int, experts: int, fp8: bool, pow2: bool
+    x,
+    topk_ids,
+    topk_weights,
+    buffer,
+    *,
+    max_tokens: int,
+    experts: int,
+    fp8: bool,
+    pow2_scales: bool,
 ):
     """Low-latency dispatch of bf16 x [T, H]. Returns (a [E_local, ranks * max_tokens, H] e4m3 or
     bf16, its 1 x 128 fp32 scales MN-major (or None), MaskedRouting, LowLatencyExchange).
@@ -157,7 +165,7 @@ def send_tokens_low_latency(
     and `token_of_row` is empty: the masked GEMMs and the activation read counts and shapes."""
     topk_idx = topk_ids.to(deep_ep.topk_idx_t)
     received, counts, handle, _, _ = buffer.low_latency_dispatch(
-        x, topk_idx, max_tokens, experts, use_fp8=fp8, round_scale=pow2, use_ue8m0=False
+        x, topk_idx, max_tokens, experts, use_fp8=fp8, round_scale=pow2_scales, use_ue8m0=False
     )
     a, a_scale = received if fp8 else (received, None)
     routing = MaskedRouting(

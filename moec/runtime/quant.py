@@ -22,18 +22,18 @@ def round_up_pow2(scale: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_blocks(
-    x: torch.Tensor, block_n: int, block_k: int, pow2: bool
+    x: torch.Tensor, block_n: int, block_k: int, pow2_scales: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, K] -> (e4m3 [N, K], fp32 scales [ceil(N/block_n), ceil(K/block_k)]).
 
-    scale = max(amax, 1e-10) / 448 per block (rounded up to a power of two when `pow2`),
+    scale = max(amax, 1e-10) / 448 per block (rounded up to a power of two when `pow2_scales`),
     value = clamp(x / scale, -448, 448); partial blocks are padded with zeros.
     """
     n, k = x.shape
     blocks = _blocked(x.float(), block_n, block_k)  # [N/bn, bn, K/bk, bk]
     amax = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-10)  # [N/bn, K/bk]
     scale = amax / E4M3_MAX
-    if pow2:
+    if pow2_scales:
         scale = round_up_pow2(scale)
     q = (blocks / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
     q = q.reshape(blocks.shape[0] * block_n, blocks.shape[2] * block_k)[:n, :k]

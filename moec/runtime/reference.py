@@ -89,7 +89,7 @@ def quantizer(fmt: dict, dtype: torch.dtype):
     if fmt["group"] is None:
         return lambda values, scale: torch_matmul.quantize_per_tensor(values)
     quantize = functools.partial(
-        torch_matmul.quantize_groups, group=fmt["group"], pow2=fmt["pow2_scales"]
+        torch_matmul.quantize_groups, group=fmt["group"], pow2_scales=fmt["pow2_scales"]
     )
     return lambda values, scale: quantize(values)
 

@@ -11,10 +11,12 @@ import torch.nn.functional as F
 from . import quant
 
 
-def quantize_groups(x: torch.Tensor, group: int, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_groups(
+    x: torch.Tensor, group: int, pow2_scales: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., K] -> e4m3 [..., K] and fp32 scales [..., K/group], one per 1 x group
-    (rounded up to powers of two when `pow2`)."""
-    q, scale = quant.quantize_blocks(x.reshape(-1, x.shape[-1]), 1, group, pow2=pow2)
+    (rounded up to powers of two when `pow2_scales`)."""
+    q, scale = quant.quantize_blocks(x.reshape(-1, x.shape[-1]), 1, group, pow2_scales=pow2_scales)
     return q.view(x.shape), scale.view(*x.shape[:-1], scale.shape[-1])
 
 

@@ -6,7 +6,7 @@ ACTIVATION is a `@triton.jit` function (gate, up) -> out over fp32 tiles, passed
 each package renders its own from the one definition in moec/plan/activations.py.
 
 QUANT "none"   out [M, I] in the model dtype, rounded once.
-      "group"  out e4m3 + scales [M, ceil(I / G)] fp32, one per 1 x G group (UE8M0: round up).
+      "group"  out e4m3 + scales [M, ceil(I / G)] fp32, one per 1 x G group (pow2_scales: rounded up to a power of two).
       "tensor" out e4m3 with one fp32 scale, read from scale[0].
       "amax"   no out: atomic max of |act| over the valid rows into scale[0]. Dynamic per-tensor
                quantization is three launches: "amax", the scale kernel (amax -> scale in
@@ -55,7 +55,7 @@ def _act_quant_kernel(
     QUANT: tl.constexpr,
     LAYOUT: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
-    UE8M0: tl.constexpr,
+    POW2_SCALES: tl.constexpr,
     SOFT_ROUND: tl.constexpr,  # interpreter: round to bf16 / e4m3 in software (its casts do not)
     BLOCK_M: tl.constexpr,
     BLOCK_I: tl.constexpr,
@@ -88,7 +88,7 @@ def _act_quant_kernel(
     else:
         if QUANT == "group":
             out = tl.reshape(out, (BLOCK_M, BLOCK_I // GROUP_SIZE, GROUP_SIZE))
-            scale = group_scale(tl.max(tl.abs(out), axis=2), UE8M0)
+            scale = group_scale(tl.max(tl.abs(out), axis=2), POW2_SCALES)
             q = tl.reshape(tl.math.div_rn(out, scale[:, :, None]), (BLOCK_M, BLOCK_I))
             offs_g = tl.program_id(1) * (BLOCK_I // GROUP_SIZE) + tl.arange(
                 0, BLOCK_I // GROUP_SIZE
@@ -110,7 +110,7 @@ def act_quant(
     quant,
     config,
     group_size=128,
-    ue8m0=False,
+    pow2_scales=False,
     dynamic=False,
     row_of=None,
     masked_m=None,
@@ -168,7 +168,7 @@ def act_quant(
                 QUANT=mode,
                 LAYOUT=layout,
                 GROUP_SIZE=group_size,
-                UE8M0=ue8m0,
+                POW2_SCALES=pow2_scales,
                 SOFT_ROUND=triton.knobs.runtime.interpret,
                 BLOCK_M=config["BLOCK_M"],
                 BLOCK_I=config["BLOCK_I"],
@@ -179,7 +179,7 @@ def act_quant(
     if quant == "tensor" and dynamic:
         scale.zero_()
         run("amax")
-        tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0, **launch_options(pdl))
+        tensor_scale_kernel[(1,)](scale, POW2_SCALES=pow2_scales, **launch_options(pdl))
     run(quant)
     return out
 
@@ -208,7 +208,7 @@ def _act_into(
     out_dtype,
     quant="none",
     group_size=128,
-    ue8m0=False,
+    pow2_scales=False,
     scale=None,
     pdl=False,
     mn_major_scales=False,
@@ -227,10 +227,12 @@ def _act_into(
             scale = mn_major_empty(h.shape[0], groups, device=h.device)
         else:
             scale = torch.empty((*h.shape[:-1], groups), dtype=torch.float32, device=h.device)
-        act_quant(h, out, scale, quant="group", group_size=group_size, ue8m0=ue8m0, **common)
+        act_quant(
+            h, out, scale, quant="group", group_size=group_size, pow2_scales=pow2_scales, **common
+        )
         return out, scale
     dynamic = scale is None
     if dynamic:
         scale = torch.zeros(1, dtype=torch.float32, device=h.device)
-    act_quant(h, out, scale, quant="tensor", ue8m0=ue8m0, dynamic=dynamic, **common)
+    act_quant(h, out, scale, quant="tensor", pow2_scales=pow2_scales, dynamic=dynamic, **common)
     return out, scale

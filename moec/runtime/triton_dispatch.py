@@ -63,7 +63,7 @@ def _dispatch_one_launch_kernel(
     # meta-parameters
     QUANT: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
-    UE8M0: tl.constexpr,
+    POW2_SCALES: tl.constexpr,
     SOFT_ROUND: tl.constexpr,
     BLOCK_M: tl.constexpr,  # row padding of each expert
     BLOCK_A: tl.constexpr,  # power of two >= A
@@ -117,7 +117,7 @@ def _dispatch_one_launch_kernel(
             offs_h = h0 + tl.arange(0, BLOCK_H)
             x_ptrs = x_ptr + source.to(tl.int64) * stride_xt + offs_h[None, :] * stride_xh
             x = tl.load(x_ptrs, mask=(offs_h < H)[None, :], other=0.0)
-            value, scale = quantize_tile(x, scale_ptr, QUANT, GROUP_SIZE, UE8M0, SOFT_ROUND)
+            value, scale = quantize_tile(x, scale_ptr, QUANT, GROUP_SIZE, POW2_SCALES, SOFT_ROUND)
             store_rows(
                 out_ptr, scale_ptr, target + tl.zeros((1,), dtype=tl.int32), h0, H, value, scale,
                 stride_om, stride_oh, stride_sm, stride_sg, QUANT, GROUP_SIZE,
@@ -134,7 +134,7 @@ def dispatch(
     block_m=1,
     quant="none",
     group_size=128,
-    ue8m0=False,
+    pow2_scales=False,
     scale=None,
     mn_major_scales=False,
     one_launch=0,
@@ -154,7 +154,7 @@ def dispatch(
     assignments = topk_ids.numel()
     if gather and (layout != "contiguous" or mn_major_scales):
         raise ValueError("gather is for the contiguous layout with K-major scales")
-    quantized = (quant, group_size, ue8m0, scale, mn_major_scales)
+    quantized = (quant, group_size, pow2_scales, scale, mn_major_scales)
     if layout == "masked":
         routing = route_masked(topk_ids, experts, pdl=pdl)
     elif assignments > one_launch or assignments == 0:
@@ -165,7 +165,7 @@ def dispatch(
         "config": config,
         "quant": quant,
         "group_size": group_size,
-        "ue8m0": ue8m0,
+        "pow2_scales": pow2_scales,
         "scale": scale,
         "pdl": pdl and copy_pdl,
     }
@@ -179,7 +179,18 @@ def dispatch(
 
 
 def _one_launch(
-    x, topk_ids, experts, block_m, config, quant, group_size, ue8m0, scale, mn_major, gather, pdl
+    x,
+    topk_ids,
+    experts,
+    block_m,
+    config,
+    quant,
+    group_size,
+    pow2_scales,
+    scale,
+    mn_major,
+    gather,
+    pdl,
 ):
     routing = empty_contiguous(topk_ids, experts, block_m)
     copies = not (gather and quant == "none")  # else the GEMM reads x's rows themselves
@@ -192,7 +203,7 @@ def _one_launch(
     if quant == "group" and block_h % group_size:
         raise ValueError(f"BLOCK_H={block_h} is not a multiple of group_size={group_size}")
     if quant == "tensor" and scale is empty_scale:
-        dynamic_scale(x, scale, config=config, ue8m0=ue8m0, pdl=pdl)
+        dynamic_scale(x, scale, config=config, pow2_scales=pow2_scales, pdl=pdl)
     strides_s = scale.view(-1, scale.shape[-1]).stride() if quant == "group" else (0, 0)
     assignments = topk_ids.numel()
     column_programs = triton.cdiv(hidden, block_h) if copies else 1
@@ -225,7 +236,7 @@ def _one_launch(
         # meta-parameters
         QUANT=quant,
         GROUP_SIZE=group_size,
-        UE8M0=ue8m0,
+        POW2_SCALES=pow2_scales,
         SOFT_ROUND=triton.knobs.runtime.interpret,
         BLOCK_M=block_m,
         BLOCK_A=max(triton.next_power_of_2(assignments), 16),

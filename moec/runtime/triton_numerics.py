@@ -1,6 +1,6 @@
 """Triton numerics every kernel shares (docs/numerics.md), written once.
 
-group_scale    max(amax, 1e-10) / 448 (true division), rounded up to a power of two for UE8M0
+group_scale    max(amax, 1e-10) / 448 (true division), rounded up to a power of two under POW2_SCALES
                (add the mantissa mask to the fp32 bits, keep the exponent: round up unless the
                mantissa is already zero).
 to_e4m3        clamp to +-448 and cast to e4m3; under the interpreter (SOFT_ROUND) round to
@@ -14,9 +14,9 @@ import triton.language as tl
 
 
 @triton.jit
-def group_scale(amax, UE8M0: tl.constexpr):
+def group_scale(amax, POW2_SCALES: tl.constexpr):
     scale = tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)
-    if UE8M0:
+    if POW2_SCALES:
         scale_bits = scale.to(tl.int32, bitcast=True) + 0x7FFFFF
         scale = (scale_bits & 0x7F800000).to(tl.float32, bitcast=True)
     return scale
@@ -44,11 +44,11 @@ def round_output(x, out_dtype: tl.constexpr, SOFT_ROUND: tl.constexpr):
 @triton.jit
 def tensor_scale_kernel(
     scale_ptr,  # [1] fp32: amax in, scale out (the middle pass of dynamic per-tensor quant)
-    UE8M0: tl.constexpr,
+    POW2_SCALES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_inputs(PDL)
-    tl.store(scale_ptr, group_scale(tl.load(scale_ptr), UE8M0))
+    tl.store(scale_ptr, group_scale(tl.load(scale_ptr), POW2_SCALES))
 
 
 # Programmatic dependent launch (Hopper and newer). A kernel launched with it waits for its

@@ -9,7 +9,7 @@ the worst-case buffer, a masked expert's slots past its count) are not written: 
 of the layout skips them (the GEMMs mask them out of their loads, the activation and combine
 read only valid rows), as they skip the GEMM outputs of those rows.
 QUANT "none"   out in x's dtype, a plain copy.
-      "group"  out e4m3 + scales [M, ceil(H / G)] fp32, one per 1 x G group (UE8M0: round up).
+      "group"  out e4m3 + scales [M, ceil(H / G)] fp32, one per 1 x G group (pow2_scales: rounded up to a power of two).
       "tensor" out e4m3 with one given fp32 scale (static, or computed by the "amax" pass).
       "amax"   no out: atomic max of |x| over all rows into scale[0] (dynamic per-tensor pass 1).
 Without SCATTER, row t goes to row t (K = 1): quantize_rows. The masked layout [E, max_m, H] is
@@ -54,7 +54,7 @@ def _permute_quant_kernel(
     # meta-parameters
     QUANT: tl.constexpr,
     GROUP_SIZE: tl.constexpr,
-    UE8M0: tl.constexpr,
+    POW2_SCALES: tl.constexpr,
     SCATTER: tl.constexpr,
     SOFT_ROUND: tl.constexpr,  # round to e4m3 in software (the interpreter's cast does not RNE)
     BLOCK_M: tl.constexpr,  # token rows per program
@@ -73,7 +73,7 @@ def _permute_quant_kernel(
     if QUANT == "amax":
         tl.atomic_max(scale_ptr, tl.max(tl.max(tl.abs(x.to(tl.float32)), axis=1), axis=0))
     else:
-        value, scale = quantize_tile(x, scale_ptr, QUANT, GROUP_SIZE, UE8M0, SOFT_ROUND)
+        value, scale = quantize_tile(x, scale_ptr, QUANT, GROUP_SIZE, POW2_SCALES, SOFT_ROUND)
         for k in range(K):
             if SCATTER:
                 rows = tl.load(row_of_ptr + tokens * stride_rt + k * stride_rk, mask=in_t, other=-1)
@@ -91,7 +91,7 @@ def quantize_tile(
     scale_ptr,  # "tensor": [1] fp32, the scale to divide by
     QUANT: tl.constexpr,  # "group" | "tensor" | "none"
     GROUP_SIZE: tl.constexpr,  # "group": COLUMNS is a multiple of it
-    UE8M0: tl.constexpr,
+    POW2_SCALES: tl.constexpr,
     SOFT_ROUND: tl.constexpr,
 ):
     """(values, scales) of a tile of token rows: e4m3 and [ROWS, COLUMNS / G] group scales
@@ -100,7 +100,7 @@ def quantize_tile(
         rows: tl.constexpr = x.shape[0]
         columns: tl.constexpr = x.shape[1]
         x = tl.reshape(x.to(tl.float32), (rows, columns // GROUP_SIZE, GROUP_SIZE))
-        scale = group_scale(tl.max(tl.abs(x), axis=2), UE8M0)
+        scale = group_scale(tl.max(tl.abs(x), axis=2), POW2_SCALES)
         value = tl.reshape(tl.math.div_rn(x, scale[:, :, None]), (rows, columns))
         return to_e4m3(value, SOFT_ROUND), scale
     elif QUANT == "tensor":
@@ -148,7 +148,7 @@ def permute_quant(
     quant,
     config,
     group_size=128,
-    ue8m0=False,
+    pow2_scales=False,
     dynamic=False,
     pdl=False,
 ):
@@ -182,11 +182,11 @@ def permute_quant(
         raise ValueError(
             f"BLOCK_H={config['BLOCK_H']} is not a multiple of group_size={group_size}"
         )
-    meta = _meta(config, group_size, ue8m0)
+    meta = _meta(config, group_size, pow2_scales)
     dummy = scale if scale is not None else out2
     grid = (triton.cdiv(tokens, config["BLOCK_M"]), triton.cdiv(hidden, config["BLOCK_H"]))
     if quant == "tensor" and dynamic:
-        dynamic_scale(x, scale, config=config, ue8m0=ue8m0, pdl=pdl)
+        dynamic_scale(x, scale, config=config, pow2_scales=pow2_scales, pdl=pdl)
     if tokens == 0 or hidden == 0:
         return out
     strides_s = scale.view(-1, scale.shape[-1]).stride() if quant == "group" else (0, 0)
@@ -216,10 +216,10 @@ def permute_quant(
     return out
 
 
-def _meta(config, group_size, ue8m0) -> dict:
+def _meta(config, group_size, pow2_scales) -> dict:
     return {
         "GROUP_SIZE": group_size,
-        "UE8M0": ue8m0,
+        "POW2_SCALES": pow2_scales,
         "SOFT_ROUND": triton.knobs.runtime.interpret,
         "BLOCK_M": config["BLOCK_M"],
         "BLOCK_H": config["BLOCK_H"],
@@ -227,18 +227,18 @@ def _meta(config, group_size, ue8m0) -> dict:
     }
 
 
-def dynamic_scale(x, scale, *, config, ue8m0=False, pdl=False):
+def dynamic_scale(x, scale, *, config, pow2_scales=False, pdl=False):
     """The dynamic per-tensor scale of x [T, H] into scale [1] fp32: max(amax(x), 1e-10) / 448
-    (UE8M0: rounded up to a power of two), in two launches (atomic max of |x|, then the scale)."""
+    (pow2_scales: rounded up to a power of two), in two launches (atomic max of |x|, then the scale)."""
     scale.zero_()
     tokens, hidden = x.shape
     if tokens > 0:
         grid = (triton.cdiv(tokens, config["BLOCK_M"]), triton.cdiv(hidden, config["BLOCK_H"]))
         _permute_quant_kernel[grid](
             x, x, x, scale, tokens, hidden, 0, x.stride(0), x.stride(1), 0, 0, 0, 0, 0, 0,
-            QUANT="amax", SCATTER=False, **_meta(config, 128, ue8m0), **launch_options(pdl),
+            QUANT="amax", SCATTER=False, **_meta(config, 128, pow2_scales), **launch_options(pdl),
         )  # fmt: skip
-    tensor_scale_kernel[(1,)](scale, UE8M0=ue8m0, **launch_options(pdl))
+    tensor_scale_kernel[(1,)](scale, POW2_SCALES=pow2_scales, **launch_options(pdl))
     return scale
 
 
@@ -250,7 +250,7 @@ def permute(
     config,
     quant="none",
     group_size=128,
-    ue8m0=False,
+    pow2_scales=False,
     scale=None,
     pdl=False,
     mn_major_scales=False,
@@ -260,7 +260,7 @@ def permute(
     `scale` the static per-tensor scale, or None for a dynamic one). Returns (a, a_scale), a_scale
     None for quant "none"; mn_major_scales: group scales written MN-major, TMA-aligned (2-D)."""
     leading = rows_shape(routing, experts)
-    scales = (quant, group_size, ue8m0, scale, mn_major_scales)
+    scales = (quant, group_size, pow2_scales, scale, mn_major_scales)
     return _into(x, routing.row_of, leading, config, *scales, pdl)
 
 
@@ -283,9 +283,9 @@ def permute_rows(rows, row_scales, routing, experts, *, config, pdl=False):
     return a, a_scale
 
 
-def quantize_rows(x, *, config, quant, group_size=128, ue8m0=False, scale=None, pdl=False):
+def quantize_rows(x, *, config, quant, group_size=128, pow2_scales=False, scale=None, pdl=False):
     """x [T, H] quantized row by row (no permutation): (e4m3 [T, H], scales)."""
-    return _into(x, None, (x.shape[0],), config, quant, group_size, ue8m0, scale, False, pdl)
+    return _into(x, None, (x.shape[0],), config, quant, group_size, pow2_scales, scale, False, pdl)
 
 
 def empty_rows(x, leading, quant, group_size=128, mn_major=False):
@@ -305,7 +305,7 @@ def empty_rows(x, leading, quant, group_size=128, mn_major=False):
     return out, torch.empty((*leading, groups), dtype=torch.float32, device=x.device)
 
 
-def _into(x, row_of, leading, config, quant, group_size, ue8m0, scale, mn_major, pdl):
+def _into(x, row_of, leading, config, quant, group_size, pow2_scales, scale, mn_major, pdl):
     out, empty_scale = empty_rows(x, leading, quant, group_size, mn_major)
     dynamic = quant == "tensor" and scale is None
     if quant != "tensor" or dynamic:
@@ -318,7 +318,7 @@ def _into(x, row_of, leading, config, quant, group_size, ue8m0, scale, mn_major,
         quant=quant,
         config=config,
         group_size=group_size,
-        ue8m0=ue8m0,
+        pow2_scales=pow2_scales,
         dynamic=dynamic,
         pdl=pdl,
     )

@@ -19,7 +19,7 @@ def shared_mlp(
     scheme,
     quant,
     group_size,
-    ue8m0,
+    pow2_scales,
     input_scales,
     activation,
     gate_up_config,
@@ -34,7 +34,7 @@ def shared_mlp(
     pdl: programmatic dependent launch of the four kernels."""
     tokens = x.shape[0]
     static = input_scales or (None, None)
-    quantized = {"quant": quant, "group_size": group_size, "ue8m0": ue8m0, "pdl": pdl}
+    quantized = {"quant": quant, "group_size": group_size, "pow2_scales": pow2_scales, "pdl": pdl}
     if quant == "none":
         xq, x_scale = x, None
     else:

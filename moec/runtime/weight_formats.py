@@ -24,7 +24,7 @@ class WeightFormat:
     """bf16 | fp8_per_tensor | fp8_block | mxfp8 | mxfp4."""
     block: tuple[int, int] | None
     """(rows, cols) of values sharing one scale; None: one scale per tensor, or unscaled."""
-    pow2: bool
+    pow2_scales: bool
     """Scales are powers of two (UE8M0)."""
     checkpoint_quantized: bool
     """The checkpoint already holds this scheme's values and `weight_scale_inv`."""
@@ -58,7 +58,7 @@ class WeightFormat:
             return quant.quantize_tensor(w)
         if self.scheme == "mxfp4":
             return quant.quantize_e2m1(w)
-        return quant.quantize_blocks(w, *self.scale_block, pow2=self.pow2)
+        return quant.quantize_blocks(w, *self.scale_block, pow2_scales=self.pow2_scales)
 
     def from_checkpoint(
         self,
@@ -201,7 +201,7 @@ class WeightFormat:
                 f"bf16 holds ({BF16_MAX:.4g}): not a scale of this weight ({wname})"
             )
             return None
-        needs_pow2 = self.pow2 and self.scheme in ("fp8_block", "mxfp8")
+        needs_pow2 = self.pow2_scales and self.scheme in ("fp8_block", "mxfp8")
         if needs_pow2 and not torch.equal(scale, quant.round_up_pow2(scale)):
             # fp32 scales where UE8M0 is needed: requantize with power-of-two scales.
             dequantized = quant.dequantize_blocks(value, scale, *self.scale_block)

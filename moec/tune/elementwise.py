@@ -59,7 +59,7 @@ class ElementwiseTuner:
         self.kernels, self.device = kernels, device
         self.options = {
             "quant": mode,
-            **{k: v for k, v in quant.items() if k in ("group_size", "ue8m0")},
+            **{k: v for k, v in quant.items() if k in ("group_size", "pow2_scales")},
             **({"dynamic": True} if mode == "tensor" else {}),
         }
 

@@ -42,8 +42,8 @@ def _e4m3(shape, gen, device) -> torch.Tensor:
     return (torch.randn(shape, generator=gen, device=device) * 64).clamp(-448, 448).to(E4M3)
 
 
-def _scales(shape, gen, device, pow2: bool) -> torch.Tensor:
-    if pow2:
+def _scales(shape, gen, device, pow2_scales: bool) -> torch.Tensor:
+    if pow2_scales:
         return 2.0 ** torch.randint(-9, -3, shape, generator=gen, device=device).float()
     return (torch.rand(shape, generator=gen, device=device) + 0.5) * 2.0**-7
 

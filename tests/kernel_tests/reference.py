@@ -1,6 +1,6 @@
 """Plain-torch definitions from docs/numerics.md that the kernel tests compare against.
 
-Nothing here imports the kernels: quantization, UE8M0 rounding, e2m1 decoding and the two grouped
+Nothing here imports the kernels: quantization, power-of-two (UE8M0) rounding, e2m1 decoding and the two grouped
 layouts are written out from the numerics page.
 """
 
@@ -25,31 +25,33 @@ def ue8m0_round_up(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(mantissa == 0.5, scale, torch.ldexp(torch.ones_like(scale), exponent))
 
 
-def quant_scale(amax: torch.Tensor, ue8m0: bool) -> torch.Tensor:
+def quant_scale(amax: torch.Tensor, pow2_scales: bool) -> torch.Tensor:
     scale = amax.float().clamp(min=1e-10) / E4M3_MAX
-    return ue8m0_round_up(scale) if ue8m0 else scale
+    return ue8m0_round_up(scale) if pow2_scales else scale
 
 
 def quant_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
 
 
-def quant_group(x: torch.Tensor, group: int, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def quant_group(
+    x: torch.Tensor, group: int, pow2_scales: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row, per-group dynamic quantization: (e4m3 [rows, cols], fp32 scales [rows, groups])."""
     rows, cols = x.shape
     groups = -(-cols // group)
     padded = torch.zeros(rows, groups * group, dtype=torch.float32)
     padded[:, :cols] = x.float()
     padded = padded.view(rows, groups, group)
-    scale = quant_scale(padded.abs().amax(dim=-1), ue8m0)
+    scale = quant_scale(padded.abs().amax(dim=-1), pow2_scales)
     q = quant_e4m3(padded, scale[..., None]).view(rows, groups * group)[:, :cols]
     return q.contiguous(), scale
 
 
-def quant_tensor(x: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quant_tensor(x: torch.Tensor, pow2_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-tensor quantization: (e4m3, fp32 scale [1])."""
     amax = x.float().abs().amax() if x.numel() else torch.tensor(0.0)
-    scale = quant_scale(amax.reshape(1), ue8m0)
+    scale = quant_scale(amax.reshape(1), pow2_scales)
     return quant_e4m3(x, scale), scale
 
 

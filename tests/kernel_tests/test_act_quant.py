@@ -72,10 +72,17 @@ def launch(kernels, h, mode, rows_kwargs, dtype=torch.bfloat16):
         scale = poison(torch.empty(1))
         kernels.act_quant(h, out, scale, quant="tensor", dynamic=True, config=CONFIG, **rows_kwargs)
         return out.view(-1, WIDTH), scale
-    group, ue8m0 = (128, False) if mode == "group128" else (32, True)
+    group, pow2_scales = (128, False) if mode == "group128" else (32, True)
     scale = poison(torch.empty(*lead, WIDTH // group))
     kernels.act_quant(
-        h, out, scale, quant="group", group_size=group, ue8m0=ue8m0, config=CONFIG, **rows_kwargs
+        h,
+        out,
+        scale,
+        quant="group",
+        group_size=group,
+        pow2_scales=pow2_scales,
+        config=CONFIG,
+        **rows_kwargs,
     )
     return out.view(-1, WIDTH), scale.view(-1, WIDTH // group)
 
@@ -157,8 +164,8 @@ def test_quant_exact(mode, rows):
         q_ref, scale_ref = quant_tensor(product)
         assert torch.equal(scale, scale_ref)
     else:
-        group, ue8m0 = (128, False) if mode == "group128" else (32, True)
-        q_ref, scale_ref = quant_group(product, group, ue8m0)
+        group, pow2_scales = (128, False) if mode == "group128" else (32, True)
+        q_ref, scale_ref = quant_group(product, group, pow2_scales)
         assert torch.equal(scale[valid], scale_ref)
     assert torch.equal(out[valid].view(torch.uint8), q_ref.view(torch.uint8))
 

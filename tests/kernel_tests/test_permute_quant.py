@@ -63,7 +63,7 @@ def rows_of(routing, layout: str):
 
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 @pytest.mark.parametrize(
-    "dtype,hidden,group,ue8m0",
+    "dtype,hidden,group,pow2_scales",
     [
         (torch.bfloat16, 256, 128, False),
         (torch.bfloat16, 256, 128, True),
@@ -73,7 +73,7 @@ def rows_of(routing, layout: str):
         (torch.float32, 160, 32, True),
     ],
 )
-def test_group(layout, dtype, hidden, group, ue8m0):
+def test_group(layout, dtype, hidden, group, pow2_scales):
     kernels = load()
     routing = route(tokens=12, topk=2, experts=4, block_m=16)
     token_of_row, row_of = rows_of(routing, layout)
@@ -83,9 +83,16 @@ def test_group(layout, dtype, hidden, group, ue8m0):
     scale = poison(torch.empty(*lead, -(-hidden // group)))
     config = dict(CONFIG, BLOCK_H=128)
     kernels.permute_quant(
-        x, row_of, out, scale, quant="group", group_size=group, ue8m0=ue8m0, config=config
+        x,
+        row_of,
+        out,
+        scale,
+        quant="group",
+        group_size=group,
+        pow2_scales=pow2_scales,
+        config=config,
     )
-    q_ref, scale_ref = quant_group(gather(x, token_of_row), group, ue8m0)
+    q_ref, scale_ref = quant_group(gather(x, token_of_row), group, pow2_scales)
     named = token_of_row >= 0
     out, scale = out.view(-1, hidden), scale.view(len(token_of_row), -1)
     assert same_bytes(out[named], q_ref[named])
@@ -116,9 +123,9 @@ def test_tensor(dynamic, dtype):
     assert untouched(out[~named])
 
 
-@pytest.mark.parametrize("ue8m0", [False, True])
-def test_scale_edges(ue8m0):
-    """amax / 448 exactly a power of two stays put under UE8M0; one fp32 ulp above (and 1.5x)
+@pytest.mark.parametrize("pow2_scales", [False, True])
+def test_scale_edges(pow2_scales):
+    """amax / 448 exactly a power of two stays put under power-of-two scales; one fp32 ulp above (and 1.5x)
     rounds up to the next power; an all-zero group takes the 1e-10 floor."""
     kernels = load()
     powers = [2.0**k for k in range(-20, 20, 3)]
@@ -139,14 +146,14 @@ def test_scale_edges(ue8m0):
     scale = poison(torch.empty(rows, 1))
     config = {"BLOCK_M": 64, "BLOCK_H": 32, "num_warps": 4}
     kernels.permute_quant(  # row_of None: row t to row t
-        x, None, out, scale, quant="group", group_size=32, ue8m0=ue8m0, config=config
+        x, None, out, scale, quant="group", group_size=32, pow2_scales=pow2_scales, config=config
     )
-    q_ref, scale_ref = quant_group(x, 32, ue8m0)
+    q_ref, scale_ref = quant_group(x, 32, pow2_scales)
     assert torch.equal(scale, scale_ref)
     assert same_bytes(out, q_ref)
-    if ue8m0:
+    if pow2_scales:
         assert scale[:-1, 0].tolist() == expected
-    floor = torch.tensor(2.0**-42) if ue8m0 else torch.tensor(1e-10) / 448
+    floor = torch.tensor(2.0**-42) if pow2_scales else torch.tensor(1e-10) / 448
     assert scale[-1, 0] == floor
 
 

@@ -60,17 +60,17 @@ def quantizer_binding(role: str, fmt: QuantFormat) -> tuple[str, str]:
     return (
         f"quantize_{role}",
         f"functools.partial(torch_matmul.quantize_groups, group={fmt.group}, "
-        f"pow2={literal(fmt.pow2_scales)})",
+        f"pow2_scales={literal(fmt.pow2_scales)})",
     )
 
 
 def kernel_quant(fmt: QuantFormat | None) -> dict[str, Any]:
-    """How a Triton kernel quantizes activations of `fmt`: quant mode, group size, UE8M0."""
+    """How a Triton kernel quantizes activations of `fmt`: quant mode, group size, power-of-two scales."""
     if fmt is None or not fmt.quantized:
         return {"quant": "none"}
     if fmt.group is None:
-        return {"quant": "tensor", "ue8m0": False}
-    return {"quant": "group", "group_size": fmt.group, "ue8m0": fmt.pow2_scales}
+        return {"quant": "tensor", "pow2_scales": False}
+    return {"quant": "group", "group_size": fmt.group, "pow2_scales": fmt.pow2_scales}
 
 
 def shape_doc(stage) -> str:

@@ -57,7 +57,7 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
             max_tokens=buffer.max_tokens,
             experts=layer.routed_experts,
             fp8=quantized,
-            pow2=stage.quantize is not None and stage.quantize.pow2_scales,
+            pow2_scales=stage.quantize is not None and stage.quantize.pow2_scales,
         )
         sizes = call_kwargs(
             rdma_bytes=buffer.rdma_bytes,

@@ -34,7 +34,7 @@ def _mn_major(stage) -> str:
 
 
 def _quant_options(fmt, scale_weight: str | None) -> str:
-    """`, quant=..., group_size=..., ue8m0=...[, scale=<static input scale>]` of a launcher call."""
+    """`, quant=..., group_size=..., pow2_scales=...[, scale=<static input scale>]` of a launcher call."""
     options = call_kwargs(**kernel_quant(fmt))
     if scale_weight:
         options += f", scale={scale_weight}"
@@ -266,7 +266,7 @@ def shared_expert(plan, stage: SharedExpert) -> StageCode:
             scheme=fmt.scheme,
             quant=quant["quant"],
             group_size=quant.get("group_size", 128),
-            ue8m0=quant.get("ue8m0", False),
+            pow2_scales=quant.get("pow2_scales", False),
         ),
         "input_scales": static,
     }

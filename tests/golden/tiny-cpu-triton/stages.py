@@ -63,7 +63,7 @@ def dispatch(
         pdl=tiles.PDL,
         quant="group",
         group_size=128,
-        ue8m0=False,
+        pow2_scales=False,
     )
     return a, a_scale, routing
 
@@ -102,7 +102,7 @@ def activation(
         out_dtype=DTYPE,
         quant="group",
         group_size=128,
-        ue8m0=False,
+        pow2_scales=False,
     )
     return hq, hq_scale
 

@@ -16,14 +16,18 @@ import torch.nn.functional as F
 from . import gated_activation, grouping, torch_matmul, torch_select
 
 DTYPE = torch.bfloat16
-quantize_routed = functools.partial(torch_matmul.quantize_groups, group=128, pow2=False)
+quantize_routed = functools.partial(
+    torch_matmul.quantize_groups, group=128, pow2_scales=False
+)
 matmul_routed = functools.partial(
     torch_matmul.matmul_block_scaled, group=128, block=(128, 128), out_dtype=DTYPE
 )
 matmul_shared = functools.partial(
     torch_matmul.matmul_block_scaled, group=128, block=(128, 128), out_dtype=DTYPE
 )
-quantize_shared = functools.partial(torch_matmul.quantize_groups, group=128, pow2=False)
+quantize_shared = functools.partial(
+    torch_matmul.quantize_groups, group=128, pow2_scales=False
+)
 
 
 def router(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
