@@ -111,6 +111,40 @@ class Backend(StrEnum):
     """The graph's input and output, which run nothing."""
 
 
+class StageKind(StrEnum):
+    """What a stage of the plan does: one record class per kind (moec/plan/stages.py), and one
+    renderer per (kind, backend) (moec/codegen/renderers)."""
+
+    input = "input"
+    output = "output"
+    router = "router"
+    select = "select"
+    place = "place"
+    quantize = "quantize"
+    dispatch = "dispatch"
+    gemm = "gemm"
+    activation = "activation"
+    combine = "combine"
+    shared_expert = "shared_expert"
+    finalize = "finalize"
+    convert = "convert"
+
+
+class ConvertStep(StrEnum):
+    """One step of a scale-layout converter stage (moec/plan/convert.py), as `moec explain`
+    shows it."""
+
+    round_pow2 = "round scales up to powers of two"
+    to_mn_major = "transpose scales to MN-major"
+    to_k_major = "transpose scales to K-major"
+    pad_tma = "pad scale columns to 16-byte TMA alignment"
+    pack_ue8m0 = "pack UE8M0 exponents four per int32"
+
+
+ENDPOINTS = (StageKind.input, StageKind.output)
+"""The graph's two ends: they run nothing and have no renderer."""
+
+
 GEMM_BACKENDS = (Backend.torch, Backend.triton, Backend.deep_gemm)
 """Backends of the expert GEMMs (experts.gemm_backend)."""
 DISPATCH_BACKENDS = (Backend.torch, Backend.torch_distributed, Backend.deep_ep)

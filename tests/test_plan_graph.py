@@ -259,7 +259,8 @@ def test_plan_thresholds_are_the_kernels():
 
 
 def _vocabulary_fields(record) -> dict[str, tuple[type, ...]]:
-    """The fields of a record typed with vocabulary enums (moec/vocab.py), and those enums."""
+    """The fields of a record typed with vocabulary enums (moec/vocab.py) or tuples of them, and
+    those enums."""
     found = {}
     for name, hint in typing.get_type_hints(type(record)).items():
         options = typing.get_args(hint) or (hint,)
@@ -278,7 +279,9 @@ def test_records_hold_vocabulary_members(name, env):
     for record in records:
         for field, enums in _vocabulary_fields(record).items():
             value = getattr(record, field)
-            assert value in (None, "") or isinstance(value, enums), (record, field, value)
+            values = value if isinstance(value, tuple) else (value,)  # tuple[Enum, ...] fields
+            for one in values:
+                assert one in (None, "") or isinstance(one, enums), (record, field, one)
     for stage in plan.order():
         assert plan.stage(stage.name, type(stage)) is stage
 

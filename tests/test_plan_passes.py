@@ -398,7 +398,7 @@ def _scale_dtypes(plan):
         ['target.arch="sm100"', 'quant.scheme="mxfp8"', 'experts.gemm_backend="deep_gemm"'],
     ],
 )
-def test_deep_gemm_fp8_on_sm100_is_refused_by_its_renderer(overrides):
+def test_deep_gemm_fp8_on_sm100_is_refused_by_the_support_table(overrides):
     """moec drives DeepGEMM's Hopper fp8 kernels (verified on the H200); the sm100 ones (UE8M0
     packed scales, see test_conversion_steps) are planned by the rules but not rendered."""
     from moec.errors import MoecError
@@ -408,6 +408,73 @@ def test_deep_gemm_fp8_on_sm100_is_refused_by_its_renderer(overrides):
     assert error.value.problems[0].path == "experts.gemm_backend"
     auto = plan_of("mxfp8-sm100.toml", env=FULL)
     assert auto.backends.gemm == "triton"  # auto does not pick what moec does not drive
+
+
+def test_every_supported_pair_has_one_renderer_and_no_other_renders():
+    """moec/plan/support.py says what runs where; codegen renders exactly those pairs."""
+    from moec.codegen import registry
+    from moec.plan.support import RUNS
+
+    assert registry.pairs() == sorted(RUNS)
+
+
+def test_a_renderer_for_a_pair_the_plan_does_not_run_is_refused():
+    from moec.codegen.registry import register
+    from moec.plan.stages import Place
+    from moec.vocab import Backend
+
+    with pytest.raises(ValueError, match=r"\(place, triton\), which moec/plan/support.py lacks"):
+        register(Place, Backend.triton, "stages/torch/place.py.j2")(lambda plan, stage: None)
+
+
+def test_deep_gemm_runs_what_auto_may_choose():
+    """One owner of what moec drives on DeepGEMM: the refusal of a GEMM stage and auto's choice
+    read the same function (fp8_block on sm90; bf16 on sm90 and sm100)."""
+    from moec.plan.support import deep_gemm_gemm
+
+    runs = {
+        (scheme, arch)
+        for scheme in ("bf16", "fp8_per_tensor", "fp8_block", "mxfp8", "mxfp4")
+        for arch in ("sm80", "sm89", "sm90", "sm100", "sm120")
+        if deep_gemm_gemm(scheme, arch) is None
+    }
+    assert runs == {("fp8_block", "sm90"), ("bf16", "sm90"), ("bf16", "sm100")}
+    assert plan_of("deepseek-v3-bf16.toml", 'target.arch="sm100"', env=FULL).backends.gemm == (
+        "deep_gemm"
+    )
+    assert plan_of("deepseek-v3-bf16.toml", 'target.arch="sm120"', env=FULL).backends.gemm == (
+        "triton"
+    )
+    from moec.errors import MoecError
+
+    with pytest.raises(MoecError, match="on sm90 and sm100, not sm120"):
+        plan_of("deepseek-v3-bf16.toml", 'target.arch="sm120"', "experts.gemm_backend=deep_gemm")
+
+
+def test_the_plan_imports_no_codegen():
+    """The plan is made from the spec and its environment alone: planning every example
+    imports nothing of moec.codegen (the renderers and their templates)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from moec.plan import Environment, make_plan\n"
+        "from moec.spec import load_spec\n"
+        "env = Environment(frozenset({'triton', 'deep_gemm', 'deep_ep'}))\n"
+        "planned = 0\n"
+        "for path in sorted(Path('examples').glob('*.toml')):\n"
+        "    make_plan(load_spec(path).spec, env)\n"
+        "    planned += 1\n"
+        "print(planned, sorted(m for m in sys.modules if m.startswith('moec.codegen')))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    planned, imported = done.stdout.split(" ", 1)
+    assert int(planned) >= 10 and imported.strip() == "[]"
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from moec.codegen.render import render
 from moec.codegen.signature import Signature, signature
 from moec.plan.graph import Plan
 from moec.plan.stages import Stage
+from moec.vocab import ENDPOINTS
 
 SIDE_STREAM_NOTE = "on a second CUDA stream, overlapping the stages issued after it"
 
@@ -141,4 +142,4 @@ def side_stream_stages(plan: Plan) -> set[str]:
 
 
 def stages_of(plan: Plan) -> list[Stage]:
-    return [s for s in plan.order() if s.kind not in ("input", "output")]
+    return [s for s in plan.order() if s.kind not in ENDPOINTS]

@@ -18,7 +18,7 @@ from moec.plan.activations import lower
 from moec.plan.graph import Plan
 from moec.plan.placement import physical_to_logical
 from moec.plan.sizes import dim, symbols
-from moec.plan.stages import Select
+from moec.plan.stages import Gemm, Select
 from moec.plan.tuning import COMBINE_DECODE_ROWS
 from moec.version import __version__
 
@@ -237,7 +237,7 @@ def parameters(plan: Plan) -> list[dict[str, Any]]:
         table = symbols(layer, 0)
         # "E" of the grouped GEMMs' weights is this rank's experts (with fused shared experts);
         # elsewhere (the router) it is every routed expert.
-        table["E"] = layer.grouped_experts if stage.kind == "gemm" else layer.routed_experts
+        table["E"] = layer.grouped_experts if isinstance(stage, Gemm) else layer.routed_experts
         for name, tensor_type in stage.weights.items():
             shape = tuple(dim(d, table) for d in tensor_type.shape)
             rows.append({"name": name, "shape": shape, "dtype": tensor_type.dtype.torch})

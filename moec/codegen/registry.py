@@ -1,10 +1,11 @@
 """The renderer registry: one renderer per (stage kind, backend), and nothing else renders.
 
 A renderer names its template (the body of the stage's function), the function that fills it
-from the plan, the runtime modules its code imports (moec/runtime/, copied into the package),
-the optional packages it needs, and, where it cannot render every stage of its kind, why not.
-The plan asks this registry before it accepts a spec (`refusal`), `moec explain --matrix` is
-built from it, and codegen renders only through it: adding a backend is adding renderers.
+from the plan, and the runtime modules its code imports (moec/runtime/, copied into the package).
+Which stages a backend runs, and the package it imports, are the plan's facts
+(moec/plan/support.py), which the plan checks before it accepts a spec: a renderer exists for
+each pair listed there and for nothing else. Codegen renders only through this registry: adding a
+backend is adding its pairs to the plan's support table and their renderers here.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from moec.plan.support import RUNS
+from moec.vocab import Backend, StageKind
+
 if TYPE_CHECKING:  # the renderers import this module to register themselves
     from moec.codegen.renderers.common import StageCode
     from moec.plan.graph import Plan
@@ -20,30 +24,20 @@ if TYPE_CHECKING:  # the renderers import this module to register themselves
 
 Fill = Callable[["Plan", Any], "StageCode"]
 """(plan, stage) -> the stage's function as its renderer fills it (the stage: one kind's record)."""
-Refuses = Callable[["Plan", Any], "str | None"]
-"""(plan, stage) -> why a renderer cannot render the stage, or None."""
-
-
-def _accept_all(plan: Plan, stage: Stage) -> str | None:
-    return None
 
 
 @dataclass(frozen=True)
 class Renderer:
-    kind: str
-    backend: str
+    kind: StageKind
+    backend: Backend
     template: Callable[[Any], str]
     """Template of the function body for a stage (one template per variant)."""
     fill: Fill
     runtime: Callable[[Any], tuple[str, ...]]
     """Runtime modules the stage's code imports (moec/runtime/<name>.py, or generated ones)."""
-    requires: tuple[str, ...] = ()
-    """Optional packages the generated code imports (deep_gemm, deep_ep, triton)."""
-    refuses: Refuses = _accept_all
-    """(plan, stage) -> why this renderer cannot render the stage, or None."""
 
 
-_RENDERERS: dict[tuple[str, str], Renderer] = {}
+_RENDERERS: dict[tuple[StageKind, Backend], Renderer] = {}
 
 
 def _constant(value):
@@ -51,16 +45,19 @@ def _constant(value):
 
 
 def register(
-    kind: str,
-    backend: str,
+    stage: type[Stage],
+    backend: Backend,
     template: str | Callable[[Any], str],
     runtime: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = (),
-    requires: tuple[str, ...] = (),
-    refuses: Refuses | None = None,
 ) -> Callable[[Fill], Fill]:
-    """Register the decorated fill function as the renderer of (kind, backend)."""
+    """Register the decorated fill function as the renderer of `stage`'s kind on `backend`."""
+    kind = stage.kind
 
     def add(fill: Fill) -> Fill:
+        if (kind, backend) not in RUNS:
+            raise ValueError(
+                f"a renderer for ({kind}, {backend}), which moec/plan/support.py lacks"
+            )
         if (kind, backend) in _RENDERERS:
             raise ValueError(f"two renderers for ({kind}, {backend})")
         _RENDERERS[(kind, backend)] = Renderer(
@@ -69,49 +66,26 @@ def register(
             template if callable(template) else _constant(template),
             fill,
             runtime if callable(runtime) else _constant(tuple(runtime)),
-            tuple(requires),
-            refuses or _accept_all,
         )
         return fill
 
     return add
 
 
-def _loaded() -> dict[tuple[str, str], Renderer]:
+def _loaded() -> dict[tuple[StageKind, Backend], Renderer]:
     import moec.codegen.renderers  # noqa: F401  (registers every renderer)
 
     return _RENDERERS
 
 
-def renderer(kind: str, backend: str) -> Renderer | None:
-    return _loaded().get((kind, backend))
-
-
 def renderer_of(stage: Stage) -> Renderer:
-    """The renderer of a stage the plan accepted (checks.check_renderers found one for each)."""
-    found = renderer(stage.kind, stage.backend)
+    """The renderer of a stage the plan accepted (its support table lists the pair)."""
+    found = _loaded().get((stage.kind, stage.backend))
     if found is None:
         raise LookupError(f"moec bug: no renderer for ({stage.kind}, {stage.backend})")
     return found
 
 
-def backends_for(kind: str) -> frozenset[str]:
-    """Backends with a renderer for stages of `kind`."""
-    return frozenset(backend for k, backend in _loaded() if k == kind)
-
-
-def pairs() -> list[tuple[str, str]]:
+def pairs() -> list[tuple[StageKind, Backend]]:
     """Every registered (kind, backend), sorted."""
     return sorted(_loaded())
-
-
-def refusal(plan: Plan, stage: Stage) -> str | None:
-    """Why `stage` cannot be rendered (no renderer, or the renderer refuses it), or None."""
-    found = renderer(stage.kind, stage.backend)
-    if found is None:
-        others = sorted(backends_for(stage.kind))
-        return (
-            f"moec renders no {stage.kind} stage on {stage.backend} (only on "
-            f"{', '.join(others) or 'nothing'})"
-        )
-    return found.refuses(plan, stage)

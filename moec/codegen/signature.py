@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moec.plan.graph import Plan
-from moec.plan.stages import Stage
+from moec.plan.stages import Dispatch, Stage
 from moec.plan.types import TensorType
 from moec.vocab import Backend
 
@@ -27,7 +27,7 @@ def takes_group(stage: Stage) -> bool:
     stage, and DeepEP's dispatch (which allocates the group's buffer; combine finds it in the
     exchange record)."""
     return stage.backend == Backend.torch_distributed or (
-        stage.backend == Backend.deep_ep and stage.kind == "dispatch"
+        stage.backend == Backend.deep_ep and isinstance(stage, Dispatch)
     )
 
 

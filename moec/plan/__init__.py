@@ -41,7 +41,7 @@ __all__ = [
 def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | None = None) -> Plan:
     """The plan of a normalized spec; `env` says what is importable (default: this machine).
     With a GEMM split (gemm_backend auto, per token bucket), `plan.above` is the plan past it;
-    `above` is for that inner call. Raises MoecError when a stage of the plan has no renderer."""
+    `above` is for that inner call. Raises MoecError when a stage of the plan runs where moec does not drive it."""
     from moec.plan import checks, fuse
     from moec.plan.build import build_stages
     from moec.plan.convert import insert_converters
@@ -69,7 +69,9 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     fuse.fuse_finalize_combine(plan)
     insert_converters(plan)  # scale-layout converters where types disagree
     fuse.fuse_scale_layout(plan)  # ... unless a Triton quantizer can write that layout itself
-    checks.check_renderers(plan, spec)  # every stage has a renderer, or the spec is rejected
+    checks.check_support(
+        plan, spec
+    )  # every stage runs where moec drives it, or the spec is rejected
     checks.record_requirements(plan, env)  # optional packages imported, and missing here
     checks.decide_graph_safety(plan)  # CUDA graph capture
     split = plan.backends.split

@@ -1,5 +1,6 @@
-"""Passes that check the finished graph: every stage has a renderer, the packages it needs, and
-whether the whole layer can be captured in a CUDA graph."""
+"""Passes that check the finished graph: every stage runs on a backend moec drives for it
+(moec/plan/support.py), the packages it needs, and whether the whole layer can be captured in a
+CUDA graph."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from moec.plan.backends import DEEP_GEMM_API, deep_gemm_function
 from moec.plan.graph import Plan
 from moec.plan.resolve import Environment
 from moec.plan.stages import Convert, Gemm, Stage
+from moec.plan.support import PACKAGE, refusal
 from moec.spec.models import Spec
-from moec.vocab import Backend
+from moec.vocab import ENDPOINTS, Backend
 
 # Spec settings that give a stage kind another backend: what a user can change.
 _WHAT_WORKS = {
@@ -19,15 +21,13 @@ _WHAT_WORKS = {
 }
 
 
-def check_renderers(plan: Plan, spec: Spec) -> None:
-    """Pass: every stage has a renderer that takes it; otherwise the spec is rejected, naming
-    the spec keys whose values led to that stage."""
-    from moec.codegen.registry import refusal
-
+def check_support(plan: Plan, spec: Spec) -> None:
+    """Pass: every stage runs on a backend moec drives for it; otherwise the spec is rejected,
+    naming the spec keys whose values led to that stage."""
     refused = {
         stage.name: why
         for stage in plan.order()
-        if stage.kind not in ("input", "output") and (why := refusal(plan, stage)) is not None
+        if stage.kind not in ENDPOINTS and (why := refusal(plan, stage)) is not None
     }
     # One problem per cause: stages refused for the same reason by the same backend are named
     # together; a converter that only feeds a refused stage goes with that stage's backend.
@@ -74,12 +74,7 @@ def _value_at(spec: Spec, path: str):
 
 def record_requirements(plan: Plan, env: Environment) -> None:
     """Pass: the optional packages the generated code imports, and which are missing here."""
-    from moec.codegen.registry import renderer_of
-
-    needed: set[str] = set()
-    for stage in plan.order():
-        if stage.kind not in ("input", "output"):
-            needed.update(renderer_of(stage).requires)
+    needed = {PACKAGE[s.backend] for s in plan.order() if s.backend in PACKAGE}
     plan.requires = tuple(sorted(needed))
     plan.missing = tuple(m for m in plan.requires if not env.has(m))
     calls = sorted(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from moec.plan.graph import Plan
 from moec.plan.stages import Convert
 from moec.plan.types import DType, TensorType
-from moec.vocab import Backend
+from moec.vocab import Backend, ConvertStep, ScaleMajor
 
 
 def insert_converters(plan: Plan) -> None:
@@ -23,7 +23,7 @@ def insert_converters(plan: Plan) -> None:
             _insert(plan, producer, consumer, edge.tensor, edge.type, wanted, edge.input)
 
 
-def conversion_steps(have: TensorType, want: TensorType) -> list[str]:
+def conversion_steps(have: TensorType, want: TensorType) -> list[ConvertStep]:
     """What turns `have` into `want`; raises if only the scales may differ but more does."""
     if (have.dtype, have.shape, have.layout) != (want.dtype, want.shape, want.layout):
         raise ValueError(f"planner bug: cannot convert {have.label()} to {want.label()}")
@@ -32,13 +32,15 @@ def conversion_steps(have: TensorType, want: TensorType) -> list[str]:
     if hs is None or ws is None or hs.granularity != ws.granularity:
         raise ValueError(f"planner bug: scale {hs} cannot become {ws}")
     if ws.pow2_scales and not hs.pow2_scales:
-        steps.append("round scales up to powers of two")
+        steps.append(ConvertStep.round_pow2)
     if ws.major != hs.major:
-        steps.append(f"transpose scales to {ws.major}-major")
+        steps.append(
+            ConvertStep.to_mn_major if ws.major == ScaleMajor.MN else ConvertStep.to_k_major
+        )
     if ws.tma_aligned and not hs.tma_aligned:
-        steps.append("pad scale columns to 16-byte TMA alignment")
+        steps.append(ConvertStep.pad_tma)
     if ws.dtype is DType.ue8m0x4 and hs.dtype is not DType.ue8m0x4:
-        steps.append("pack UE8M0 exponents four per int32")
+        steps.append(ConvertStep.pack_ue8m0)
     return steps
 
 

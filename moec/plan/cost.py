@@ -20,9 +20,9 @@ from moec.plan.devices import Device
 from moec.plan.graph import Plan
 from moec.plan.layer import Layer
 from moec.plan.sizes import buffer_rows, symbols, tensor_bytes, useful_rows, weight_bytes
-from moec.plan.stages import Dispatch, Gemm, Router, Stage
+from moec.plan.stages import Convert, Dispatch, Gemm, Router, SharedExpert, Stage
 from moec.plan.types import Layout, TensorType
-from moec.vocab import RouterPrecision
+from moec.vocab import ENDPOINTS, RouterPrecision, StageKind
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def cost(plan: Plan, device: Device, tokens: int, rows_factor: float = 1.0) -> C
         hit += layer.n_shared
     stages = []
     for stage in plan.order():
-        if stage.kind in ("input", "output"):
+        if stage.kind in ENDPOINTS:
             continue
         moved = _io_bytes(plan, stage, table, rows) + _weights_touched(stage, table, hit)
         flops, compute = _flops(stage, layer, tokens, rows)
@@ -102,7 +102,7 @@ def cost(plan: Plan, device: Device, tokens: int, rows_factor: float = 1.0) -> C
 
 
 def _io_bytes(plan: Plan, stage: Stage, table: dict[str, int], rows: int) -> float:
-    size = _scale_only_bytes if stage.kind == "convert" else tensor_bytes
+    size = _scale_only_bytes if isinstance(stage, Convert) else tensor_bytes
     moved = sum(size(edge.type, table, rows) for _, edge in plan.inputs(stage.name))
     moved += sum(size(t, table, rows) for t in stage.outputs.values())
     moved += sum(2 * tensor_bytes(t, table, rows) for t in stage.scratch.values())  # out, in
@@ -127,9 +127,8 @@ def _weights_touched(stage: Stage, table: dict[str, int], hit: float) -> float:
 
 def _flops(stage: Stage, layer: Layer, tokens: int, rows: int) -> tuple[float, str]:
     hidden = layer.hidden
-    kind = stage.kind
     compute = "fp8" if layer.routed.quantized else "bf16"
-    if kind == "router" or "router" in stage.fused:
+    if isinstance(stage, Router) or StageKind.router in stage.fused:
         # the fused router is the Triton one, which is always the bf16x3 split
         unfused = isinstance(stage, Router) and stage.precision == RouterPrecision.fp32
         parts = 1 if unfused else 3
@@ -138,7 +137,7 @@ def _flops(stage: Stage, layer: Layer, tokens: int, rows: int) -> tuple[float, s
     if isinstance(stage, Gemm):
         n, k = stage.n_value, stage.k_value
         return 2.0 * rows * n * k, compute
-    if kind == "shared_expert":
+    if isinstance(stage, SharedExpert):
         shared_compute = "fp8" if layer.shared.quantized else "bf16"
         return 6.0 * tokens * hidden * layer.shared_intermediate, shared_compute
     return 0.0, "none"
@@ -173,7 +172,7 @@ def peak_bytes(plan: Plan, tokens: int) -> float:
             )
             rows = worst if tensor_type.layout is not Layout.row_major else None
             size = tensor_bytes(tensor_type, table, rows)
-            if stage.kind == "convert":
+            if isinstance(stage, Convert):
                 # The values alias the converter's input, alive until this step; only the
                 # converted scales are new here.
                 lifetimes.append(

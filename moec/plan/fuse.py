@@ -29,7 +29,7 @@ from moec.plan.stages import (
     Select,
 )
 from moec.plan.types import DType, TensorType
-from moec.vocab import Backend, DispatchMode, GemmLayout, TopkMethod
+from moec.vocab import Backend, ConvertStep, DispatchMode, GemmLayout, TopkMethod
 
 GATE_ONE_LAUNCH = 1
 """Tokens up to which the fused Triton router and selection are one launch
@@ -161,7 +161,7 @@ def gather_token_rows(plan: Plan) -> None:
     )
 
 
-LAYOUT_STEPS = {"transpose scales to MN-major", "pad scale columns to 16-byte TMA alignment"}
+LAYOUT_STEPS = {ConvertStep.to_mn_major, ConvertStep.pad_tma}
 """Converter steps a Triton quantizer can do itself, by writing its scales with other strides."""
 
 

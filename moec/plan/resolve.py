@@ -16,11 +16,11 @@ from moec.plan.devices import device_for
 from moec.plan.graph import Backends, GemmSplit
 from moec.plan.layer import Layer
 from moec.plan.layouts import masked_peak_bytes
+from moec.plan.support import deep_gemm_gemm
 from moec.plan.tables import find_backend_times
 from moec.spec.models import Spec
 from moec.spec.rules import arch_number, placed
 from moec.vocab import (
-    Arch,
     Backend,
     DeviceKind,
     DispatchMode,
@@ -171,9 +171,8 @@ def _gemm_backend(
             "auto on a CPU target: Triton kernels run on a CPU only interpreted (slow)",
         )
         return Backend.torch, None
-    renders = Backend.deep_gemm in renderable_backends("gemm")
     fits = _deep_gemm_fits(spec) and _deep_gemm_driven(spec)
-    if env.has("deep_gemm") and fits and renders:
+    if env.has("deep_gemm") and fits:
         return _measured_choice(spec, env, layer, decide)
     if not env.has("deep_gemm"):
         why_not = "deep_gemm is not installed here"
@@ -247,16 +246,6 @@ def _why_not_triton(spec: Spec, env: Environment, layer: Layer) -> str:
     return ""
 
 
-DEEP_GEMM_DRIVEN = {
-    (Scheme.fp8_block, Arch.sm90),
-    (Scheme.bf16, Arch.sm90),
-    (Scheme.bf16, Arch.sm100),
-}
-"""(scheme, arch) pairs whose DeepGEMM GEMMs moec renders (codegen/renderers/deep_gemm.py) and
-auto may choose; mxfp4 on sm90 runs there only when the spec names deep_gemm (as fp8 blocks,
-twice the weight bytes of Triton's fp4 GEMMs)."""
-
-
 def _deep_gemm_fits(spec: Spec) -> bool:
     from moec.spec import rules
 
@@ -267,7 +256,10 @@ def _deep_gemm_fits(spec: Spec) -> bool:
 
 
 def _deep_gemm_driven(spec: Spec) -> bool:
-    return (spec.quant.scheme, spec.target.arch) in DEEP_GEMM_DRIVEN
+    """Whether moec drives DeepGEMM's GEMMs for the stored weights as they are; mxfp4 on sm90
+    runs there only when the spec names deep_gemm (converted to fp8 blocks, twice the weight
+    bytes of Triton's fp4 GEMMs), so auto does not choose it."""
+    return deep_gemm_gemm(spec.quant.scheme, spec.target.arch) is None
 
 
 def _layout(spec: Spec, layer: Layer, decide: Decide) -> GemmLayout:
@@ -316,10 +308,3 @@ def _dispatch_reason(spec: Spec) -> str:
     if parallel.dispatch == DispatchMode.all2all:
         return f"{spec.model.n_routed_experts // parallel.ep_size} experts per rank; token rows exchanged with all_to_all_single"
     return f"{spec.model.n_routed_experts // parallel.ep_size} experts per rank; DeepEP exchanges tokens over NVLink/RDMA"
-
-
-def renderable_backends(kind: str) -> frozenset[str]:
-    """Backends moec has a renderer for, for stages of `kind` (the codegen's registry)."""
-    from moec.codegen.registry import backends_for
-
-    return backends_for(kind)

@@ -22,12 +22,14 @@ from moec.plan.types import TensorType
 from moec.vocab import (
     ActivationKind,
     Backend,
+    ConvertStep,
     DispatchMode,
     GemmLayout,
     GemmRole,
     ReplicaChoice,
     RouterPrecision,
     ScoringFunc,
+    StageKind,
     TopkMethod,
     TorchKernel,
 )
@@ -37,7 +39,7 @@ from moec.vocab import (
 class Stage:
     """What every stage has."""
 
-    kind: ClassVar[str] = "stage"
+    kind: ClassVar[StageKind]
     name: str
     backend: Backend
     """Who runs it: torch, triton, torch.distributed, deep_gemm, deep_ep ("-" for input/output)."""
@@ -53,7 +55,7 @@ class Stage:
     workspace: dict[str, TensorType] = field(default_factory=dict)
     """Buffers of the layer its kernels keep between calls, by attribute name: zeros when the
     layer is made, in no checkpoint, left as found by every call."""
-    fused: tuple[str, ...] = ()
+    fused: tuple[StageKind, ...] = ()
     """Stage kinds folded into this one by the fuse pass."""
     syncs_host: bool = False
     graph_safe: bool = True
@@ -66,19 +68,19 @@ class Stage:
 
 @dataclass(frozen=True, kw_only=True)
 class Input(Stage):
-    kind: ClassVar[str] = "input"
+    kind: ClassVar[StageKind] = StageKind.input
 
 
 @dataclass(frozen=True, kw_only=True)
 class Output(Stage):
-    kind: ClassVar[str] = "output"
+    kind: ClassVar[StageKind] = StageKind.output
 
 
 @dataclass(frozen=True, kw_only=True)
 class Router(Stage):
     """Router logits [T, E] in fp32."""
 
-    kind: ClassVar[str] = "router"
+    kind: ClassVar[StageKind] = StageKind.router
     experts: int
     precision: RouterPrecision = RouterPrecision.fp32
     """fp32: one fp32 GEMM; bf16x3: the fp32 weight as three bf16 parts on bf16 tensor cores."""
@@ -88,7 +90,7 @@ class Router(Stage):
 class Select(Stage):
     """Scores, top-k choice and weights of each token."""
 
-    kind: ClassVar[str] = "select"
+    kind: ClassVar[StageKind] = StageKind.select
     scoring_func: ScoringFunc
     topk_method: TopkMethod
     n_group: int
@@ -113,7 +115,7 @@ class Select(Stage):
 class Place(Stage):
     """Logical expert ids to physical ones (a replica of each), and the load record."""
 
-    kind: ClassVar[str] = "place"
+    kind: ClassVar[StageKind] = StageKind.place
     experts: int
     """Logical routed experts."""
     physical: int
@@ -134,7 +136,7 @@ class Place(Stage):
 class Quantize(Stage):
     """Activation quantization for the expert GEMMs."""
 
-    kind: ClassVar[str] = "quantize"
+    kind: ClassVar[StageKind] = StageKind.quantize
     format: QuantFormat
 
 
@@ -142,7 +144,7 @@ class Quantize(Stage):
 class Dispatch(Stage):
     """Tokens to the grouped layout: a local permute, or an exchange between ranks first."""
 
-    kind: ClassVar[str] = "dispatch"
+    kind: ClassVar[StageKind] = StageKind.dispatch
     mode: DispatchMode
     layout: GemmLayout
     experts: int
@@ -172,7 +174,7 @@ class Dispatch(Stage):
 class Gemm(Stage):
     """One grouped GEMM of the routed experts: [rows, k] x [E, n, k] -> [rows, n]."""
 
-    kind: ClassVar[str] = "gemm"
+    kind: ClassVar[StageKind] = StageKind.gemm
     role: GemmRole
     format: QuantFormat
     layout: GemmLayout
@@ -201,7 +203,7 @@ class Gemm(Stage):
 class Activation(Stage):
     """The gated activation of the gate/up output, [rows, 2I] -> [rows, I]."""
 
-    kind: ClassVar[str] = "activation"
+    kind: ClassVar[StageKind] = StageKind.activation
     activation: ActivationKind
     values: tuple[tuple[str, float], ...]
     layout: GemmLayout
@@ -216,7 +218,7 @@ class Activation(Stage):
 class Combine(Stage):
     """Weighted sum of each token's expert rows (after the return exchange, with EP)."""
 
-    kind: ClassVar[str] = "combine"
+    kind: ClassVar[StageKind] = StageKind.combine
     mode: DispatchMode
     layout: GemmLayout
     add_shared: bool = False
@@ -230,7 +232,7 @@ class Combine(Stage):
 class SharedExpert(Stage):
     """The shared experts: one dense gated MLP beside the routed experts."""
 
-    kind: ClassVar[str] = "shared_expert"
+    kind: ClassVar[StageKind] = StageKind.shared_expert
     format: QuantFormat
     experts: int
     intermediate: int
@@ -242,7 +244,7 @@ class SharedExpert(Stage):
 class Finalize(Stage):
     """Routed scaling, the shared output, the tensor-parallel all-reduce."""
 
-    kind: ClassVar[str] = "finalize"
+    kind: ClassVar[StageKind] = StageKind.finalize
     routed_scaling_factor: float
     add_shared: bool
     all_reduce: bool
@@ -252,8 +254,8 @@ class Finalize(Stage):
 class Convert(Stage):
     """A scale-layout converter inserted by the convert pass."""
 
-    kind: ClassVar[str] = "convert"
-    steps: tuple[str, ...]
+    kind: ClassVar[StageKind] = StageKind.convert
+    steps: tuple[ConvertStep, ...]
 
 
 def choices(stage: Stage) -> dict[str, object]:

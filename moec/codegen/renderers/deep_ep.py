@@ -9,9 +9,7 @@ from moec.codegen.renderers import received
 from moec.codegen.renderers.common import StageCode, call_kwargs
 from moec.codegen.renderers.torch_stages import dispatch_targets
 from moec.plan.stages import Combine, Dispatch
-from moec.vocab import DispatchMode
-
-DEEP_EP = ("deep_ep",)
+from moec.vocab import Backend, DispatchMode
 
 
 def _template(kind: str):
@@ -34,19 +32,11 @@ def _combine_runtime(stage: Combine) -> tuple[str, ...]:
     return ("deepep", *received.combine_runtime(stage))
 
 
-def _deepep_only(plan, stage: Dispatch | Combine) -> str | None:
-    if not stage.mode.startswith("deepep"):
-        return f"deep_ep renders the DeepEP dispatch modes, not {stage.mode}"
-    return None
-
-
 @register(
-    "dispatch",
-    "deep_ep",
+    Dispatch,
+    Backend.deep_ep,
     _template("dispatch"),
     runtime=_dispatch_runtime,
-    requires=DEEP_EP,
-    refuses=_deepep_only,
 )
 def dispatch(plan, stage: Dispatch) -> StageCode:
     layer, buffer = plan.layer, stage.buffer
@@ -91,12 +81,10 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
 
 
 @register(
-    "combine",
-    "deep_ep",
+    Combine,
+    Backend.deep_ep,
     _template("combine"),
     runtime=_combine_runtime,
-    requires=DEEP_EP,
-    refuses=_deepep_only,
 )
 def combine(plan, stage: Combine) -> StageCode:
     shared = {"shared": "shared" if stage.add_shared else "None"}

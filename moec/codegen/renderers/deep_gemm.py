@@ -6,29 +6,15 @@ from __future__ import annotations
 
 from moec.codegen.registry import register
 from moec.codegen.renderers.common import StageCode, shape_doc
-from moec.plan.fuse import LAYOUT_STEPS
 from moec.plan.stages import Convert, Gemm
-from moec.vocab import Arch, Scheme
-
-DEEP_GEMM = ("deep_gemm",)
-
-
-def _fp8_block_or_bf16(plan, stage: Gemm) -> str | None:
-    scheme = stage.format.scheme
-    if scheme not in (Scheme.fp8_block, Scheme.bf16):
-        return f"moec drives DeepGEMM's fp8_block and bf16 grouped GEMMs, not {scheme}"
-    if scheme == Scheme.fp8_block and plan.layer.arch != Arch.sm90:
-        return "moec drives DeepGEMM's fp8 grouped GEMMs on sm90 (its Hopper kernels) only"
-    return None
+from moec.vocab import Backend, ConvertStep
 
 
 @register(
-    "gemm",
-    "deep_gemm",
+    Gemm,
+    Backend.deep_gemm,
     "stages/deep_gemm/gemm.py.j2",
     runtime=("deep_gemm_grouped",),
-    requires=DEEP_GEMM,
-    refuses=_fp8_block_or_bf16,
 )
 def gemm(plan, stage: Gemm) -> StageCode:
     quantized = stage.format.quantized
@@ -56,23 +42,12 @@ def gemm(plan, stage: Gemm) -> StageCode:
     )
 
 
-TO_K_MAJOR = "transpose scales to K-major"
-
-
-def _transpose_and_pad_only(plan, stage: Convert) -> str | None:
-    other = [step for step in stage.steps if step not in (*LAYOUT_STEPS, TO_K_MAJOR)]
-    if other:
-        return f"moec's scale converter transposes and pads (sm90), it does not {other[0]}"
-    return None
-
-
 @register(
-    "convert",
-    "torch",
+    Convert,
+    Backend.torch,
     "stages/torch/convert.py.j2",
     runtime=("scale_layout",),
-    refuses=_transpose_and_pad_only,
 )
 def convert(plan, stage: Convert) -> StageCode:
-    function = "to_k_major" if TO_K_MAJOR in stage.steps else "to_mn_major"
+    function = "to_k_major" if ConvertStep.to_k_major in stage.steps else "to_mn_major"
     return StageCode(f"The same values; scales: {'; '.join(stage.steps)}.", {"function": function})

@@ -7,7 +7,7 @@ from moec.codegen.registry import register
 from moec.codegen.renderers import received
 from moec.codegen.renderers.common import StageCode
 from moec.plan.stages import Combine, Dispatch, Finalize
-from moec.vocab import DispatchMode
+from moec.vocab import Backend
 
 
 def _dispatch_runtime(stage: Dispatch) -> tuple[str, ...]:
@@ -18,18 +18,11 @@ def _combine_runtime(stage: Combine) -> tuple[str, ...]:
     return ("all2all", *received.combine_runtime(stage))
 
 
-def _all2all_only(plan, stage: Dispatch | Combine) -> str | None:
-    if stage.mode != DispatchMode.all2all:
-        return f"torch.distributed renders the all2all dispatch, not {stage.mode}"
-    return None
-
-
 @register(
-    "dispatch",
-    "torch.distributed",
+    Dispatch,
+    Backend.torch_distributed,
     "stages/distributed/dispatch.py.j2",
     runtime=_dispatch_runtime,
-    refuses=_all2all_only,
 )
 def dispatch(plan, stage: Dispatch) -> StageCode:
     scaled = stage.outputs["a"].scale is not None
@@ -43,11 +36,10 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
 
 
 @register(
-    "combine",
-    "torch.distributed",
+    Combine,
+    Backend.torch_distributed,
     "stages/distributed/combine.py.j2",
     runtime=_combine_runtime,
-    refuses=_all2all_only,
 )
 def combine(plan, stage: Combine) -> StageCode:
     shared = "shared" if stage.add_shared else "None"
@@ -66,7 +58,7 @@ def combine(plan, stage: Combine) -> StageCode:
     )
 
 
-@register("finalize", "torch.distributed", "stages/distributed/finalize.py.j2")
+@register(Finalize, Backend.torch_distributed, "stages/distributed/finalize.py.j2")
 def finalize(plan, stage: Finalize) -> StageCode:
     return StageCode(
         f"Sum the tensor-parallel ranks' partial outputs (each holds 1/{plan.layer.tp} of every "

@@ -25,12 +25,12 @@ from moec.plan.stages import (
     Select,
     SharedExpert,
 )
-from moec.vocab import GemmLayout, ReplicaChoice, TopkMethod, TorchKernel
+from moec.vocab import Backend, GemmLayout, ReplicaChoice, TopkMethod, TorchKernel
 
 FUNCTOOLS = ("import functools",)
 
 
-@register("router", "torch", "stages/torch/router.py.j2")
+@register(Router, Backend.torch, "stages/torch/router.py.j2")
 def router(plan, stage: Router) -> StageCode:
     return StageCode(
         "Router logits [T, E] in fp32, as the checkpoint's fp32 router computes them.",
@@ -83,7 +83,7 @@ def _select_template(stage: Select) -> str:
     )
 
 
-@register("select", "torch", _select_template, runtime=("torch_select",))
+@register(Select, Backend.torch, _select_template, runtime=("torch_select",))
 def select(plan, stage: Select) -> StageCode:
     if stage.topk_method == TopkMethod.hash:
         return StageCode(select_doc(stage), {"options": select_options(stage)})
@@ -100,7 +100,7 @@ def input_scale_arg(stage, weight: str) -> str:
     return f", {weight}" if weight in stage.weights else ""
 
 
-@register("place", "torch", "stages/torch/place.py.j2", runtime=("placement",))
+@register(Place, Backend.torch, "stages/torch/place.py.j2", runtime=("placement",))
 def place(plan, stage: Place) -> StageCode:
     if not stage.mapped:
         mapping, what = "topk_ids", "The ids unchanged (physical = logical)"
@@ -117,7 +117,7 @@ def place(plan, stage: Place) -> StageCode:
     return StageCode(doc + ".", fields)
 
 
-@register("quantize", "torch", "stages/torch/quantize.py.j2", runtime=("torch_matmul",))
+@register(Quantize, Backend.torch, "stages/torch/quantize.py.j2", runtime=("torch_matmul",))
 def quantize(plan, stage: Quantize) -> StageCode:
     fmt = stage.format
     name, expression = quantizer_binding("routed", fmt)
@@ -144,7 +144,7 @@ def dispatch_targets(stage: Dispatch) -> str:
     return "a, a_scale" if stage.outputs["a"].scale is not None else "a, _"
 
 
-@register("dispatch", "torch", "stages/torch/dispatch.py.j2", runtime=("grouping",))
+@register(Dispatch, Backend.torch, "stages/torch/dispatch.py.j2", runtime=("grouping",))
 def dispatch(plan, stage: Dispatch) -> StageCode:
     scaled = stage.outputs["a"].scale is not None
     fields = {
@@ -171,7 +171,7 @@ def a_scale_of(stage: Gemm, rows: str) -> str:
     return "a_scale" if stage.format.group is None else f"a_scale[{rows}]"
 
 
-@register("gemm", "torch", _gemm_template, runtime=("torch_matmul",))
+@register(Gemm, Backend.torch, _gemm_template, runtime=("torch_matmul",))
 def gemm(plan, stage: Gemm) -> StageCode:
     name, expression = matmul_binding("routed", stage.format)
     scaled = f"{stage.weight}_scale" in stage.weights
@@ -196,7 +196,9 @@ def _activation_template(stage: Activation) -> str:
     return f"stages/torch/activation{quantized}.py.j2"
 
 
-@register("activation", "torch", _activation_template, runtime=("gated_activation", "torch_matmul"))
+@register(
+    Activation, Backend.torch, _activation_template, runtime=("gated_activation", "torch_matmul")
+)
 def activation(plan, stage: Activation) -> StageCode:
     rows = shape_doc(stage)
     fields: dict[str, object] = {"intermediate": stage.intermediate}
@@ -211,7 +213,7 @@ def activation(plan, stage: Activation) -> StageCode:
     return StageCode(doc + ".", fields, bindings=bindings, imports=imports)
 
 
-@register("combine", "torch", "stages/torch/combine.py.j2", runtime=("grouping",))
+@register(Combine, Backend.torch, "stages/torch/combine.py.j2", runtime=("grouping",))
 def combine(plan, stage: Combine) -> StageCode:
     shared = " + shared[t]" if stage.add_shared else ""
     return StageCode(
@@ -229,8 +231,8 @@ def _shared_template(stage: SharedExpert) -> str:
 
 
 @register(
-    "shared_expert",
-    "torch",
+    SharedExpert,
+    Backend.torch,
     _shared_template,
     runtime=("gated_activation", "torch_matmul"),
 )

@@ -23,9 +23,7 @@ from moec.plan.stages import (
     Select,
     SharedExpert,
 )
-from moec.vocab import GemmLayout, RouterPrecision, TopkMethod
-
-TRITON = ("triton",)
+from moec.vocab import Backend, GemmLayout, StageKind, TopkMethod
 
 
 def _mn_major(stage) -> str:
@@ -41,19 +39,11 @@ def _quant_options(fmt, scale_weight: str | None) -> str:
     return ", " + options
 
 
-def _bf16x3_only(plan, stage: Router) -> str | None:
-    if stage.precision != RouterPrecision.bf16x3:
-        return f"the Triton router runs the bf16x3 split, not {stage.precision}"
-    return None
-
-
 @register(
-    "router",
-    "triton",
+    Router,
+    Backend.triton,
     "stages/triton/router.py.j2",
     runtime=("triton_router", "tiles"),
-    requires=TRITON,
-    refuses=_bf16x3_only,
 )
 def router(plan, stage: Router) -> StageCode:
     return StageCode(
@@ -63,7 +53,7 @@ def router(plan, stage: Router) -> StageCode:
 
 
 def _with_router(stage: Select) -> bool:
-    return "router" in stage.fused
+    return StageKind.router in stage.fused
 
 
 def _select_template(stage: Select) -> str:
@@ -78,7 +68,7 @@ def _select_runtime(stage: Select) -> tuple[str, ...]:
     return ("triton_gate", "tiles") if _with_router(stage) else ("triton_select", "tiles")
 
 
-@register("select", "triton", _select_template, runtime=_select_runtime, requires=TRITON)
+@register(Select, Backend.triton, _select_template, runtime=_select_runtime)
 def select(plan, stage: Select) -> StageCode:
     if stage.topk_method == TopkMethod.hash:
         options = {"options": select_options(stage) + ", pdl=tiles.PDL"}
@@ -103,11 +93,10 @@ def select(plan, stage: Select) -> StageCode:
 
 
 @register(
-    "quantize",
-    "triton",
+    Quantize,
+    Backend.triton,
     "stages/triton/quantize.py.j2",
     runtime=("triton_permute", "tiles"),
-    requires=TRITON,
 )
 def quantize(plan, stage: Quantize) -> StageCode:
     static = "w13_input_scale" if "w13_input_scale" in stage.weights else None
@@ -119,11 +108,10 @@ def quantize(plan, stage: Quantize) -> StageCode:
 
 
 @register(
-    "dispatch",
-    "triton",
+    Dispatch,
+    Backend.triton,
     "stages/triton/dispatch.py.j2",
     runtime=("triton_dispatch", "tiles"),
-    requires=TRITON,
 )
 def dispatch(plan, stage: Dispatch) -> StageCode:
     static = "w13_input_scale" if "w13_input_scale" in stage.weights else None
@@ -174,11 +162,10 @@ def dispatch(plan, stage: Dispatch) -> StageCode:
 
 
 @register(
-    "gemm",
-    "triton",
+    Gemm,
+    Backend.triton,
     "stages/triton/gemm.py.j2",
     runtime=("triton_gemm", "tiles"),
-    requires=TRITON,
 )
 def gemm(plan, stage: Gemm) -> StageCode:
     scaled = f"{stage.weight}_scale" in stage.weights
@@ -207,11 +194,10 @@ def gemm(plan, stage: Gemm) -> StageCode:
 
 
 @register(
-    "activation",
-    "triton",
+    Activation,
+    Backend.triton,
     "stages/triton/activation.py.j2",
     runtime=("triton_act", "gated_activation", "tiles"),
-    requires=TRITON,
 )
 def activation(plan, stage: Activation) -> StageCode:
     static = "w2_input_scale" if "w2_input_scale" in stage.weights else None
@@ -229,11 +215,10 @@ def activation(plan, stage: Activation) -> StageCode:
 
 
 @register(
-    "combine",
-    "triton",
+    Combine,
+    Backend.triton,
     "stages/triton/combine.py.j2",
     runtime=("triton_combine", "tiles"),
-    requires=TRITON,
 )
 def combine(plan, stage: Combine) -> StageCode:
     shared = " + shared[t]" if stage.add_shared else ""
@@ -244,11 +229,10 @@ def combine(plan, stage: Combine) -> StageCode:
 
 
 @register(
-    "shared_expert",
-    "triton",
+    SharedExpert,
+    Backend.triton,
     "stages/triton/shared_expert.py.j2",
     runtime=("triton_shared", "gated_activation", "tiles"),
-    requires=TRITON,
 )
 def shared_expert(plan, stage: SharedExpert) -> StageCode:
     fmt = stage.format
