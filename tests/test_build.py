@@ -303,7 +303,7 @@ def test_load_builds_once_and_imports(cache_dir):
 
 
 def test_missing_optional_backend_fails_at_build(tmp_path, capsys):
-    from moec.plan.resolve import Environment
+    from moec.plan.environment import Environment
 
     loaded = load_spec(EXAMPLES / "deepseek-v3-fp8.toml", ["experts.gemm_backend=deep_gemm"])
     with pytest.raises(moec.MoecError) as error:

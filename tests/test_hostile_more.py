@@ -424,9 +424,8 @@ def test_a_tuned_table_past_the_targets_launch_limits_is_refused_at_build(
 
 def test_the_gemm_tiles_of_a_deep_gemm_layer_are_not_held_to_triton_limits(tmp_path, monkeypatch):
     """DeepGEMM runs the GEMMs: the table's GEMM tiles are not launched, so not refused."""
-    monkeypatch.setenv("MOEC_TUNING_DIR", str(tmp_path))
     (tmp_path / "nvidia-h200.json").write_text(json.dumps(_table(BLOCK_K=256)))
-    env = Environment(frozenset({"triton", "deep_gemm"}))
+    env = Environment(frozenset({"triton", "deep_gemm"}), tmp_path)
     spec = load_spec(V3, ["experts.gemm_backend=deep_gemm"]).spec
     assert make_plan(spec, env).backends.gemm == "deep_gemm"
 

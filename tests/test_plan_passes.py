@@ -117,8 +117,7 @@ def test_auto_takes_one_backend_where_the_times_say_so(tmp_path, monkeypatch):
         slower = {"deep_gemm": "triton", "triton": "deep_gemm"}[faster]
         ms = {faster: {"1": 1.0, "4096": 2.0}, slower: {"1": 1.5, "4096": 3.0}}
         (tmp_path / "nvidia-h200.json").write_text(json.dumps({key: {"source": "t", "ms": ms}}))
-        monkeypatch.setenv("MOEC_TUNING_DIR", str(tmp_path))
-        plan = plan_of("deepseek-v3-fp8.toml", env=FULL)
+        plan = plan_of("deepseek-v3-fp8.toml", env=Environment(FULL.importable, tmp_path))
         assert plan.backends.gemm == expected and plan.backends.split is None
         assert plan.above is None
         assert "every T measured" in plan.decision("gemm_backend").reason
@@ -148,6 +147,19 @@ def test_environment_detect_only_names_optional_backends():
     assert detected.importable <= {"deep_gemm", "deep_ep", "triton"}
     assert Environment(frozenset({"deep_gemm"})).has("deep_gemm")
     assert not Environment(frozenset()).has("deep_gemm")
+
+
+def test_the_user_tables_are_the_environments(tmp_path, monkeypatch):
+    """This machine's environment carries the user's tuning folder; a given environment reads
+    only what it names, whatever the process's variables say."""
+    monkeypatch.setenv("MOEC_TUNING_DIR", str(tmp_path))
+    assert Environment.detect().tuning_dir == tmp_path
+    (tmp_path / "nvidia-h200.json").write_text("not json")
+    assert plan_of("deepseek-v3-fp8.toml", env=PLAIN).tiles is not None  # never read
+    from moec.errors import MoecError
+
+    with pytest.raises(MoecError, match="cannot be read"):
+        plan_of("deepseek-v3-fp8.toml", env=Environment(PLAIN.importable, tmp_path))
 
 
 def test_auto_never_picks_a_backend_that_is_not_importable():

@@ -14,6 +14,7 @@ from conftest import EXAMPLES
 from moec.cli import main
 from moec.errors import MoecError
 from moec.plan import Environment, make_plan, tables
+from moec.plan.environment import user_tuning_dir
 from moec.plan.tables import SHIPPED_TABLES, gpu_name
 from moec.plan.tuning import TUNED_DIR, router_slices, router_tiles, table_key
 from moec.spec import load_spec
@@ -22,7 +23,10 @@ TRITON = Environment(frozenset({"triton"}))
 
 
 def plan_of(example, *overrides):
-    return make_plan(load_spec(EXAMPLES / example, list(overrides)).spec, TRITON)
+    """The plan on a machine with Triton and the user tuning folder of $MOEC_TUNING_DIR (empty
+    for every test (conftest), or the `tuning_dir` fixture's)."""
+    env = Environment(frozenset({"triton"}), user_tuning_dir())
+    return make_plan(load_spec(EXAMPLES / example, list(overrides)).spec, env)
 
 
 def test_torch_gemm_on_cuda_bf16_is_one_launch_without_host_sync():
@@ -364,7 +368,7 @@ def test_broken_backend_times_are_a_clear_error(tuning_dir, capsys, monkeypatch,
     """gemm_backend auto reads the layer's times per backend only where deep_gemm could run
     it; a broken entry is the table's problem, reported as such."""
     (tuning_dir / "nvidia-h200.json").write_text(json.dumps({BACKENDS_KEY: entry}))
-    full = Environment(frozenset({"triton", "deep_gemm"}))
+    full = Environment(frozenset({"triton", "deep_gemm"}), tuning_dir)
     monkeypatch.setattr(Environment, "detect", classmethod(lambda cls: full))
     assert main(["build", str(EXAMPLES / "deepseek-v3-fp8.toml"), "-o", str(tuning_dir)]) == 2
     err = capsys.readouterr().err

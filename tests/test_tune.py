@@ -193,8 +193,10 @@ def test_the_table_written_is_the_shipped_format_and_builds_read_it(tmp_path, mo
     for record in table[key]:
         assert set(record) == set(shipped[key][0]) and set(BUCKET_KEYS) <= set(record)
     spec = load_spec(EXAMPLES / "deepseek-v3-fp8.toml").spec
-    plan = make_plan(spec, Environment(frozenset({"triton"})))
+    plan = make_plan(spec, Environment(frozenset({"triton"}), tmp_path))
     assert plan.tiles.permute == elementwise["permute"]
+    shipped_only = make_plan(spec, Environment(frozenset({"triton"})))
+    assert shipped_only.tiles.permute == shipped[f"elementwise/{key}"]["permute"]
     assert [b.max_tokens for b in plan.tiles.buckets] == [4, None]
     assert not list(tmp_path.glob(".*.tmp"))
 

@@ -19,8 +19,9 @@ from moec.codegen.package import COPY_MARK, python_sources
 from moec.codegen.write import write_package
 from moec.errors import MoecError, override_list, path_argument, problem
 from moec.plan import device_for, plan_loaded
+from moec.plan.environment import Environment
 from moec.plan.export import plan_data
-from moec.plan.resolve import INSTALL_HINTS, Environment
+from moec.plan.resolve import INSTALL_HINTS
 from moec.spec import LoadedSpec, load_spec, toml_text
 from moec.spec.toml_text import one_line
 

@@ -11,9 +11,9 @@ from dataclasses import asdict
 from moec.errors import MoecError
 from moec.plan.cost import Cost, cost
 from moec.plan.devices import Device, device_for
+from moec.plan.environment import Environment
 from moec.plan.graph import Backends, Decision, Edge, GemmSplit, Plan
 from moec.plan.layer import Layer, layer_of
-from moec.plan.resolve import Environment
 from moec.plan.stages import Dispatch, Stage
 from moec.spec.loader import spec_hash
 from moec.spec.models import Spec
@@ -39,7 +39,8 @@ __all__ = [
 
 
 def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | None = None) -> Plan:
-    """The plan of a normalized spec; `env` says what is importable (default: this machine).
+    """The plan of a normalized spec on the machine `env` describes (its importable packages
+    and tuned tables; default: this machine, `Environment.detect()`), which no pass looks past.
     With a GEMM split (gemm_backend auto, per token bucket), `plan.above` is the plan past it;
     `above` is for that inner call. Raises MoecError when a stage of the plan runs where moec does not drive it."""
     from moec.plan import checks, fuse
@@ -59,7 +60,7 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     plan = Plan(spec.name, spec_hash(spec), layer, backends, spec.description, decisions=decisions)
     build_stages(plan, spec)  # the unfused stage graph
     if plan.backends.gemm in (Backend.triton, Backend.deep_gemm):
-        choose_tiles(plan)  # Triton tile configs, tuned or default
+        choose_tiles(plan, env)  # Triton tile configs, tuned or default
     fuse.fuse_router_select(plan)
     fuse.fuse_activation_quant(plan)
     fuse.fuse_routed_scaling(plan)

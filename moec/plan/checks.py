@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from moec.errors import MoecError, Problem, problem
 from moec.plan.backends import DEEP_GEMM_API, deep_gemm_function
+from moec.plan.environment import Environment
 from moec.plan.graph import Plan
-from moec.plan.resolve import Environment
 from moec.plan.stages import Convert, Gemm, Stage
 from moec.plan.support import PACKAGE, refusal
 from moec.spec.models import Spec

@@ -9,7 +9,7 @@ import itertools
 from typing import Any
 
 from moec.errors import MoecError
-from moec.plan.resolve import Environment
+from moec.plan.environment import Environment
 from moec.spec import rules
 from moec.spec.models import Spec
 from moec.spec.normalize import normalize

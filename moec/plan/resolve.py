@@ -7,12 +7,11 @@ dispatch backend from the dispatch kind.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from moec.plan.devices import device_for
+from moec.plan.environment import Environment
 from moec.plan.graph import Backends, GemmSplit
 from moec.plan.layer import Layer
 from moec.plan.layouts import masked_peak_bytes
@@ -42,30 +41,6 @@ INSTALL_HINTS = {
     "CUDA host",
     "triton": "pip install triton",
 }
-
-
-@dataclass(frozen=True)
-class Environment:
-    """What the machine that builds the package can import."""
-
-    importable: frozenset[str]
-
-    @classmethod
-    def detect(cls) -> Environment:
-        names = ("deep_gemm", "deep_ep", "triton")
-        return cls(frozenset(n for n in names if importlib.util.find_spec(n) is not None))
-
-    def has(self, module: str) -> bool:
-        return module in self.importable
-
-    def version(self, module: str) -> str:
-        """The installed distribution's version, as the plan shows it (not imported)."""
-        if not self.has(module):
-            return "not installed"
-        try:
-            return importlib.metadata.version(module)
-        except (importlib.metadata.PackageNotFoundError, ValueError):
-            return "installed, version unknown"
 
 
 DISPATCH_BACKEND = {
@@ -198,7 +173,7 @@ def _measured_choice(
     """deep_gemm can run the layer: Triton up to the largest measured token count where it was
     faster, DeepGEMM above, from the layer's times on its GPU; DeepGEMM alone without them."""
     where = f"auto on cuda {spec.target.arch}: deep_gemm is installed"
-    times = find_backend_times(layer)
+    times = find_backend_times(layer, env)
     if isinstance(times, str):
         decide("gemm_backend", "deep_gemm", f"{where}; no times per T to choose by ({times})")
         return Backend.deep_gemm, None

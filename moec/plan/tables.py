@@ -1,4 +1,5 @@
-"""Tuned tile tables: which GPU a layer's tables belong to, where they are, how they are read.
+"""Tuned tile tables: which GPU a layer's tables belong to, which entry a layer takes, and the
+checks of what a table holds (the files themselves are read by moec/plan/environment.py).
 
 A table is a JSON file per GPU, as `moec tune` writes it: for each layer key (`table_key`),
 the list of token buckets, and under "elementwise/<key>" the tiles of the memory-bound kernels.
@@ -15,22 +16,22 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moec.errors import MoecError, problem
 from moec.plan.layer import Layer
-from moec.spec.loader import read_user_text
+
+if TYPE_CHECKING:
+    from moec.plan.environment import Environment
 
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 SHIPPED_TABLES = {"nvidia-h200": "h200.json"}
 """Tables moec ships (in TUNED_DIR), by the GPU they were tuned on."""
 ARCH_GPU = {"sm90": "nvidia-h200"}
 """The GPU whose tables a CUDA arch uses when the spec names none (target.gpu)."""
-TUNING_DIR_ENV = "MOEC_TUNING_DIR"
 BUCKET_KEYS = {
     "max_tokens": "an integer, or null in the last bucket",
     "block_m": "an integer",
@@ -100,13 +101,6 @@ def table_key(layer: Layer) -> str:
     )
 
 
-def user_tuning_dir() -> Path:
-    """Where `moec tune` writes tables and the tile pass looks first: $MOEC_TUNING_DIR, else
-    ~/.cache/moec/tuned."""
-    folder = os.environ.get(TUNING_DIR_ENV)
-    return Path(folder) if folder else Path.home() / ".cache" / "moec" / "tuned"
-
-
 def gpu_name(device_name: str) -> str:
     """A GPU's name in tables and target.gpu: its device name (torch.cuda.get_device_name) in
     lowercase, each run of other characters one hyphen: "NVIDIA H200" -> nvidia-h200."""
@@ -120,21 +114,12 @@ def target_gpu(layer: Layer) -> str | None:
     return layer.gpu or ARCH_GPU.get(layer.arch or "")
 
 
-def table_files(gpu: str) -> list[tuple[Path, str]]:
-    """Where the tables of `gpu` may be, in lookup order, each with how the plan names it."""
-    user = user_tuning_dir() / f"{gpu}.json"
-    files = [(user, shown(user))]
-    if gpu in SHIPPED_TABLES:
-        files.append((TUNED_DIR / SHIPPED_TABLES[gpu], f"moec/plan/tuned/{SHIPPED_TABLES[gpu]}"))
-    return files
-
-
-def find_table(layer: Layer) -> TunedTable | str:
+def find_table(layer: Layer, env: Environment) -> TunedTable | str:
     """The first table of the layer's GPU that holds its key, or why there is none."""
     key, gpu = table_key(layer), target_gpu(layer)
     if gpu is None:
         return f"target.gpu is unset and moec ships no table for {layer.arch} (key {key})"
-    found = _first_holding(gpu, key)
+    found = _first_holding(env, gpu, key)
     if isinstance(found, str):
         return found
     entries, where = found
@@ -145,14 +130,13 @@ def find_table(layer: Layer) -> TunedTable | str:
     return TunedTable(gpu, key, where, buckets, elementwise)
 
 
-def _first_holding(gpu: str, key: str) -> tuple[dict[str, Any], str] | str:
+def _first_holding(env: Environment, gpu: str, key: str) -> tuple[dict[str, Any], str] | str:
     """The entries of the first table of `gpu` that holds `key`, and where that table is; or
     where it looked."""
     looked = []
-    for path, where in table_files(gpu):
+    for where, entries in env.tables(gpu):
         looked.append(where)
-        entries = read_table(path, where) if path.exists() else {}
-        if key in entries:
+        if entries is not None and key in entries:
             return entries, where
     return f"no table of {gpu} has {key} (looked in {', '.join(looked)})"
 
@@ -169,12 +153,12 @@ class BackendTimes:
     """backend -> tokens -> ms."""
 
 
-def find_backend_times(layer: Layer) -> BackendTimes | str:
+def find_backend_times(layer: Layer, env: Environment) -> BackendTimes | str:
     """The first table of the layer's GPU with backend timings for its key, or why none."""
     key, gpu = f"backends/{table_key(layer)}", target_gpu(layer)
     if gpu is None:
         return f"target.gpu is unset and moec ships no table for {layer.arch}"
-    found = _first_holding(gpu, key)
+    found = _first_holding(env, gpu, key)
     if isinstance(found, str):
         return found
     entries, where = found
@@ -186,13 +170,13 @@ def _checked_times(entry: Any, gpu: str, where: str, key: str) -> BackendTimes:
     ms = entry.get("ms") if isinstance(entry, dict) else None
     source = entry.get("source") if isinstance(entry, dict) else None
     if not isinstance(source, str) or not isinstance(ms, dict) or not ms:
-        raise _table_error(where, f'has no "source" and "ms" by backend under {key}')
+        raise table_error(where, f'has no "source" and "ms" by backend under {key}')
     times: dict[str, dict[int, float]] = {}
     for backend, per_tokens in ms.items():
         try:
             times[backend] = {int(t): float(v) for t, v in per_tokens.items()}
         except (AttributeError, TypeError, ValueError):
-            raise _table_error(
+            raise table_error(
                 where, f"has times of {backend} under {key} that are not numbers"
             ) from None
         values = times[backend].values()
@@ -201,32 +185,14 @@ def _checked_times(entry: Any, gpu: str, where: str, key: str) -> BackendTimes:
             or min(times[backend]) < 1
             or not all(0 < v < math.inf for v in values)
         ):
-            raise _table_error(
+            raise table_error(
                 where, f"has token counts or times of {backend} under {key} that are not positive"
             )
     return BackendTimes(gpu, where, source, times)
 
 
-def shown(path: Path) -> str:
-    """`path` with the home folder written ~, as users see it."""
-    home = Path.home()
-    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
-
-
 TABLE_KEY = re.compile(r"(?:(?:elementwise|backends)/)?[a-z0-9_]+/H\d+/I\d+/E\d+/K\d+")
 """An entry's key in a tuned table (layer_key, or its elementwise/ and backends/ forms)."""
-
-
-def read_table(path: Path, where: str) -> dict[str, Any]:
-    """The entries of the table at `path` (a JSON object); MoecError when it is not one (a
-    fifo or a file over 4 MiB is not read)."""
-    try:
-        entries = json.loads(read_user_text(path))
-    except (OSError, ValueError) as error:
-        raise _table_error(where, f"cannot be read: {error}") from None
-    if not isinstance(entries, dict):
-        raise _table_error(where, "is not a JSON object of layer keys")
-    return entries
 
 
 def is_tuned_table(data: bytes) -> bool:
@@ -243,7 +209,8 @@ def is_tuned_table(data: bytes) -> bool:
     )
 
 
-def _table_error(where: str, what: str) -> MoecError:
+def table_error(where: str, what: str) -> MoecError:
+    """A tuned table that cannot be used: the user's to fix (`moec tune`, or remove it)."""
     return MoecError(
         [
             problem(
@@ -259,18 +226,18 @@ def _table_error(where: str, what: str) -> MoecError:
 def _checked_buckets(records: Any, where: str, key: str) -> list[dict[str, Any]]:
     """The buckets of one entry: each with BUCKET_KEYS, the last one open-ended."""
     if not isinstance(records, list) or not records:
-        raise _table_error(where, f"has no bucket list under {key}")
+        raise table_error(where, f"has no bucket list under {key}")
     for index, record in enumerate(records):
         what = f"bucket {index} of {key}"
         _check_object(record, BUCKET_KEYS, BUCKET_KEYS.get, where, what, "an object", False)
     if records[-1]["max_tokens"] is not None:
-        raise _table_error(where, f'has a last bucket of {key} without "max_tokens": null')
+        raise table_error(where, f'has a last bucket of {key} without "max_tokens": null')
     limit = 0
     for index, record in enumerate(records):
         bucket = f"bucket {index} of {key}"
         tokens = record["max_tokens"]
         if index < len(records) - 1 and not (_positive_int(tokens) and tokens > limit):
-            raise _table_error(
+            raise table_error(
                 where,
                 f"has {bucket} with max_tokens = {tokens!r}, not an integer above the previous "
                 f"bucket's ({limit})",
@@ -281,7 +248,7 @@ def _checked_buckets(records: Any, where: str, key: str) -> list[dict[str, Any]]
         block_m = record["block_m"]
         rows = {record[gemm]["BLOCK_M"] for gemm in ("gate_up", "down")}
         if isinstance(block_m, bool) or rows != {block_m}:
-            raise _table_error(
+            raise table_error(
                 where,
                 f"has {bucket} with block_m = {block_m!r}, not the BLOCK_M both GEMMs take "
                 f"({' and '.join(map(str, sorted(rows)))})",
@@ -305,23 +272,21 @@ def check_launch_limits(
         for gemm in ("gate_up", "down"):
             wrong = _gemm_launch_problem(bucket[gemm], arch, schemes)
             if wrong:
-                raise _table_error(
-                    table.where, f"has bucket {index} of {table.key}, {gemm} {wrong}"
-                )
+                raise table_error(table.where, f"has bucket {index} of {table.key}, {gemm} {wrong}")
     if not table.elementwise:
         return
     for kernel, (rows, columns, _) in ELEMENTWISE_KEYS.items():
         config = table.elementwise[kernel]
         what = f"elementwise/{table.key}, {kernel}"
         if config[rows] * config[columns] > MAX_BLOCK_ELEMENTS:
-            raise _table_error(
+            raise table_error(
                 table.where,
                 f"has {what} with {rows} x {columns} = {config[rows]} x {config[columns]}, more "
                 f"than the {MAX_BLOCK_ELEMENTS} elements a Triton block holds",
             )
         group = groups.get(kernel)
         if group and config[columns] % group:
-            raise _table_error(
+            raise table_error(
                 table.where,
                 f"has {what} with {columns} = {config[columns]}, not a multiple of {group}: this "
                 f"kernel quantizes the layer's activations in groups of {group}",
@@ -367,7 +332,7 @@ def _gemm_launch_problem(config: dict[str, Any], arch: str | None, schemes) -> s
 def _check_elementwise(entry: Any, where: str, key: str) -> None:
     """The permute, act and combine tiles of an "elementwise/<key>" entry."""
     if not isinstance(entry, dict) or sorted(entry) != sorted(ELEMENTWISE_KEYS):
-        raise _table_error(
+        raise table_error(
             where, f"has elementwise/{key} without exactly {', '.join(ELEMENTWISE_KEYS)}"
         )
     for kernel, required in ELEMENTWISE_KEYS.items():
@@ -386,18 +351,18 @@ def _check_object(
     the kind its key takes (`kind_of`: a key's kind, a key of _VALUE_OK, or None for a key of no
     kind, which a `strict` object may not hold)."""
     if not isinstance(record, dict):
-        raise _table_error(where, f"has {what} that is not {noun}")
+        raise table_error(where, f"has {what} that is not {noun}")
     missing = [name for name in required if name not in record]
     if missing:
-        raise _table_error(where, f"has {what} without {', '.join(missing)}")
+        raise table_error(where, f"has {what} without {', '.join(missing)}")
     for name, value in record.items():
         kind = kind_of(name)
         if kind is None:
             if strict:
-                raise _table_error(where, f"has {what} with an unknown tile key {name!r}")
+                raise table_error(where, f"has {what} with an unknown tile key {name!r}")
             continue
         if not _VALUE_OK[kind](value):
-            raise _table_error(where, f"has {what} with {name} = {value!r}, not {kind}")
+            raise table_error(where, f"has {what} with {name} = {value!r}, not {kind}")
 
 
 MAX_TILE_VALUE = 1 << 16

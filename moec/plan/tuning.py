@@ -12,19 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from moec.plan.environment import Environment, shipped_table
 from moec.plan.graph import Plan
 from moec.plan.layer import Layer
 from moec.plan.stages import Dispatch, Quantize
-from moec.plan.tables import (
-    SHIPPED_TABLES,
-    TUNED_DIR,
-    TunedTable,
-    check_launch_limits,
-    find_table,
-    read_table,
-    shown,
-    table_key,
-)
+from moec.plan.tables import TUNED_DIR, TunedTable, check_launch_limits, find_table, table_key
 from moec.vocab import Arch, Backend, DeviceKind
 
 __all__ = ["TUNED_DIR", "TileBucket", "Tiles", "choose_tiles", "table_key"]
@@ -82,10 +74,10 @@ class Tiles:
         return self.buckets[: self.buckets.index(self.bucket(tokens)) + 1]
 
 
-def choose_tiles(plan: Plan) -> None:
+def choose_tiles(plan: Plan, env: Environment) -> None:
     """Pass: the tile table of a Triton layer, recorded with its source."""
     layer = plan.layer
-    found = find_table(layer) if layer.device == DeviceKind.cuda else None
+    found = find_table(layer, env) if layer.device == DeviceKind.cuda else None
     buckets, source = gemm_buckets(layer, found)
     split = plan.backends.split
     if split is not None:  # the Triton GEMMs run only up to the split
@@ -322,8 +314,7 @@ def elementwise_configs(layer: Layer, found: TunedTable | str | None) -> dict[st
     # activation at T=1 took 7.1 us with the 4-row tiles these replaced, against 2.9 us for V3's
     # larger one with these (benchmarks/RESULTS.md, run 17)
     key = REFERENCE_ELEMENTWISE[layer.routed.quantized]
-    shipped = TUNED_DIR / SHIPPED_TABLES[REFERENCE_GPU]
-    return read_table(shipped, shown(shipped))[f"elementwise/{key}"]
+    return shipped_table(REFERENCE_GPU)[f"elementwise/{key}"]
 
 
 REFERENCE_GPU = "nvidia-h200"

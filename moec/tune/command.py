@@ -18,15 +18,9 @@ from moec.codegen.write import refuse_unless_moec_file, write_bytes
 from moec.counts import whole_numbers
 from moec.errors import MoecError, problem
 from moec.plan import plan_loaded
+from moec.plan.environment import read_table, shown, user_tuning_dir
 from moec.plan.layer import Layer
-from moec.plan.tables import (
-    gpu_name,
-    is_tuned_table,
-    read_table,
-    shown,
-    target_gpu,
-    user_tuning_dir,
-)
+from moec.plan.tables import gpu_name, is_tuned_table, target_gpu
 from moec.spec import LoadedSpec, load_spec
 from moec.spec.rules import arch_number
 from moec.tune.measure import Timer

@@ -1,0 +1,100 @@
+"""What the plan knows of the machine that builds the package, gathered in one place before any
+pass runs: the optional packages importable here and the tuned tables of each GPU. The passes
+read it from the `Environment` they are given and touch nothing else of their surroundings, so
+a plan is a function of (spec, environment). `Environment.detect()` is this machine's;
+`Environment(frozenset({...}))` is a machine with those packages and only moec's shipped tables.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moec.plan.tables import SHIPPED_TABLES, TUNED_DIR, table_error
+from moec.spec.loader import read_user_text
+
+OPTIONAL_PACKAGES = ("deep_gemm", "deep_ep", "triton")
+"""The packages generated code may import beyond torch (moec/plan/support.py: PACKAGE)."""
+
+TUNING_DIR_ENV = "MOEC_TUNING_DIR"
+
+TableFile = tuple[str, dict[str, Any] | None]
+"""A tuned table as the plan names it (~/... or moec/plan/tuned/...), and its entries (None
+where there is no such file)."""
+
+
+def user_tuning_dir() -> Path:
+    """Where `moec tune` writes tables and the tile pass looks first: $MOEC_TUNING_DIR, else
+    ~/.cache/moec/tuned."""
+    folder = os.environ.get(TUNING_DIR_ENV)
+    return Path(folder) if folder else Path.home() / ".cache" / "moec" / "tuned"
+
+
+def shown(path: Path) -> str:
+    """`path` with the home folder written ~, as users see it."""
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+
+
+def read_table(path: Path, where: str) -> dict[str, Any]:
+    """The entries of the table at `path` (a JSON object); MoecError when it is not one (a
+    fifo or a file over 4 MiB is not read)."""
+    try:
+        entries = json.loads(read_user_text(path))
+    except (OSError, ValueError) as error:
+        raise table_error(where, f"cannot be read: {error}") from None
+    if not isinstance(entries, dict):
+        raise table_error(where, "is not a JSON object of layer keys")
+    return entries
+
+
+@functools.cache
+def shipped_table(gpu: str) -> dict[str, Any]:
+    """The entries of the table moec ships for `gpu` (package data: read once)."""
+    path = TUNED_DIR / SHIPPED_TABLES[gpu]
+    return read_table(path, f"moec/plan/tuned/{SHIPPED_TABLES[gpu]}")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the machine that builds the package has."""
+
+    importable: frozenset[str]
+    """The optional packages importable here."""
+    tuning_dir: Path | None = None
+    """The user's tuned tables (`moec tune`'s output), looked up before the shipped ones; None:
+    the shipped tables only."""
+
+    @classmethod
+    def detect(cls) -> Environment:
+        """This machine: its importable packages and the user's tuning folder."""
+        found = frozenset(n for n in OPTIONAL_PACKAGES if importlib.util.find_spec(n) is not None)
+        return cls(found, user_tuning_dir())
+
+    def has(self, module: str) -> bool:
+        return module in self.importable
+
+    def version(self, module: str) -> str:
+        """The installed distribution's version, as the plan shows it (not imported)."""
+        if not self.has(module):
+            return "not installed"
+        try:
+            return importlib.metadata.version(module)
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            return "installed, version unknown"
+
+    def tables(self, gpu: str) -> list[TableFile]:
+        """The tuned tables of `gpu` in lookup order: the user's, then the one moec ships."""
+        files: list[TableFile] = []
+        if self.tuning_dir is not None:
+            path = self.tuning_dir / f"{gpu}.json"
+            files.append((shown(path), read_table(path, shown(path)) if path.exists() else None))
+        if gpu in SHIPPED_TABLES:
+            files.append((f"moec/plan/tuned/{SHIPPED_TABLES[gpu]}", shipped_table(gpu)))
+        return files
