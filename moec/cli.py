@@ -20,6 +20,8 @@ from moec import __version__
 from moec.counts import whole_numbers
 from moec.errors import MoecError, os_error, problem
 from moec.spec import cpu
+from moec.spec.models import Parallel
+from moec.vocab import ReplicaChoice
 
 MAX_COUNT = 2**31 - 1
 """Largest token count a command takes (the spec's integer bound)."""
@@ -145,6 +147,13 @@ def _parser() -> argparse.ArgumentParser:
     eplb.add_argument("--redundant", default="0", help="redundant experts (default 0)")
     eplb.add_argument(
         "--groups", default="1", help="expert groups (router.n_group; default 1: global)"
+    )
+    eplb.add_argument(
+        "--replica-choice",
+        default=Parallel.model_fields["replica_choice"].default,
+        metavar="{" + ",".join(ReplicaChoice) + "}",
+        help="parallel.replica_choice the imbalance is computed for (default: the spec's, "
+        "%(default)s); the placement is DeepSeek's either way, made for an even split",
     )
 
     schema = commands.add_parser("schema", help="write the JSON Schema of spec files")
@@ -442,7 +451,7 @@ def _eplb(args: argparse.Namespace) -> int:
         option: whole_number(f"--{option}", getattr(args, option), low, MAX_COUNT, "moec eplb")
         for option, low in (("ranks", 1), ("nodes", 1), ("redundant", 0), ("groups", 1))
     }
-    print(command(args.load, args.out, **counts), end="")
+    print(command(args.load, args.out, **counts, replica_choice=args.replica_choice), end="")
     return 0
 
 

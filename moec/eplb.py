@@ -11,16 +11,29 @@ Packing is greedy: items by descending load (ties by index), each to the lightes
 still has room. A replica's load is its expert's load over its replica count. Where the groups
 do not divide over the nodes, the same steps run with one group and one node (DeepSeek's
 global policy). Pure Python: the numbers are a few hundred.
+
+Like DeepSeek's, the balancing assumes each expert's load splits evenly over its replicas (the
+random replica choice). The imbalance it reports follows the layer's replica choice
+(`expected_rows`, which `moec explain --load` also uses): under static each rank's share of an
+expert goes to that rank's one fixed replica, in steps of a rank's share, so the rows can
+balance worse (or better) than the even sharing the placement was made for. The placement is
+the same for either choice; its file records the choice its imbalance figures are for.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from moec.errors import MoecError, problem
 from moec.spec import placement as placements
+from moec.vocab import ReplicaChoice
+
+if TYPE_CHECKING:
+    from moec.plan.layer import Layer
 
 LOAD_FORMAT = "moec-load"
 
@@ -100,6 +113,34 @@ def static_rank_rows(choice: list[list[int]], per_rank: int, load: list[float]) 
     return rows
 
 
+@dataclass(frozen=True)
+class _Ranks:
+    """The fields of a Layer that moec.plan.placement.static_choice reads (its placement and
+    ranks), for a placement that has no layer: the one static choice, the runtime's table."""
+
+    placement: tuple[tuple[int, ...], ...]
+    routed_experts: int
+    local_experts: int
+    ep: int
+    nodes: int
+
+
+def expected_rows(
+    placement: list[list[int]], load: list[float], replica_choice: str, nodes: int
+) -> list[float]:
+    """Expected rows of each rank of `placement` (ranks on `nodes` nodes) under `load`, each
+    rank sending an equal share of every expert's tokens: random shares each expert's load
+    evenly by its replicas (rank_rows), static sends each rank's share to the replica the
+    layer's table chooses for it (moec.plan.placement.static_choice, static_rank_rows)."""
+    if ReplicaChoice(replica_choice) == ReplicaChoice.random:
+        return rank_rows(placement, load)
+    from moec.plan.placement import static_choice
+
+    per_rank = len(placement[0])
+    ranks = _Ranks(tuple(map(tuple, placement)), len(load), per_rank, len(placement), nodes)
+    return static_rank_rows(static_choice(cast("Layer", ranks)), per_rank, load)
+
+
 def imbalance(rows: list[float]) -> float:
     """Max over mean rows per rank (1 = balanced); 1 for no load at all."""
     mean = sum(rows) / len(rows)
@@ -166,28 +207,55 @@ def baseline(experts: int, redundant: int, ranks: int) -> list[list[int]]:
     return placements.even(experts, 0 if experts % ranks == 0 else redundant, ranks)
 
 
-def document(load: list[float], placement: list[list[int]], **settings: int) -> dict:
+def check_choice(replica_choice: str, redundant: int) -> list:
+    """Problems of --replica-choice (the spec's parallel.replica_choice and its rule)."""
+    names = [choice.value for choice in ReplicaChoice]
+    if replica_choice not in names:
+        hint = " or ".join(names) + ", as parallel.replica_choice takes"
+        return [problem("--replica-choice", "is not a replica choice", hint, value=replica_choice)]
+    if replica_choice != ReplicaChoice.static and not redundant:
+        return [
+            problem("--replica-choice", "chooses among replicas, and --redundant 0 makes none",
+                    "leave it out, or set --redundant", value=replica_choice)
+        ]  # fmt: skip
+    return []
+
+
+def document(
+    load: list[float], placement: list[list[int]], replica_choice: str, **settings: int
+) -> dict:
     """The placement file: the placement, the settings, and the imbalance before (baseline)
-    and after."""
-    ranks, redundant = len(placement), settings.get("redundant_experts", 0)
-    before = imbalance(rank_rows(baseline(len(load), redundant, ranks), load))
-    after = imbalance(rank_rows(placement, load))
-    return placements.document(
-        placement, len(load), **settings, imbalance={"before": before, "after": after}
-    )
+    and after, under the replica choice it names."""
+    ranks, nodes = len(placement), settings.get("nodes", 1)
+    split = baseline(len(load), settings.get("redundant_experts", 0), ranks)
+    before = imbalance(expected_rows(split, load, replica_choice, nodes))
+    after = imbalance(expected_rows(placement, load, replica_choice, nodes))
+    figures = {"replica_choice": replica_choice, "before": before, "after": after}
+    return placements.document(placement, len(load), **settings, imbalance=figures)
 
 
-def command(load_file: str, out: str, ranks: int, nodes: int, redundant: int, groups: int) -> str:
+def command(
+    load_file: str,
+    out: str,
+    ranks: int,
+    nodes: int,
+    redundant: int,
+    groups: int,
+    replica_choice: str,
+) -> str:
     """`moec eplb`: read the load, balance, write the placement file; the report to print."""
     from moec.codegen.write import write_text
 
     load = read_load(Path(load_file))
     physical = len(load) + redundant
     found = check_shape(len(load), physical, groups, nodes, ranks)
+    found += check_choice(replica_choice, redundant)
     if found:
         raise MoecError(found, "moec eplb", kind="usage")
     placement = rebalance(load, physical, groups, nodes, ranks)
-    data = document(load, placement, redundant_experts=redundant, nodes=nodes, groups=groups)
+    data = document(
+        load, placement, replica_choice, redundant_experts=redundant, nodes=nodes, groups=groups
+    )
     text = json.dumps(data, indent=1)
     write_text(Path(out), text + "\n", is_placement_file)
     policy = (
@@ -196,13 +264,36 @@ def command(load_file: str, out: str, ranks: int, nodes: int, redundant: int, gr
         else "global (the groups do not divide over the nodes)"
     )
     before, after = data["imbalance"]["before"], data["imbalance"]["after"]
-    rows = rank_rows(placement, load)
+    rows = expected_rows(placement, load, replica_choice, nodes)
+    settings = f"parallel.placement = {json.dumps(out)}, parallel.redundant_experts = {redundant}"
+    if redundant:
+        settings += f", parallel.replica_choice = {json.dumps(replica_choice)}"
     lines = [
         f"{len(load)} experts + {redundant} redundant on {ranks} ranks, {nodes} node(s), "
         f"{groups} group(s): {policy}",
-        f"imbalance (max / mean rows per rank): {before:.3f} even, {after:.3f} balanced",
+        _choice_line(load, placement, replica_choice, redundant),
+        f"imbalance (max / mean rows per rank, {replica_choice} replica choice): {before:.3f} "
+        f"even, {after:.3f} balanced",
         *(f"  rank {r}: {rows[r]:.1f} rows, experts {placement[r]}" for r in range(ranks)),
-        f"wrote {out} (parallel.placement = {json.dumps(out)}, "
-        f"parallel.redundant_experts = {redundant})",
+        f"wrote {out} ({settings})",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _choice_line(
+    load: list[float], placement: list[list[int]], replica_choice: str, redundant: int
+) -> str:
+    """What the replica choice does to the rows, beside the balancing's assumption."""
+    if not redundant:
+        return "no replicas: each expert's rows go to its one rank (either replica choice)"
+    if replica_choice == ReplicaChoice.random:
+        return (
+            "replica choice random: a hash spreads each expert's tokens over its replicas, "
+            "their loads split evenly, as the balancing assumes"
+        )
+    evenly = imbalance(rank_rows(placement, load))
+    return (
+        "replica choice static: each rank sends its tokens of an expert to one fixed replica;\n"
+        "  the balancing assumes each expert's load split evenly over its replicas, as random "
+        f"does ({evenly:.3f} balanced)"
+    )

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -105,10 +104,8 @@ def placement_data(plan, device, tokens: list[int], load_file: str | None) -> di
         )  # fmt: skip
     redundant = layer.physical_experts - layer.routed_experts
     split = eplb.baseline(layer.routed_experts, redundant, layer.ep)
-    rows = _rank_rows(layer, load)
-    even_rows = _rank_rows(
-        replace(layer, placement=tuple(map(tuple, split)), local_experts=len(split[0])), load
-    )
+    rows = eplb.expected_rows(ranks, load, layer.replica_choice, layer.nodes)
+    even_rows = eplb.expected_rows(split, load, layer.replica_choice, layer.nodes)
     placed, even = eplb.imbalance(rows), eplb.imbalance(even_rows)
     total = sum(load) or 1.0
     data["load"] = {
@@ -127,18 +124,6 @@ def placement_data(plan, device, tokens: list[int], load_file: str | None) -> di
         ],
     }
     return data
-
-
-def _rank_rows(layer, load: list[float]) -> list[float]:
-    """Expected rows of each rank under the layer's placement and replica choice: random
-    shares each expert's load evenly by its replicas, static sends each rank's share to that
-    rank's fixed replica (moec.plan.placement.static_choice)."""
-    from moec import eplb
-    from moec.plan import placement
-
-    if layer.replica_choice == "random":
-        return eplb.rank_rows([list(rank) for rank in layer.placement], load)
-    return eplb.static_rank_rows(placement.static_choice(layer), layer.local_experts, load)
 
 
 def _placement_text(data: dict[str, Any]) -> list[str]:

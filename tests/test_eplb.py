@@ -12,7 +12,7 @@ from conftest import EXAMPLES
 from test_distributed import HIDDEN, SPEC
 
 from moec.cli import main
-from moec.eplb import imbalance, pack, rank_rows, rebalance, replicate
+from moec.eplb import baseline, expected_rows, imbalance, pack, rank_rows, rebalance, replicate
 from moec.spec import parse_spec
 
 README_LOAD = [
@@ -57,6 +57,114 @@ def test_imbalance_on_a_skewed_load():
     assert imbalance(rank_rows(placement, load)) == pytest.approx(70 / 62.5)
 
 
+SKEWED = [40.0, 40.0, 10.0, 10.0, 10.0, 10.0]
+"""Two hot experts of 6: on 4 ranks with 2 redundant, each has two replicas."""
+
+
+def test_imbalance_under_each_replica_choice():
+    """The balancing replicates experts 0 and 1 onto ranks 0, 2 and 1, 3: shared evenly
+    (random) each replica takes 20 and every rank 30, the mean. Statically ranks 0 and 2 keep
+    their own share of expert 0 (10 each), and rank 1 and 3, holding none, both pick the
+    replica at their rank mod 2, rank 2's: 10 and 30; expert 1 the same onto rank 1: rows 20,
+    40, 40, 20 (1.333), no better than the even split's (replicas of 0 and 1 on ranks 0 and
+    3, 40, 20, 20, 40 under either choice). Expert 0 of [100] + [10] * 15 on every rank, twice
+    on rank 0: statically each rank takes its own 25, randomly rank 0's two replicas 40."""
+    placement = rebalance(SKEWED, 8, 1, 1, 4)
+    assert placement == [[0, 2], [1, 3], [0, 4], [1, 5]]
+    assert expected_rows(placement, SKEWED, "random", 1) == [30, 30, 30, 30]
+    assert expected_rows(placement, SKEWED, "static", 1) == [20, 40, 40, 20]
+    split = baseline(6, 2, 4)
+    assert split == [[0, 1], [2, 3], [4, 5], [0, 1]]
+    for choice in ("random", "static"):
+        assert expected_rows(split, SKEWED, choice, 1) == [40, 20, 20, 40]
+    load = [100.0] + [10.0] * 15
+    placement = rebalance(load, 20, 1, 1, 4)
+    assert placement[0][:2] == [0, 0] and all(rank[0] == 0 for rank in placement)
+    assert expected_rows(placement, load, "static", 1) == [55, 65, 65, 65]
+    assert expected_rows(placement, load, "random", 1) == [70, 60, 60, 60]
+
+
+def test_command_reports_the_replica_choice(tmp_path, capsys):
+    """The figures of test_imbalance_under_each_replica_choice, printed and recorded."""
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps({"format": "moec-load", "load": SKEWED}))
+    out = tmp_path / "placement.json"
+    argv = ["eplb", str(load), "-o", str(out), "--ranks", "4", "--redundant", "2"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("replica choice static: each rank sends its tokens of an expert")
+    assert lines[2].endswith("split evenly over its replicas, as random does (1.000 balanced)")
+    assert lines[3].endswith("rows per rank, static replica choice): 1.333 even, 1.333 balanced")
+    assert lines[4:8] == ["  rank 0: 20.0 rows, experts [0, 2]", "  rank 1: 40.0 rows, experts [1, 3]",
+                          "  rank 2: 40.0 rows, experts [0, 4]", "  rank 3: 20.0 rows, experts [1, 5]"]  # fmt: skip
+    assert lines[8].endswith('parallel.redundant_experts = 2, parallel.replica_choice = "static")')
+    recorded = json.loads(out.read_text())["imbalance"]
+    assert recorded == {"replica_choice": "static", "before": pytest.approx(4 / 3),
+                        "after": pytest.approx(4 / 3)}  # fmt: skip
+    assert main([*argv, "--replica-choice", "random"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ("replica choice random: a hash spreads each expert's tokens over its "
+                        "replicas, their loads split evenly, as the balancing assumes")  # fmt: skip
+    assert lines[2].endswith("rows per rank, random replica choice): 1.333 even, 1.000 balanced")
+    assert [line.split()[2] for line in lines[3:7]] == ["30.0"] * 4
+    recorded = json.loads(out.read_text())["imbalance"]
+    assert recorded == {"replica_choice": "random", "before": pytest.approx(4 / 3), "after": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("ranks", "nodes", "redundant", "load", "figures"),
+    [
+        # 3 ranks: the even split holds replicas of 0 and 1 on rank 2; balanced, expert 0 sits
+        # on ranks 0 and 1, and rank 2 sends its share to rank 0's (static: 110 of the mean 80)
+        (3, 1, 2, [90, 50] + [10] * 14, {"static": (1.429, 1.179), "random": (1.179, 1.018)}),
+        # 2 nodes, one group (the global policy): statically rank 1 sends its share of expert 0
+        # to its node's one replica, rank 0's, which takes 45 of it, expert 1 (20) and 30: 95 of
+        # the mean 65 (1.154 if the ranks were on one node)
+        (4, 2, 4, [90, 20, 20] + [10] * 13, {"static": (2.154, 1.462), "random": (2.154, 1.046)}),
+    ],
+)
+def test_command_figures_are_explains(tmp_path, capsys, ranks, nodes, redundant, load, figures):
+    """What `moec eplb` prints for a placement, each rank's rows and the imbalance before and
+    after, is what `moec explain --load` shows for it under the same replica choice."""
+    (tmp_path / "load.json").write_text(json.dumps({"format": "moec-load", "load": load}))
+    for choice, (before, after) in figures.items():
+        argv = ["eplb", str(tmp_path / "load.json"), "-o", str(tmp_path / "placement.json"),
+                "--ranks", str(ranks), "--nodes", str(nodes), "--redundant", str(redundant),
+                "--replica-choice", choice]  # fmt: skip
+        assert main(argv) == 0
+        printed = capsys.readouterr().out.splitlines()
+        figure = f"rows per rank, {choice} replica choice): {before:.3f} even, {after:.3f} balanced"
+        ranks_at = next(i for i, line in enumerate(printed) if line.endswith(figure)) + 1
+        rows = [float(line.split()[2]) for line in printed[ranks_at : ranks_at + ranks]]
+        parallel = (f'dispatch = "all2all"\nep_size = {ranks}\nnodes = {nodes}\n'
+                    f'redundant_experts = {redundant}\nplacement = "placement.json"\n'
+                    f'replica_choice = "{choice}"\n')  # fmt: skip
+        lines = _explain_load(tmp_path, capsys, parallel, load)
+        shares = [float(line.split()[2].rstrip("%")) for line in lines[1 : ranks + 1]]
+        assert shares == [round(100 * r / sum(load), 1) for r in rows]
+        assert lines[ranks + 1].endswith(f"{after:.3f} placed, {before:.3f} for the even split")
+
+
+def test_replica_choice_errors(tmp_path, capsys):
+    """A choice the spec does not take, or random without replicas (the spec refuses it):
+    one message each, exit 2, nothing written."""
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps({"format": "moec-load", "load": SKEWED}))
+    out = tmp_path / "placement.json"
+    for extra, message in [
+        (["--redundant", "2", "--replica-choice", "hash"],
+         'moec eplb: --replica-choice = "hash": is not a replica choice (static or random, '
+         "as parallel.replica_choice takes)"),
+        (["--replica-choice", "random"],
+         'moec eplb: --replica-choice = "random": chooses among replicas, and --redundant 0 '
+         "makes none (leave it out, or set --redundant)"),
+    ]:  # fmt: skip
+        assert main(["eplb", str(load), "-o", str(out), "--ranks", "2", *extra]) == 2
+        captured = capsys.readouterr()
+        assert captured.err == message + "\n" and captured.out == ""
+    assert not out.exists()
+
+
 def test_command_writes_a_placement_the_spec_takes(tmp_path, capsys):
     load = tmp_path / "load.json"
     load.write_text(json.dumps({"format": "moec-load", "load": README_LOAD[0]}))
@@ -67,8 +175,11 @@ def test_command_writes_a_placement_the_spec_takes(tmp_path, capsys):
     printed = capsys.readouterr().out
     # even: 8 ranks do not divide 12 experts, so "even" with replicas of 0-3: rank 2 holds 4
     # and 5, 269 rows of the mean 129.1; balanced: rank 6 holds 0 and 1, 156 rows
-    assert "imbalance (max / mean rows per rank): 2.083 even, 1.208 balanced" in printed
+    # (the static choice the same: each rank's fixed replica splits the replicated experts
+    # evenly here)
+    assert "rows per rank, static replica choice): 2.083 even, 1.208 balanced" in printed
     data = json.loads(out.read_text())
+    assert data["imbalance"]["replica_choice"] == "static"
     assert [e for rank in data["physical_to_logical"] for e in rank] == README_PLACEMENT[0]
     assert main(argv) == 0  # its own file: replaced
     spec = """
