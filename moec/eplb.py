@@ -24,16 +24,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
 
 from moec.errors import MoecError, problem
 from moec.spec import placement as placements
 from moec.vocab import ReplicaChoice
-
-if TYPE_CHECKING:
-    from moec.plan.layer import Layer
 
 LOAD_FORMAT = "moec-load"
 
@@ -113,18 +108,6 @@ def static_rank_rows(choice: list[list[int]], per_rank: int, load: list[float]) 
     return rows
 
 
-@dataclass(frozen=True)
-class _Ranks:
-    """The fields of a Layer that moec.plan.placement.static_choice reads (its placement and
-    ranks), for a placement that has no layer: the one static choice, the runtime's table."""
-
-    placement: tuple[tuple[int, ...], ...]
-    routed_experts: int
-    local_experts: int
-    ep: int
-    nodes: int
-
-
 def expected_rows(
     placement: list[list[int]], load: list[float], replica_choice: str, nodes: int
 ) -> list[float]:
@@ -136,9 +119,8 @@ def expected_rows(
         return rank_rows(placement, load)
     from moec.plan.placement import static_choice
 
-    per_rank = len(placement[0])
-    ranks = _Ranks(tuple(map(tuple, placement)), len(load), per_rank, len(placement), nodes)
-    return static_rank_rows(static_choice(cast("Layer", ranks)), per_rank, load)
+    choice = static_choice(placement, len(load), nodes)
+    return static_rank_rows(choice, len(placement[0]), load)
 
 
 def imbalance(rows: list[float]) -> float:

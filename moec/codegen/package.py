@@ -198,7 +198,7 @@ def _weight_fields(plan: Plan) -> dict[str, Any]:
         ("fused_shared", layer.fused_shared),
     ]
     if layer.placed:
-        values.append(("physical_to_logical", tuple(physical_to_logical(layer))))
+        values.append(("physical_to_logical", tuple(physical_to_logical(layer.placement))))
     rows = [(key, literal(value)) for key, value in values]
     rows.append(("routed", _weight_format(layer.routed, dtype)))
     rows.append(("shared", _weight_format(layer.shared, dtype) if layer.n_shared else "None"))

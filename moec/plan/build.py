@@ -287,10 +287,20 @@ def _place(plan: Plan) -> None:
     rank_tables: list = []
     workspace = {}
     if layer.placed and layer.replica_choice == ReplicaChoice.static:
-        rank_tables.append(("replica_of", tuple(map(tuple, placement.static_choice(layer)))))
+        rank_tables.append(
+            (
+                "replica_of",
+                tuple(
+                    map(
+                        tuple,
+                        placement.static_choice(layer.placement, layer.routed_experts, layer.nodes),
+                    )
+                ),
+            )
+        )
         workspace["replica_of"] = TensorType(I32, ("E",))
     elif layer.placed:
-        table, counts = placement.replica_table(layer)
+        table, counts = placement.replica_table(layer.placement, layer.routed_experts)
         tables += [("replica_table", tuple(map(tuple, table))), ("replica_count", tuple(counts))]
         workspace["replica_table"] = TensorType(I32, ("E", str(len(table[0]))))
         workspace["replica_count"] = TensorType(I32, ("E",))
@@ -315,7 +325,7 @@ def _place(plan: Plan) -> None:
     )
     plan.connect("select", "place", "topk_ids")
     if layer.placed:
-        counts = [len(r) for r in placement.replicas(layer)]
+        counts = [len(r) for r in placement.replicas(layer.placement, layer.routed_experts)]
         how = (
             "each rank's fixed replica: its own, else its node's, else one spread by rank"
             if layer.replica_choice == ReplicaChoice.static

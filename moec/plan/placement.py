@@ -8,30 +8,35 @@ of the token's position into the expert's list of replicas.
 
 from __future__ import annotations
 
-from moec.plan.layer import Layer
+from collections.abc import Sequence
+
+Placement = Sequence[Sequence[int]]
+"""Per rank, the logical expert of each of its physical experts (Layer.placement)."""
 
 
-def physical_to_logical(layer: Layer) -> list[int]:
+def physical_to_logical(placement: Placement) -> list[int]:
     """The logical expert of every physical expert, in physical order."""
-    return [expert for rank in layer.placement for expert in rank]
+    return [expert for rank in placement for expert in rank]
 
 
-def replicas(layer: Layer) -> list[list[int]]:
-    """The physical ids of each logical expert's replicas, ascending."""
-    found: list[list[int]] = [[] for _ in range(layer.routed_experts)]
-    for physical, logical in enumerate(physical_to_logical(layer)):
+def replicas(placement: Placement, experts: int) -> list[list[int]]:
+    """The physical ids of each of the `experts` logical experts' replicas, ascending."""
+    found: list[list[int]] = [[] for _ in range(experts)]
+    for physical, logical in enumerate(physical_to_logical(placement)):
         found[logical].append(physical)
     return found
 
 
-def static_choice(layer: Layer) -> list[list[int]]:
-    """Per rank, the replica each logical expert's tokens go to: the rank's own replica if it
-    holds one, else one on its node, else one of all; among several, spread by rank."""
-    per_rank, per_node = layer.local_experts, max(1, layer.ep // layer.nodes)
+def static_choice(placement: Placement, experts: int, nodes: int) -> list[list[int]]:
+    """Per rank (of ranks spread evenly over `nodes` nodes), the replica each logical expert's
+    tokens go to: the rank's own replica if it holds one, else one on its node, else one of
+    all; among several, spread by rank."""
+    ranks, per_rank = len(placement), len(placement[0])
+    per_node = max(1, ranks // nodes)
     table = []
-    for rank in range(layer.ep):
+    for rank in range(ranks):
         row = []
-        for candidates in replicas(layer):
+        for candidates in replicas(placement, experts):
             own = [p for p in candidates if p // per_rank == rank]
             node = [p for p in candidates if p // per_rank // per_node == rank // per_node]
             pool = own or node or candidates
@@ -40,9 +45,9 @@ def static_choice(layer: Layer) -> list[list[int]]:
     return table
 
 
-def replica_table(layer: Layer) -> tuple[list[list[int]], list[int]]:
+def replica_table(placement: Placement, experts: int) -> tuple[list[list[int]], list[int]]:
     """[E, R] physical ids of each logical expert's replicas (padded with its first) and [E]
     their counts: the random choice's tables."""
-    found = replicas(layer)
+    found = replicas(placement, experts)
     width = max(len(r) for r in found)
     return [r + [r[0]] * (width - len(r)) for r in found], [len(r) for r in found]
