@@ -48,7 +48,10 @@ def time_tokens(args, package, stages, route, tiles, layer, tokens) -> list[dict
     for variant in args.variants.split(","):
         if variant != "built":
             span, one_pass = map(int, variant.split("/"))
-            route.route_layout = partial(built, span=span, one_pass=one_pass)
+            # the variant's options over the ones the generated call passes (one_pass)
+            route.route_layout = lambda *a, s=span, o=one_pass, **k: built(
+                *a, **{**k, "span": s, "one_pass": o}
+            )
         try:
             routing = stages.dispatch(x, topk_ids)[2]
             row = {

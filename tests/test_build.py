@@ -336,3 +336,28 @@ def test_run_command(capsys):
     out = capsys.readouterr().out
     assert "checksum" in out and "ms per forward" in out
     assert main(["run", str(EXAMPLES / "deepseek-v3-fp8.toml")]) == 2 or torch.cuda.is_available()
+
+
+def _literal_positionals(source: bytes) -> set[str]:
+    """Calls in `source` that pass a number, a flag or None by position (builtins aside)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) not in ("slice", "range"):
+            if any(isinstance(arg, ast.Constant) for arg in node.args):
+                found.add(ast.unparse(node))
+    return found
+
+
+def test_generated_calls_pass_values_by_keyword():
+    """A stage function's calls name every value they pass (experts=257, shared=None): only the
+    tensors in scope go by position. Every example, with every backend importable."""
+    from moec.plan.environment import Environment
+
+    full = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
+    rendered = 0
+    for path in sorted(EXAMPLES.glob("*.toml")):
+        stages = render_package(load_spec(path), full)["stages.py"]
+        assert _literal_positionals(stages) == set(), path.name
+        rendered += 1
+    assert rendered >= 10
+    assert _literal_positionals(b"grouping.route_masked(topk_ids, 16)\n")  # the check sees one

@@ -250,12 +250,23 @@ def test_order_tie_break_follows_stage_order_for_gemm_stages():
     assert names.index("gemm_down") < names.index("shared_expert")
 
 
-def test_plan_thresholds_are_the_kernels():
-    """The launch counts the plan states (and the decisions print) are the runtime's."""
+def test_the_route_threshold_the_plan_states_is_the_one_the_kernels_get():
+    """One owner: the plan's one-launch bound of the Triton route is passed by the generated
+    call (the runtime has no default of its own), and the torch route has none."""
+    import inspect
+
+    from moec.codegen import render_package
     from moec.plan.build import ONE_LAUNCH_ROUTE
     from moec.runtime import triton_route
+    from moec.spec import load_spec
 
-    assert ONE_LAUNCH_ROUTE == triton_route.ONE_PASS
+    for function in (triton_route.route_layout, triton_route.route_contiguous):
+        assert inspect.signature(function).parameters["one_pass"].default is inspect.Parameter.empty
+    triton = plan_of("tiny-cpu-triton.toml")
+    assert triton.stage("dispatch", Dispatch).route_one_pass == ONE_LAUNCH_ROUTE
+    stages = render_package(load_spec(EXAMPLES / "tiny-cpu-triton.toml"), PLAIN)["stages.py"]
+    assert f"route_one_pass={ONE_LAUNCH_ROUTE}," in stages.decode()
+    assert plan_of("tiny-cpu.toml").stage("dispatch", Dispatch).route_one_pass == 0
 
 
 def _vocabulary_fields(record) -> dict[str, tuple[type, ...]]:

@@ -373,8 +373,8 @@ ONE_LAUNCH_DISPATCH = 128
 """Assignments up to which a Triton dispatch is one launch (moec/runtime/triton_dispatch.py)."""
 ONE_LAUNCH_ROUTE = 1024
 """Assignments up to which the Triton layout indices are one launch: route_layout counts them
-in each program (moec/runtime/triton_route.py ONE_PASS; tests/test_plan_graph.py checks they
-agree)."""
+in each program (Dispatch.route_one_pass, passed to it by the generated call). Above, 2048
+measured no faster (benchmarks/RESULTS.md)."""
 
 
 def _dispatch(plan: Plan, source: str, tensor: str, around: Backend) -> None:
@@ -431,6 +431,7 @@ def _dispatch(plan: Plan, source: str, tensor: str, around: Backend) -> None:
             experts=layer.grouped_experts,
             row_padding=padding if layout == GemmLayout.contiguous else None,
             routing_backend=around,
+            route_one_pass=ONE_LAUNCH_ROUTE if around == Backend.triton else 0,
             quantize=quantize,
             buffer=buffer,
             one_launch=one_launch,

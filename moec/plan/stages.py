@@ -153,6 +153,9 @@ class Dispatch(Stage):
     """Contiguous rows per expert padded to this; None: the Triton tile's BLOCK_M per bucket."""
     routing_backend: Backend
     """Who computes the layout's indices: torch or triton."""
+    route_one_pass: int = 0
+    """Triton routing: the most assignments whose layout indices are one launch (every program
+    counts all of them itself; above, two launches count the parts first); 0: torch routes."""
     quantize: QuantFormat | None = None
     """Quantization fused into the copy (the fuse pass), or None."""
     mn_major_scales: bool = False

@@ -131,6 +131,7 @@ def dispatch(
     *,
     layout,
     config,
+    route_one_pass,
     block_m=1,
     quant="none",
     group_size=128,
@@ -147,7 +148,8 @@ def dispatch(
     triton_permute.permute does (a_scale None for quant "none"), and the layout's indices
     (grouping.ContiguousRouting / MaskedRouting). gather (contiguous): a is x's rows in token
     order [T, H], quantized (or x itself for quant "none"), for a GEMM that reads them through
-    routing.token_of_row. config: the permute kernel's tiles; one_launch: the most assignments
+    routing.token_of_row. config: the permute kernel's tiles; route_one_pass: the most
+    assignments route_layout counts in each program (one launch); one_launch: the most assignments
     a contiguous dispatch does in one launch (0: none); pdl: programmatic dependent launch,
     which the row copy (or quantization) after route_layout takes part in only with copy_pdl
     (the plan's choice, Dispatch.copy_pdl)."""
@@ -156,9 +158,9 @@ def dispatch(
         raise ValueError("gather is for the contiguous layout with K-major scales")
     quantized = (quant, group_size, pow2_scales, scale, mn_major_scales)
     if layout == "masked":
-        routing = route_masked(topk_ids, experts, pdl=pdl)
+        routing = route_masked(topk_ids, experts, one_pass=route_one_pass, pdl=pdl)
     elif assignments > one_launch or assignments == 0:
-        routing = route_contiguous(topk_ids, experts, block_m, pdl=pdl)
+        routing = route_contiguous(topk_ids, experts, block_m, one_pass=route_one_pass, pdl=pdl)
     else:
         return _one_launch(x, topk_ids, experts, block_m, config, *quantized, gather, pdl)
     rows = {  # the pass over the tokens after the route

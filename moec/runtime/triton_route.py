@@ -4,8 +4,9 @@ route_layout  the rows of the grouped layout, in token order within each expert 
               indices on every run). One program per part of SPAN assignments places them at
               rows start[e] + (expert e's assignments in earlier parts) + (those earlier in
               the part): a fixed amount of work per assignment, however many experts. Records
-              programs write each expert's count, start and padding rows. Up to ONE_PASS
-              assignments every program counts all of them itself (one launch); above, two
+              programs write each expert's count, start and padding rows. Up to `one_pass`
+              assignments (the plan's Dispatch.route_one_pass) every program counts them all
+              itself (one launch); above, two
               launches first count each part (histograms, exact) and prefix the counts over
               the parts.
               contiguous: each expert's rows padded to BLOCK_M (m_indices -1 on padding), the
@@ -24,8 +25,6 @@ from .triton_numerics import launch_options, wait_inputs
 
 ROUTE_SPAN = 128
 """Assignments per program of route_layout, ranked at once (a SPAN x SPAN comparison)."""
-ONE_PASS = 1024
-"""Assignments up to which route_layout counts them in each program: one launch."""
 PREFIX_BINS = 16
 """Experts per program of the prefix over parts."""
 PREFIX_PARTS = 256
@@ -195,8 +194,8 @@ def route_layout(
     block_m=1,
     max_m=0,
     pdl=False,
+    one_pass,
     span=ROUTE_SPAN,
-    one_pass=ONE_PASS,
 ):
     """Indices of the grouped layout for topk_ids [T, K] (int32), written in place:
     row_of [T, K], token_of_row [M], counts [E]; contiguous also m_indices [M], starts [E]
@@ -274,7 +273,9 @@ def empty_contiguous(topk_ids, experts: int, block_m: int) -> ContiguousRouting:
     )
 
 
-def route_contiguous(topk_ids, experts: int, block_m: int, pdl: bool = False) -> ContiguousRouting:
+def route_contiguous(
+    topk_ids, experts: int, block_m: int, *, one_pass: int, pdl: bool = False
+) -> ContiguousRouting:
     """The contiguous layout's indices for topk_ids [T, K] int32 in one pass of two launches
     (token order within each expert, as grouping.route_contiguous)."""
     routing = empty_contiguous(topk_ids, experts, block_m)
@@ -291,11 +292,12 @@ def route_contiguous(topk_ids, experts: int, block_m: int, pdl: bool = False) ->
         num_rows=routing.num_rows,
         block_m=block_m,
         pdl=pdl,
+        one_pass=one_pass,
     )
     return routing
 
 
-def route_masked(topk_ids, experts: int, pdl: bool = False) -> MaskedRouting:
+def route_masked(topk_ids, experts: int, *, one_pass: int, pdl: bool = False) -> MaskedRouting:
     """The masked layout's indices for topk_ids [T, K] int32 (as grouping.route_masked)."""
     tokens, top_k = topk_ids.shape
     device = topk_ids.device
@@ -315,5 +317,6 @@ def route_masked(topk_ids, experts: int, pdl: bool = False) -> MaskedRouting:
         experts=experts,
         max_m=max_m,
         pdl=pdl,
+        one_pass=one_pass,
     )
     return routing

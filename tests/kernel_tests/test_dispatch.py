@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moec.plan.build import ONE_LAUNCH_ROUTE
+
 from .harness import load
 from .reference import quant_group, quant_tensor, route
 
@@ -44,6 +46,7 @@ def test_dispatch_contiguous(tokens, top_k, experts, block_m, hidden, quant):
         experts,
         layout="contiguous",
         config=CONFIG,
+        route_one_pass=ONE_LAUNCH_ROUTE,
         block_m=block_m,
         quant=quant.removesuffix("_mn_major"),
         group_size=128,
@@ -89,7 +92,7 @@ def test_dispatch_gathered(tokens, top_k, experts, block_m, hidden, quant):
     want = route(tokens, top_k, experts, block_m, seed=tokens)
     x = make_x(tokens, hidden)
     a, a_scale, routing = kernels.dispatch(
-        x, want.topk_ids.to(torch.int32), experts, layout="contiguous", config=CONFIG,
+        x, want.topk_ids.to(torch.int32), experts, layout="contiguous", config=CONFIG, route_one_pass=ONE_LAUNCH_ROUTE,
         block_m=block_m, quant=quant, group_size=128, one_launch=ONE_LAUNCH, gather=True,
     )  # fmt: skip
     assert torch.equal(routing.row_of.cpu(), want.row_of)
@@ -109,7 +112,7 @@ def test_dispatch_gathered_takes_the_contiguous_layout_only():
     for layout, mn_major in (("masked", False), ("contiguous", True)):
         with pytest.raises(ValueError, match="gather is for the contiguous layout"):
             kernels.dispatch(
-                make_x(2, 128), ids, 4, layout=layout, config=CONFIG, block_m=16,
+                make_x(2, 128), ids, 4, layout=layout, config=CONFIG, route_one_pass=ONE_LAUNCH_ROUTE, block_m=16,
                 quant="group", mn_major_scales=mn_major, gather=True,
             )  # fmt: skip
 
@@ -120,14 +123,14 @@ def test_dispatch_masked_and_empty():
     want = route(5, 2, 6, 16, seed=5)
     x = make_x(5, 128)
     a, _, routing = kernels.dispatch(
-        x, want.topk_ids.to(torch.int32), 6, layout="masked", config=CONFIG, quant="none",
+        x, want.topk_ids.to(torch.int32), 6, layout="masked", config=CONFIG, route_one_pass=ONE_LAUNCH_ROUTE, quant="none",
         one_launch=ONE_LAUNCH,
     )  # fmt: skip
     assert torch.equal(routing.counts.cpu(), want.masked_m)
     assert a.shape[:2] == (6, routing.max_m)
     empty = torch.zeros(0, 3, dtype=torch.int32)
     a, _, routing = kernels.dispatch(
-        x[:0], empty, 6, layout="contiguous", config=CONFIG, block_m=16, quant="group",
+        x[:0], empty, 6, layout="contiguous", config=CONFIG, route_one_pass=ONE_LAUNCH_ROUTE, block_m=16, quant="group",
         one_launch=ONE_LAUNCH,
     )  # fmt: skip
     assert a.shape[0] == routing.token_of_row.numel() and routing.num_rows.item() == 0
@@ -152,7 +155,7 @@ def test_row_copy_after_route_leaves_pdl(monkeypatch):
     want = route(15, 9, 20, 8, seed=15)  # 135 assignments: over ONE_LAUNCH
     x = make_x(15, 256)
     load().dispatch(
-        x, want.topk_ids.to(torch.int32), 20, layout="contiguous", config=CONFIG, block_m=8,
+        x, want.topk_ids.to(torch.int32), 20, layout="contiguous", config=CONFIG, route_one_pass=ONE_LAUNCH_ROUTE, block_m=8,
         quant="group", one_launch=ONE_LAUNCH, pdl=True, copy_pdl=False,
     )  # fmt: skip
     assert asked == {"route_contiguous": True, "permute": False}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moec.plan.build import ONE_LAUNCH_ROUTE
 from moec.runtime import grouping
 from moec.runtime.grouping import compact_rows
 
@@ -227,6 +228,7 @@ def test_route_layout(layout, tokens, experts, top_k, span):
             num_rows=got_rows,
             block_m=block_m,
             span=span,
+            one_pass=ONE_LAUNCH_ROUTE,
         )
         assert (
             torch.equal(got_m, extra[0])
@@ -244,6 +246,7 @@ def test_route_layout(layout, tokens, experts, top_k, span):
             experts=experts,
             max_m=extra[0],
             span=span,
+            one_pass=ONE_LAUNCH_ROUTE,
         )
     assert torch.equal(got_row_of, row_of)
     assert torch.equal(got_token, token_of_row)
@@ -281,7 +284,7 @@ def test_route_layout_ids_of_no_expert(layout, tokens, span, experts):
         token_of_row = token_x[: experts * max_m]
     got = [torch.full_like(row_of, -7), torch.full_like(token_of_row, -7)]
     got.append(torch.full((experts,), -7, dtype=torch.int32))
-    options = {"layout": layout, "experts": experts, "span": span}
+    options = {"layout": layout, "experts": experts, "span": span, "one_pass": ONE_LAUNCH_ROUTE}
     if layout == "contiguous":
         extra = [
             torch.full_like(want[0], -7),

@@ -1,7 +1,9 @@
 """What a renderer's fill function returns, and the pieces several renderers share.
 
 Values reach templates already turned into Python source: numbers and strings through
-`literal`, names from the plan's validated identifiers; templates only place them.
+`literal`, names from the plan's validated identifiers; templates only place them. A call a
+renderer builds is a `Call` value (function, the tensors it passes by position, every other
+argument by keyword), never a string of pieces; templates pass literals by keyword too.
 """
 
 from __future__ import annotations
@@ -30,7 +32,46 @@ class StageCode:
 
 def call_kwargs(**values: Any) -> str:
     """`key=literal, ...` of plain values, for a call in a template."""
-    return ", ".join(f"{key}={literal(value)}" for key, value in values.items())
+    return ", ".join(f"{key}={_argument(value)}" for key, value in values.items())
+
+
+@dataclass(frozen=True)
+class Code:
+    """Source the generated code evaluates as written: a variable in scope, an attribute, a
+    call (`Call` and `call_kwargs` write every other value as its Python literal)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call of the generated code, as a value. Its positional arguments are the tensors in
+    scope it reads (their names); every other argument goes by keyword, as a literal or `Code`:
+    no number, flag or None is passed by position."""
+
+    function: str
+    args: tuple[str, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        keywords = [f"{key}={_argument(value)}" for key, value in self.kwargs.items()]
+        return f"{self.function}({', '.join([*self.args, *keywords])})"
+
+
+DTYPE = Code("DTYPE")
+"""The package's model dtype, a module constant of stages.py."""
+PDL = Code("tiles.PDL")
+"""Whether the layer's Triton kernels launch with programmatic dependent launch (tiles.py)."""
+
+
+def _argument(value: Any) -> str:
+    return value.text if isinstance(value, Code) else literal(value)
+
+
+def tensor_or_none(name: str | None) -> Code | None:
+    """A tensor argument that a variant does not have (scales of bf16, a bias): its name, or
+    None."""
+    return None if name is None else Code(name)
 
 
 def matmul_binding(role: str, fmt: QuantFormat) -> tuple[str, str]:

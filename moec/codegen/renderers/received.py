@@ -5,7 +5,7 @@ two renderers call these for their fields and runtime modules."""
 
 from __future__ import annotations
 
-from moec.codegen.renderers.common import bucket_function
+from moec.codegen.renderers.common import DTYPE, PDL, Call, Code, bucket_function
 from moec.codegen.renderers.torch_stages import dispatch_targets, route_call
 from moec.plan.stages import Combine, Dispatch
 from moec.vocab import Backend
@@ -37,23 +37,25 @@ def combine_runtime(stage: Combine) -> tuple[str, ...]:
     return ("triton_combine", "tiles") if stage.reduce_backend == Backend.triton else ("grouping",)
 
 
-def weighted_rows(stage: Combine, y: str, row_of: str, weights: str, shared: str) -> str:
+def weighted_rows(stage: Combine, y: str, row_of: str, weights: str, shared: str) -> Call:
     """The call of sum_k weights[r, k] * y[row_of[r, k]] (+ shared[r]), rounded once to the
     model dtype, in the combine's reduce backend."""
+    rows = (y, row_of, weights)
     if stage.reduce_backend == Backend.triton:
-        return (
-            f"triton_combine.weighted_rows({y}, {row_of}, {weights}, {shared}, "
-            f"config=tiles.combine({row_of}.shape[0]), out_dtype=DTYPE, pdl=tiles.PDL)"
+        config = Code(f"tiles.combine({row_of}.shape[0])")
+        return Call(
+            "triton_combine.weighted_rows",
+            rows,
+            {"shared": Code(shared), "config": config, "out_dtype": DTYPE, "pdl": PDL},
         )
-    return f"grouping.weighted_rows({y}, {row_of}, {weights}, {shared}, DTYPE)"
+    return Call("grouping.weighted_rows", rows, {"shared": Code(shared), "out_dtype": DTYPE})
 
 
-def _permute(stage: Dispatch) -> str:
+def _permute(stage: Dispatch) -> Call:
     """The copy of received rows (already in the GEMM's format) and their scales into the
     layout: one Triton launch each where Triton routes, else torch."""
+    rows = ("rows", "row_scales", "routing")
     if stage.routing_backend == Backend.triton:
-        return (
-            f"triton_permute.permute_rows(rows, row_scales, routing, {stage.experts}, "
-            "config=tiles.PERMUTE, pdl=tiles.PDL)"
-        )
-    return f"grouping.permute(rows, row_scales, routing, {stage.experts})"
+        options = {"experts": stage.experts, "config": Code("tiles.PERMUTE"), "pdl": PDL}
+        return Call("triton_permute.permute_rows", rows, options)
+    return Call("grouping.permute", rows, {"experts": stage.experts})

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from moec.codegen.registry import register
 from moec.codegen.renderers.common import (
+    Call,
+    Code,
     StageCode,
     call_kwargs,
     matmul_binding,
@@ -130,14 +132,17 @@ def quantize(plan, stage: Quantize) -> StageCode:
     )
 
 
-def route_call(stage: Dispatch, module: str, ids: str, bucket: str = "bucket") -> str:
-    """The routing call of a dispatch: the layout's indices for `ids` [rows, K]; `bucket`: the
-    tiles function that picks the row padding's bucket from the row count."""
-    extra = ", pdl=tiles.PDL" if module == "triton_route" else ""
-    if stage.layout == GemmLayout.masked:
-        return f"{module}.route_masked({ids}, {stage.experts}{extra})"
-    padding = stage.row_padding or f"tiles.{bucket}({ids}.shape[0]).block_m"
-    return f"{module}.route_contiguous({ids}, {stage.experts}, {padding}{extra})"
+def route_call(stage: Dispatch, module: str, ids: str, bucket: str = "bucket") -> Call:
+    """The routing call of a dispatch: the layout's indices for `ids` [rows, K] in `module`
+    (grouping, or triton_route); `bucket`: the tiles function that picks the row padding's
+    bucket from the row count."""
+    kwargs: dict[str, object] = {"experts": stage.experts}
+    if stage.layout == GemmLayout.contiguous:
+        kwargs["block_m"] = stage.row_padding or Code(f"tiles.{bucket}({ids}.shape[0]).block_m")
+    if module == "triton_route":
+        kwargs.update(one_pass=stage.route_one_pass, pdl=Code("tiles.PDL"))
+    function = "route_masked" if stage.layout == GemmLayout.masked else "route_contiguous"
+    return Call(f"{module}.{function}", (ids,), kwargs)
 
 
 def dispatch_targets(stage: Dispatch) -> str:

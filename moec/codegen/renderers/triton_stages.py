@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from moec.codegen.registry import register
 from moec.codegen.renderers.common import (
+    PDL,
+    Call,
+    Code,
     StageCode,
     bucket_function,
     call_kwargs,
@@ -26,17 +29,17 @@ from moec.plan.stages import (
 from moec.vocab import Backend, GemmLayout, StageKind, TopkMethod
 
 
-def _mn_major(stage) -> str:
+def _mn_major(stage) -> dict[str, object]:
     """The option that makes a Triton quantizer write DeepGEMM's scale layout."""
-    return ", mn_major_scales=True" if stage.mn_major_scales else ""
+    return {"mn_major_scales": True} if stage.mn_major_scales else {}
 
 
-def _quant_options(fmt, scale_weight: str | None) -> str:
-    """`, quant=..., group_size=..., pow2_scales=...[, scale=<static input scale>]` of a launcher call."""
-    options = call_kwargs(**kernel_quant(fmt))
+def _quant_options(fmt, scale_weight: str | None) -> dict[str, object]:
+    """quant, group_size, pow2_scales [, scale: the static input scale] of a launcher call."""
+    options: dict[str, object] = dict(kernel_quant(fmt))
     if scale_weight:
-        options += f", scale={scale_weight}"
-    return ", " + options
+        options["scale"] = Code(scale_weight)
+    return options
 
 
 @register(
@@ -100,7 +103,8 @@ def select(plan, stage: Select) -> StageCode:
 )
 def quantize(plan, stage: Quantize) -> StageCode:
     static = "w13_input_scale" if "w13_input_scale" in stage.weights else None
-    fields = {"options": _quant_options(stage.format, static)}
+    options = {"config": Code("tiles.PERMUTE"), "pdl": PDL, **_quant_options(stage.format, static)}
+    fields = {"call": Call("triton_permute.quantize_rows", ("x",), options)}
     return StageCode(
         f"x [T, H] -> e4m3 [T, H] and its scales ({stage.format.label()}), one Triton pass.",
         fields,
@@ -115,24 +119,26 @@ def quantize(plan, stage: Quantize) -> StageCode:
 )
 def dispatch(plan, stage: Dispatch) -> StageCode:
     static = "w13_input_scale" if "w13_input_scale" in stage.weights else None
-    layout_options = ""
-    if stage.layout == GemmLayout.contiguous:
-        block_m = stage.row_padding or "tiles.bucket(topk_ids.shape[0]).block_m"
-        layout_options = f", block_m={block_m}"
-    if stage.one_launch:
-        layout_options += f", one_launch={stage.one_launch}"
-    if not stage.copy_pdl:
-        layout_options += ", copy_pdl=False"
-    if stage.gather:
-        layout_options += ", gather=True"
-    fields = {
-        "targets": dispatch_targets(stage),
+    options: dict[str, object] = {
         "experts": stage.experts,
         "layout": stage.layout,
-        "layout_options": layout_options,
-        "options": _quant_options(stage.quantize, static) + _mn_major(stage)
-        if stage.quantize
-        else "",
+        "config": Code("tiles.PERMUTE"),
+        "route_one_pass": stage.route_one_pass,
+    }
+    if stage.layout == GemmLayout.contiguous:
+        options["block_m"] = stage.row_padding or Code("tiles.bucket(topk_ids.shape[0]).block_m")
+    if stage.one_launch:
+        options["one_launch"] = stage.one_launch
+    if not stage.copy_pdl:
+        options["copy_pdl"] = False
+    if stage.gather:
+        options["gather"] = True
+    options["pdl"] = PDL
+    if stage.quantize:
+        options.update(_quant_options(stage.quantize, static), **_mn_major(stage))
+    fields = {
+        "targets": dispatch_targets(stage),
+        "call": Call("triton_dispatch.dispatch", ("x", "topk_ids"), options),
     }
     quantized = " (quantized)" if stage.quantize else ""
     indices = f"one Triton launch up to {ONE_LAUNCH_ROUTE} assignments, three above"
@@ -206,7 +212,7 @@ def activation(plan, stage: Activation) -> StageCode:
     fields = {
         "function": f"triton_act.act_quant_{stage.layout}",
         "targets": f"{returns}, {returns}_scale" if quantized else f"{returns}, _",
-        "options": _quant_options(stage.quantize, static) + _mn_major(stage),
+        "options": call_kwargs(**_quant_options(stage.quantize, static), **_mn_major(stage)),
     }
     rows = shape_doc(stage)
     doc = f"{stage.activation} of [{rows}, 2I] gate|up halves -> [{rows}, I]"

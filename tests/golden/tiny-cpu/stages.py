@@ -41,7 +41,7 @@ def select(
     """Top-4 of 16 experts: sigmoid scores, choice biased by e_score_correction_bias, 2 of 4 groups kept, weights renormalized, x2.5."""
     return torch_select.select_topk(
         logits,
-        gate_bias,
+        bias=gate_bias,
         scoring_func="sigmoid",
         topk_method="noaux_tc",
         n_group=4,
@@ -62,8 +62,8 @@ def dispatch(
     x: torch.Tensor, x_scale: torch.Tensor, topk_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, grouping.MaskedRouting]:
     """Copy each token's row (and scales) to its rows of the masked layout."""
-    routing = grouping.route_masked(topk_ids, 16)
-    a, a_scale = grouping.permute(x, x_scale, routing, 16)
+    routing = grouping.route_masked(topk_ids, experts=16)
+    a, a_scale = grouping.permute(x, x_scale=x_scale, routing=routing, experts=16)
     return a, a_scale, routing
 
 
@@ -84,7 +84,7 @@ def gemm_gate_up(
             continue
         rows = (expert, slice(0, count))
         out[rows] = matmul_routed(
-            a[rows], a_scale[rows], w13[expert], w13_scale[expert]
+            a[rows], a_scale=a_scale[rows], w=w13[expert], w_scale=w13_scale[expert]
         )
     return out
 
@@ -115,7 +115,9 @@ def gemm_down(
         if count == 0:
             continue
         rows = (expert, slice(0, count))
-        out[rows] = matmul_routed(a[rows], a_scale[rows], w2[expert], w2_scale[expert])
+        out[rows] = matmul_routed(
+            a[rows], a_scale=a_scale[rows], w=w2[expert], w_scale=w2_scale[expert]
+        )
     return out
 
 
@@ -128,11 +130,11 @@ def shared_expert(
 ) -> torch.Tensor:
     """Shared experts: one dense gated MLP of width 128 (fp8_block (weights 128x128, activations 1x128))."""
     xq, x_scale = quantize_shared(x)
-    h = matmul_shared(xq, x_scale, shared_w13, shared_w13_scale)  # [T, 2Is]
+    h = matmul_shared(xq, x_scale, shared_w13, w_scale=shared_w13_scale)  # [T, 2Is]
     gate = h[:, :128].float()
     up = h[:, 128:].float()
     g, g_scale = quantize_shared(gated_activation.torch_gated(gate, up))
-    return matmul_shared(g, g_scale, shared_w2, shared_w2_scale)  # [T, H]
+    return matmul_shared(g, g_scale, shared_w2, w_scale=shared_w2_scale)  # [T, H]
 
 
 def combine(
@@ -142,4 +144,4 @@ def combine(
     shared: torch.Tensor,
 ) -> torch.Tensor:
     """out[t] = sum_k w[t, k] * y[row_of[t, k]] + shared[t], in fp32, rounded once."""
-    return grouping.combine(y, topk_weights, routing, shared, DTYPE)
+    return grouping.combine(y, topk_weights, routing, shared=shared, out_dtype=DTYPE)
