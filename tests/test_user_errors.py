@@ -18,7 +18,6 @@ from conftest import EXAMPLES
 from safetensors.torch import save_file
 
 from moec import runner
-from moec.plan import devices
 from moec.spec import memory
 
 TINY = EXAMPLES / "tiny-cpu.toml"
@@ -114,12 +113,6 @@ def test_an_integer_beyond_64_bits_in_a_list(capsys):
 def test_a_huge_float_names_its_key(key, value, capsys):
     code, out, err = cli(capsys, "validate", TINY, "--set", f"{key}={value}")
     assert_refused(code, out, err, key, lines=None)
-
-
-def test_the_memory_table_agrees_with_the_devices():
-    for arch, device in devices.BY_ARCH.items():
-        assert memory.DEVICE_MEMORY_GIB[arch] == device.memory_gib
-        assert memory.DEVICE_NAMES[arch] == device.name
 
 
 @pytest.mark.parametrize(

@@ -11,20 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moec.devices import BY_ARCH
 from moec.spec.models import Spec
 
 GIB = 2**30
-
-DEVICE_MEMORY_GIB = {"sm80": 79.0, "sm89": 44.0, "sm90": 139.8, "sm100": 178.0, "sm120": 178.0}
-"""Memory of the device of each CUDA arch: the `memory_gib` of moec/plan/devices.py's table
-(a test checks that they agree; the spec layer does not import the plan)."""
-DEVICE_NAMES = {
-    "sm80": "A100-80GB",
-    "sm89": "L40S",
-    "sm90": "H200",
-    "sm100": "B200",
-    "sm120": "B200",
-}
 
 HOST_MEMORY_GIB = 4096.0
 """A CPU target's ceiling: more than any one host has, so a layer beyond it is a mistake in the
@@ -132,8 +122,9 @@ def device_memory(spec: Spec) -> tuple[str, float]:
             HOST_MEMORY_GIB * GIB,
         )
     arch = spec.target.arch or "sm90"
-    available = DEVICE_MEMORY_GIB[arch] * GIB
-    return f"the {DEVICE_NAMES[arch]}'s {show_bytes(available)} ({arch})", available
+    device = BY_ARCH[arch]
+    available = device.memory_gib * GIB
+    return f"the {device.name}'s {show_bytes(available)} ({arch})", available
 
 
 def show_bytes(value: float) -> str:
