@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from moec.plan.types import DType, ScaleType
 from moec.spec import placement
 from moec.spec.models import Spec
-from moec.spec.normalize import BLOCK_DEFAULTS
+from moec.spec.normalize import scheme_defaults
 from moec.vocab import (
     ActivationKind,
     ActivationScheme,
@@ -102,14 +102,11 @@ def quant_format(name: str, spec: Spec) -> QuantFormat:
             scheme == Scheme.fp8_per_tensor and quant.activation_scheme == ActivationScheme.static
         )
         return QuantFormat(scheme, None, None, False, static, checkpoint)
-    block = (
-        tuple(quant.weight_block) if own and quant.weight_block else tuple(BLOCK_DEFAULTS[scheme])
-    )
-    scale_dtype = (
-        quant.scale_dtype
-        if own
-        else (ScaleDtype.ue8m0 if scheme in (Scheme.mxfp8, Scheme.mxfp4) else ScaleDtype.fp32)
-    )
+    # the routed scheme's keys, filled by normalize; the shared scheme's defaults (no keys)
+    default_block, default_scale = scheme_defaults(scheme)
+    block = quant.weight_block if own else default_block
+    scale_dtype = quant.scale_dtype if own else default_scale
+    assert block is not None and scale_dtype is not None, "quant_format of a normalized spec"
     return QuantFormat(
         scheme, (block[0], block[1]), block[1], scale_dtype == ScaleDtype.ue8m0, False, checkpoint
     )

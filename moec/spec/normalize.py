@@ -14,14 +14,24 @@ BLOCK_DEFAULTS = {"fp8_block": [128, 128], "mxfp8": [1, 32], "mxfp4": [1, 32]}
 MX_SCHEMES = ("mxfp8", "mxfp4")
 
 
+def scheme_defaults(scheme: str) -> tuple[list[int] | None, str | None]:
+    """The weight block and scale dtype a scheme has where no key says otherwise: the routed
+    scheme's (quant.weight_block, quant.scale_dtype) when left out, and always the shared
+    scheme's, which has no keys of its own. bf16 has neither; fp8_per_tensor one fp32 scale."""
+    if scheme == "bf16":
+        return None, None
+    return BLOCK_DEFAULTS.get(scheme), "ue8m0" if scheme in MX_SCHEMES else "fp32"
+
+
 def normalize(spec: Spec) -> Spec:
     """Return `spec` with every dependent default made explicit."""
     quant = spec.quant
     quant_update: dict[str, object] = {}
-    if quant.weight_block is None and quant.scheme in BLOCK_DEFAULTS:
-        quant_update["weight_block"] = list(BLOCK_DEFAULTS[quant.scheme])
-    if quant.scale_dtype is None and quant.scheme != "bf16":
-        quant_update["scale_dtype"] = "ue8m0" if _ue8m0_scales(spec) else "fp32"
+    block, scale_dtype = scheme_defaults(quant.scheme)
+    if quant.weight_block is None and block is not None:
+        quant_update["weight_block"] = list(block)
+    if quant.scale_dtype is None and scale_dtype is not None:
+        quant_update["scale_dtype"] = "ue8m0" if _deep_gemm_blackwell(spec) else scale_dtype
     if quant.shared_scheme is None and spec.model.n_shared_experts:  # none: nothing to quantize
         quant_update["shared_scheme"] = "fp8_block" if quant.scheme == "mxfp4" else quant.scheme
     if quant.scheme == "bf16" and quant.checkpoint != "bf16":
@@ -40,11 +50,9 @@ def normalize(spec: Spec) -> Spec:
     return spec.model_copy(update=update) if update else spec
 
 
-def _ue8m0_scales(spec: Spec) -> bool:
-    """MX schemes have UE8M0 scales; so does fp8_block on DeepGEMM for sm100 and newer (its
-    Blackwell recipe), where fp32 scales are rejected."""
-    if spec.quant.scheme in MX_SCHEMES:
-        return True
+def _deep_gemm_blackwell(spec: Spec) -> bool:
+    """fp8_block on DeepGEMM for sm100 and newer (its Blackwell recipe) has UE8M0 scales, where
+    fp32 scales are rejected."""
     return (
         spec.quant.scheme == "fp8_block"
         and spec.experts.gemm_backend == "deep_gemm"
