@@ -302,3 +302,39 @@ def test_stage_of_another_kind_is_refused():
     assert isinstance(plan.stage("dispatch", Dispatch), Dispatch)
     with pytest.raises(TypeError, match="stage dispatch is a Dispatch, not a Gemm"):
         plan.stage("dispatch", Gemm)
+
+
+def _broken_copies():
+    """A finished plan, broken in each way Plan.verify knows, with what it must say."""
+    import copy
+
+    from moec.plan.types import DType
+
+    def fresh():
+        return copy.deepcopy(plan_of("deepseek-v3-fp8.toml"))
+
+    cycle = fresh()
+    cycle.graph.add_edge("output", "input", tensors=[])
+    yield cycle, "the stage graph has a cycle"
+    dead = fresh()
+    dead.add_stage(dataclasses.replace(dead.stage("combine"), name="combine_again"))
+    dead.graph.add_edge("input", "combine_again", tensors=[])
+    yield dead, "nothing reads the outputs of combine_again"
+    retyped = fresh()
+    producer, edge = retyped.inputs("combine")[0]
+    retyped.update(producer, outputs={**retyped.stage(producer).outputs, edge.tensor: None})
+    yield retyped, f"{producer} -> combine carries {edge.tensor}"
+    accepts = fresh()
+    gemm = accepts.stage("gemm_gate_up")
+    wrong = dataclasses.replace(gemm.accepts["a"], dtype=DType.bfloat16)
+    accepts.update("gemm_gate_up", accepts={**gemm.accepts, "a": wrong})
+    yield accepts, "gemm_gate_up takes a as"
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_verify_names_the_pass_that_broke_the_plan(index):
+    """Plan.verify runs after every pass (make_plan); each invariant it checks fires."""
+    plan_of("deepseek-v3-fp8.toml").verify("a finished plan", converted=True)
+    plan, says = list(_broken_copies())[index]
+    with pytest.raises(AssertionError, match=f"moec bug: after some pass, {says}"):
+        plan.verify("some pass", converted=True)

@@ -59,20 +59,26 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     backends, layer = resolve_backends(spec, layer_of(spec), env, decide, above)
     plan = Plan(spec.name, spec_hash(spec), layer, backends, spec.description, decisions=decisions)
     build_stages(plan, spec)  # the unfused stage graph
+    plan.verify("build_stages")
     if plan.backends.gemm in (Backend.triton, Backend.deep_gemm):
         choose_tiles(plan, env)  # Triton tile configs, tuned or default
-    fuse.fuse_router_select(plan)
-    fuse.fuse_activation_quant(plan)
-    fuse.fuse_routed_scaling(plan)
-    fuse.gather_token_rows(plan)  # before the quantize fusion, whose reason depends on it
-    fuse.fuse_quantize_dispatch(plan)
-    order_dispatch_pass(plan)  # PDL for the dispatch's pass after the route, if it has one
-    fuse.fuse_finalize_combine(plan)
-    insert_converters(plan)  # scale-layout converters where types disagree
-    fuse.fuse_scale_layout(plan)  # ... unless a Triton quantizer can write that layout itself
-    checks.check_support(
-        plan, spec
-    )  # every stage runs where moec drives it, or the spec is rejected
+    converted = False  # from insert_converters on, every edge has its consumer's type
+    for graph_pass in (
+        fuse.fuse_router_select,
+        fuse.fuse_activation_quant,
+        fuse.fuse_routed_scaling,
+        fuse.gather_token_rows,  # before the quantize fusion, whose reason depends on it
+        fuse.fuse_quantize_dispatch,
+        order_dispatch_pass,  # PDL for the dispatch's pass after the route, if it has one
+        fuse.fuse_finalize_combine,
+        insert_converters,  # scale-layout converters where types disagree
+        fuse.fuse_scale_layout,  # ... unless a Triton quantizer can write that layout itself
+    ):
+        graph_pass(plan)
+        converted = converted or graph_pass is insert_converters
+        plan.verify(graph_pass.__name__, converted)
+    # every stage runs where moec drives it, or the spec is rejected
+    checks.check_support(plan, spec)
     checks.record_requirements(plan, env)  # optional packages imported, and missing here
     checks.decide_graph_safety(plan)  # CUDA graph capture
     split = plan.backends.split

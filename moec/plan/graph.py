@@ -238,6 +238,48 @@ class Plan:
             **changes,
         )
 
+    def verify(self, after: str, converted: bool = False) -> None:
+        """Check what every pass must leave true, naming the pass that broke it: an acyclic
+        graph from `input` to `output`, each node's record under its own name, every stage
+        but `output` read by another, each edge a tensor its producer writes, of the type it
+        writes, one edge per input name; with `converted` (from the converter pass on), each
+        edge of the type its consumer accepts."""
+
+        def broken(what: str) -> AssertionError:
+            return AssertionError(f"moec bug: after {after}, {what}")
+
+        graph = self.graph
+        if not nx.is_directed_acyclic_graph(graph):
+            raise broken("the stage graph has a cycle")
+        for end in ("input", "output"):
+            if end not in graph:
+                raise broken(f"the graph has no {end}")
+        for name in graph:
+            stage = self.stage(name)
+            if stage.name != name:
+                raise broken(f"node {name} holds the record of {stage.name}")
+            if name != "output" and not any(True for _ in graph.successors(name)):
+                raise broken(f"nothing reads the outputs of {name}")
+            if name != "input" and not nx.has_path(graph, "input", name):
+                raise broken(f"{name} is not reached from the input")
+            seen: set[str] = set()
+            for producer, edge in self.inputs(name):
+                if edge.input in seen:
+                    raise broken(f"{name} is given two tensors as {edge.input}")
+                seen.add(edge.input)
+                written = self.stage(producer).outputs.get(edge.tensor)
+                if written != edge.type:
+                    raise broken(
+                        f"{producer} -> {name} carries {edge.tensor} as {edge.type.label()}, "
+                        f"which {producer} writes as "
+                        f"{written.label() if written else 'nothing'}"
+                    )
+                wanted = stage.accepts.get(edge.input)
+                if converted and wanted is not None and wanted != edge.type:
+                    raise broken(
+                        f"{name} takes {edge.input} as {wanted.label()}, given {edge.type.label()}"
+                    )
+
     def _add_edge(self, producer: str, consumer: str, edge: Edge) -> None:
         if self.graph.has_edge(producer, consumer):
             tensors = self.graph.edges[producer, consumer]["tensors"]
