@@ -191,9 +191,10 @@ def test_overlapped_shared_experts_fork_first_and_join_before_their_reader(overr
     lines = [line.strip() for line in layer[layer.index("def forward") :].splitlines()]
     fork = lines.index("with self.side_stream.beside(x):")
     calls = [i for i, line in enumerate(lines) if " = stages." in line]
-    assert lines[calls[0]] == "shared = stages.shared_expert(" and calls[0] == fork + 1
+    assert lines[calls[0]] == "shared = stages.shared_expert(" and calls[0] == fork + 2
+    assert lines[fork + 1] == "# shared: bf16[T, H]"  # the shape comment above each call
     join = lines.index("self.side_stream.join(shared)")
-    after = " ".join(lines[join + 1 :])
+    after = " ".join(line for line in lines[join + 1 :] if not line.startswith("#"))
     reader = after[: after.index(")") + 1]  # the first statement after the join
     assert " = stages." in reader and "shared" in reader.split("(", 1)[1]
     assert join > calls[1]  # the routed chain was issued in between
@@ -361,3 +362,37 @@ def test_generated_calls_pass_values_by_keyword():
         rendered += 1
     assert rendered >= 10
     assert _literal_positionals(b"grouping.route_masked(topk_ids, 16)\n")  # the check sees one
+
+
+def test_every_forward_call_has_its_shapes_above_it():
+    """The forward a person reads: above each stage call, what it returns as the plan types it
+    (`# h: bf16[M, 2I]`), one entry per tensor it binds (scales go with their tensor)."""
+    from moec.plan.environment import Environment
+
+    full = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
+    checked = 0
+    for path in sorted(EXAMPLES.glob("*.toml")):
+        layer = render_package(load_spec(path), full)["layer.py"].decode()
+        lines = [line.strip() for line in layer[layer.index("def _forward") :].splitlines()]
+        for index, line in enumerate(lines):
+            if " = stages." not in line:
+                continue
+            comment = lines[index - 1]
+            assert comment.startswith("# "), (path.name, line)
+            for name in line.split(" = ")[0].split(", "):
+                assert name.endswith("_scale") or f"{name}: " in comment, (path.name, comment)
+            checked += 1
+    assert checked >= 50
+
+
+def test_the_legend_names_the_fused_shared_expert_and_one_binding_per_format():
+    """stages.py says what E and K are where the shared expert is fused, and a matmul the routed
+    and shared experts share is bound once."""
+    stages = render_package(load_spec(EXAMPLES / "deepseek-v3-fp8.toml"))["stages.py"].decode()
+    legend = " ".join(stages[: stages.index('"""\n\n')].split())
+    assert "256 routed experts in the router's [T, E]; 257 in the grouped layout" in legend
+    assert "fused as expert 256" in legend and "K = 9 rows per token (top-8 and 1 shared)" in legend
+    separate = render_package(load_spec(EXAMPLES / "tiny-cpu.toml"))["stages.py"].decode()
+    assert separate.count("torch_matmul.matmul_block_scaled,") == 1
+    assert separate.count("matmul_blocks_128x128 = ") == 1
+    assert "def shared_expert" in separate and "matmul_blocks_128x128(" in separate

@@ -33,6 +33,12 @@ class StageFunction:
     def call_line(self) -> str:
         return self.signature.call_line(self.name)
 
+    @property
+    def call_lines(self) -> list[str]:
+        """The forward's call, below a comment of what it returns."""
+        shapes = self.signature.shapes
+        return [f"# {shapes}", self.call_line] if shapes else [self.call_line]
+
 
 @dataclass
 class Rendered:
@@ -66,9 +72,9 @@ def render_stages(jinja, plan: Plan, modules: set[str]) -> Rendered:
         if stage.name in beside:
             rendered.calls.append(f"# {stage.name}: {SIDE_STREAM_NOTE}")
             rendered.calls.append("with self.side_stream.beside(x):")
-            rendered.calls.append(f"    {function.call_line}")
+            rendered.calls += [f"    {line}" for line in function.call_lines]
         else:
-            rendered.calls.append(function.call_line)
+            rendered.calls += function.call_lines
         _bind(rendered.bindings, code.bindings)
         rendered.imports.update(code.imports)
         rendered.modules.update(found.runtime(stage))
@@ -103,7 +109,7 @@ def with_split(plan: Plan, below: Rendered, above: Rendered) -> Rendered:
         functions.insert(cursor, function)  # a stage of its own (a converter) keeps its name
         cursor += 1
         order.append(function)
-    calls = [f.call_line for f in order]
+    calls = [line for f in order for line in f.call_lines]
     first = 0
     while first < min(len(below.calls), len(calls)) and below.calls[first] == calls[first]:
         first += 1

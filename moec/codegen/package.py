@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from moec.codegen.functions import render_stages, side_stream_stages, with_split
-from moec.codegen.render import environment, literal, render
+from moec.codegen.render import WIDTH, environment, literal, render, wrap
 from moec.plan.activations import lower
 from moec.plan.graph import Plan
 from moec.plan.placement import physical_to_logical
@@ -108,13 +108,56 @@ def _import_lines(statements: set[str], modules: list[str]) -> list[str]:
 
 
 def _legend(plan: Plan) -> str:
+    """The named dims of the shapes in the code's comments and docstrings, once, with their
+    values (the plan's symbols, moec/plan/sizes.py)."""
     layer = plan.layer
-    here = " on this rank" if layer.ep > 1 else ""
+    dims = {
+        s
+        for stage in plan.order()
+        for t in (*stage.outputs.values(), *stage.weights.values())
+        for s in t.shape
+    }
+    lines = [
+        f"T tokens, H = {layer.hidden} hidden, I = {layer.intermediate} intermediate per "
+        f"expert{' on this rank' if layer.tp > 1 else ''} (2I: gate and up)."
+    ]
+    routed = f"{layer.routed_experts} routed experts"
+    if layer.fused_shared:
+        shared = (
+            "the shared expert" if layer.n_shared == 1 else f"the {layer.n_shared} shared experts"
+        )
+        ids = (
+            f"expert {layer.local_experts}"
+            if layer.n_shared == 1
+            else f"experts {layer.local_experts}.."
+        )
+        lines.append(
+            f"E: {routed} in the router's [T, E]; {layer.grouped_experts} in the grouped "
+            f"layout and the expert weights ({layer.local_experts} routed"
+            f"{' on this rank' if layer.ep > 1 else ''} + {shared}, fused as {ids}). "
+            f"K = {layer.grouped_top_k} rows per token (top-{layer.top_k} and {layer.n_shared} shared)."
+        )
+    else:
+        here = (
+            f"; {layer.local_experts} of them on this rank in the grouped layout"
+            if layer.ep > 1
+            else ""
+        )
+        lines.append(f"E: {routed}{here}. K = {layer.top_k} top-k.")
+    if "Is" in dims:
+        lines.append(f"Is = {layer.shared_intermediate}: the shared experts' intermediate.")
+    if "Kr" in dims:
+        lines.append(f"Kr = {layer.top_k}: the routed experts of a token.")
+    if "S" in dims:
+        lines.append("S: the router's split-K parts (per token bucket, tiles.py).")
+    if "V" in dims:
+        lines.append(f"V = {layer.vocab}: the token ids the hash table maps.")
+    if "T*K" in dims:
+        lines.append("T*K: one entry per (token, expert) sent to another rank.")
     rows = "E x max_m" if plan.backends.layout == "masked" else "M"
-    return (
-        f"Shapes: T tokens, H = {layer.hidden} hidden, I = {layer.intermediate} intermediate, "
-        f"E = {layer.grouped_experts} experts{here}, K = {layer.grouped_top_k} top-k,\n"
-        f"{rows} rows of the grouped layout ({plan.backends.layout})."
+    lines.append(f"{rows} rows of the grouped layout ({plan.backends.layout}).")
+    return "Shapes:\n" + "\n".join(
+        "\n".join(wrap(line, WIDTH, first="    ", then="      ")) for line in lines
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import keyword
 import math
 import re
+import textwrap
 from typing import Any
 
 import jinja2
@@ -58,6 +59,32 @@ def prose(value: Any) -> str:
     return "".join(c if c >= " " or c in "\n\t" else "?" for c in text)
 
 
+WIDTH = 96
+"""Columns of the generated prose (ruff's line length, less a little)."""
+
+
+def wrap(text: str, width: int, first: str = "", then: str = "") -> list[str]:
+    """`text` in lines of at most `width` columns (a longer word stays whole), starting with
+    `first` and `then`; a shape such as [T, H] is never split."""
+    kept = re.sub(r"\[[^\]]*\]", lambda m: m.group(0).replace(" ", "\0"), text)
+    lines = textwrap.wrap(
+        kept,
+        width,
+        initial_indent=first,
+        subsequent_indent=then,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return [line.replace("\0", " ") for line in lines]
+
+
+def wrapped(value: str, indent: int = 4) -> str:
+    """One paragraph of docstring text at `indent` spaces, wrapped at WIDTH: the first line
+    after the opening quotes, the others at the indent."""
+    lines = wrap(value, WIDTH - indent, first="   ")
+    return f"\n{' ' * indent}".join([lines[0][3:], *lines[1:]]) if lines else ""
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
@@ -70,6 +97,7 @@ def environment() -> jinja2.Environment:
     env.filters["lit"] = literal
     env.filters["ident"] = identifier
     env.filters["prose"] = prose
+    env.filters["wrapped"] = wrapped
     return env
 
 

@@ -42,6 +42,9 @@ class Signature:
     """What the forward passes for each parameter."""
     returns: tuple[tuple[str, str], ...]
     """(variable name in the forward, annotation) of each returned value."""
+    shapes: str = ""
+    """What the call returns, from the plan's edge types (`h: bf16[M, 2I]`), for the comment
+    above it in the forward."""
 
     def def_line(self, name: str) -> str:
         params = ", ".join(f"{p}: {annotation}" for p, annotation in self.params)
@@ -97,4 +100,5 @@ def signature(plan: Plan, stage: Stage) -> Signature:
     returns: list[tuple[str, str]] = []
     for tensor, tensor_type in stage.outputs.items():
         returns += _with_scale(tensor, tensor_type)
-    return Signature(tuple(params), tuple(args), tuple(returns))
+    shapes = "; ".join(f"{tensor}: {t.brief()}" for tensor, t in stage.outputs.items())
+    return Signature(tuple(params), tuple(args), tuple(returns), shapes)

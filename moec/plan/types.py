@@ -133,6 +133,16 @@ class TensorType:
             text += f" + scale({self.scale.label()})"
         return text
 
+    def brief(self) -> str:
+        """The type in a few words, for a comment beside the code: `e4m3[T, H] + 1x128 scales`,
+        a record by its class."""
+        if self.record:
+            return self.record
+        text = f"{self.dtype.short}[{', '.join(self.shape)}]"
+        if self.scale is not None:
+            text += f" + {self.scale.granularity} scales"
+        return text
+
     def with_scale(self, scale: ScaleType | None) -> TensorType:
         return replace(self, scale=scale)
 

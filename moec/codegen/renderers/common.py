@@ -74,32 +74,33 @@ def tensor_or_none(name: str | None) -> Code | None:
     return None if name is None else Code(name)
 
 
-def matmul_binding(role: str, fmt: QuantFormat) -> tuple[str, str]:
-    """`matmul_<role>`: the torch matmul of one format with its block sizes bound."""
+def matmul_binding(fmt: QuantFormat) -> tuple[str, str]:
+    """The torch matmul of one format with its block sizes bound, named for the format: the
+    routed and the shared experts share one binding where their formats agree."""
     if fmt.scheme == Scheme.bf16:
-        function, extra = "matmul_bf16", ""
+        name, function, extra = "matmul_bf16", "matmul_bf16", ""
     elif fmt.scheme == Scheme.fp8_per_tensor:
-        function, extra = "matmul_fp8_per_tensor", ""
+        name, function, extra = "matmul_fp8", "matmul_fp8_per_tensor", ""
     elif fmt.scheme == Scheme.mxfp4:
-        function, extra = "matmul_mxfp4", ""
+        name, function, extra = "matmul_mxfp4", "matmul_mxfp4", ""
     else:
         assert fmt.weight_block is not None, "a block-scaled format has weight blocks"
-        function = "matmul_block_scaled"
+        rows, cols = fmt.weight_block
+        name, function = f"matmul_blocks_{rows}x{cols}", "matmul_block_scaled"
         extra = f"group={fmt.group}, block={literal(tuple(fmt.weight_block))}, "
-    return (
-        f"matmul_{role}",
-        f"functools.partial(torch_matmul.{function}, {extra}out_dtype=DTYPE)",
-    )
+    return name, f"functools.partial(torch_matmul.{function}, {extra}out_dtype=DTYPE)"
 
 
-def quantizer_binding(role: str, fmt: QuantFormat) -> tuple[str, str]:
-    """`quantize_<role>`: the torch activation quantizer of one format."""
+def quantizer_binding(fmt: QuantFormat) -> tuple[str, str]:
+    """The torch activation quantizer of one format, named for the format (shared like the
+    matmul's binding)."""
     if fmt.static:
-        return f"quantize_{role}", "torch_matmul.quantize_static"
+        return "quantize_static", "torch_matmul.quantize_static"
     if fmt.group is None:
-        return f"quantize_{role}", "torch_matmul.quantize_per_tensor"
+        return "quantize_per_tensor", "torch_matmul.quantize_per_tensor"
+    pow2 = "_pow2" if fmt.pow2_scales else ""
     return (
-        f"quantize_{role}",
+        f"quantize_1x{fmt.group}{pow2}",
         f"functools.partial(torch_matmul.quantize_groups, group={fmt.group}, "
         f"pow2_scales={literal(fmt.pow2_scales)})",
     )

@@ -122,7 +122,7 @@ def place(plan, stage: Place) -> StageCode:
 @register(Quantize, Backend.torch, "stages/torch/quantize.py.j2", runtime=("torch_matmul",))
 def quantize(plan, stage: Quantize) -> StageCode:
     fmt = stage.format
-    name, expression = quantizer_binding("routed", fmt)
+    name, expression = quantizer_binding(fmt)
     fields = {"quantizer": name, "scale_args": input_scale_arg(stage, "w13_input_scale")}
     return StageCode(
         f"x [T, H] -> e4m3 [T, H] and its scales ({fmt.label()}).",
@@ -178,7 +178,7 @@ def a_scale_of(stage: Gemm, rows: str) -> str:
 
 @register(Gemm, Backend.torch, _gemm_template, runtime=("torch_matmul",))
 def gemm(plan, stage: Gemm) -> StageCode:
-    name, expression = matmul_binding("routed", stage.format)
+    name, expression = matmul_binding(stage.format)
     scaled = f"{stage.weight}_scale" in stage.weights
     rows = shape_doc(stage)
     fields = {
@@ -210,7 +210,7 @@ def activation(plan, stage: Activation) -> StageCode:
     bindings: tuple = ()
     doc = f"{stage.activation} of [{rows}, 2I] gate|up halves -> [{rows}, I]"
     if stage.quantize is not None:
-        name, expression = quantizer_binding("routed", stage.quantize)
+        name, expression = quantizer_binding(stage.quantize)
         bindings = ((name, expression),)
         fields.update(quantizer=name, scale_args=input_scale_arg(stage, "w2_input_scale"))
         doc += ", quantized for the down GEMM"
@@ -243,10 +243,11 @@ def _shared_template(stage: SharedExpert) -> str:
 )
 def shared_expert(plan, stage: SharedExpert) -> StageCode:
     fmt = stage.format
-    bindings = [matmul_binding("shared", fmt)]
-    fields: dict[str, object] = {"intermediate": stage.intermediate}
+    bindings = [matmul_binding(fmt)]
+    fields: dict[str, object] = {"intermediate": stage.intermediate, "matmul": bindings[0][0]}
     if fmt.quantized:
-        bindings.append(quantizer_binding("shared", fmt))
+        bindings.append(quantizer_binding(fmt))
+        fields["quantizer"] = bindings[1][0]
         scaled = "shared_w13_scale" in stage.weights
         fields.update(
             w13_scale="shared_w13_scale" if scaled else "None",

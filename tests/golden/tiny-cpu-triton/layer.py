@@ -4,8 +4,12 @@
 
     select -> dispatch -> gemm_gate_up -> activation -> gemm_down -> combine
 
-Shapes: T tokens, H = 256 hidden, I = 128 intermediate, E = 9 experts, K = 3 top-k,
-E x max_m rows of the grouped layout (masked).
+Shapes:
+    T tokens, H = 256 hidden, I = 128 intermediate per expert (2I: gate and up).
+    E: 8 routed experts in the router's [T, E]; 9 in the grouped layout and the expert weights
+      (8 routed + the shared expert, fused as expert 8). K = 3 rows per token (top-2 and 1
+      shared).
+    E x max_m rows of the grouped layout (masked).
 """
 
 import itertools
@@ -99,13 +103,19 @@ class MoELayer(nn.Module):
         """The forward's computation, after the checks."""
         if x.shape[0] == 0:
             return torch.empty_like(x)
+        # topk_weights: fp32[T, K]; topk_ids: i32[T, K]
         topk_weights, topk_ids = stages.select(
             x, self.gate_parts[: self.router_parts], self.gate_bias, self.gate_counters
         )
+        # a: e4m3[E, max_m, H] + 1x128 scales; routing: MaskedRouting
         a, a_scale, routing = stages.dispatch(x, topk_ids)
+        # h: bf16[E, max_m, 2I]
         h = stages.gemm_gate_up(a, a_scale, routing, self.w13, self.w13_scale)
+        # hq: e4m3[E, max_m, I] + 1x128 scales
         hq, hq_scale = stages.activation(h, routing)
+        # y: bf16[E, max_m, H]
         y = stages.gemm_down(hq, hq_scale, routing, self.w2, self.w2_scale)
+        # out: bf16[T, H]
         out = stages.combine(y, topk_weights, routing)
         return out
 

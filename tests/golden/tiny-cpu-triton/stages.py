@@ -4,8 +4,12 @@
 
     select -> dispatch -> gemm_gate_up -> activation -> gemm_down -> combine
 
-Shapes: T tokens, H = 256 hidden, I = 128 intermediate, E = 9 experts, K = 3 top-k,
-E x max_m rows of the grouped layout (masked).
+Shapes:
+    T tokens, H = 256 hidden, I = 128 intermediate per expert (2I: gate and up).
+    E: 8 routed experts in the router's [T, E]; 9 in the grouped layout and the expert weights
+      (8 routed + the shared expert, fused as expert 8). K = 3 rows per token (top-2 and 1
+      shared).
+    E x max_m rows of the grouped layout (masked).
 """
 
 import torch
@@ -30,7 +34,11 @@ def select(
     gate_bias: torch.Tensor,
     gate_counters: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits of x in fp32 (the fp32 weight's three bf16 parts on the tensor cores, summed in fp32), then top-2 of 8 experts: sigmoid scores, choice biased by e_score_correction_bias, 1 of 2 groups kept, weights renormalized, x2.5, then the 1 fused shared experts with weight 1; one Triton launch at 1 token (the router's last program to finish selects), above the router's launch then one program per token."""
+    """Router logits of x in fp32 (the fp32 weight's three bf16 parts on the tensor cores,
+    summed in fp32), then top-2 of 8 experts: sigmoid scores, choice biased by
+    e_score_correction_bias, 1 of 2 groups kept, weights renormalized, x2.5, then the 1 fused
+    shared experts with weight 1; one Triton launch at 1 token (the router's last program to
+    finish selects), above the router's launch then one program per token."""
     return triton_gate.gate(
         x,
         gate_parts,
@@ -53,7 +61,8 @@ def select(
 def dispatch(
     x: torch.Tensor, topk_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, grouping.MaskedRouting]:
-    """The masked layout's indices (one Triton launch up to 1024 assignments, three above), then one pass that reads each token row once and writes it (quantized) to its experts' rows."""
+    """The masked layout's indices (one Triton launch up to 1024 assignments, three above), then
+    one pass that reads each token row once and writes it (quantized) to its experts' rows."""
     a, a_scale, routing = triton_dispatch.dispatch(
         x,
         topk_ids,
@@ -76,7 +85,8 @@ def gemm_gate_up(
     w13: torch.Tensor,
     w13_scale: torch.Tensor,
 ) -> torch.Tensor:
-    """[E, max_m, H] x [E, 2I, H] -> [E, max_m, 2I] in one Triton launch; padding rows and empty experts cost no work."""
+    """[E, max_m, H] x [E, 2I, H] -> [E, max_m, 2I] in one Triton launch; padding rows and empty
+    experts cost no work."""
     return triton_gemm.grouped_gemm_masked(
         a,
         a_scale=a_scale,
@@ -115,7 +125,8 @@ def gemm_down(
     w2: torch.Tensor,
     w2_scale: torch.Tensor,
 ) -> torch.Tensor:
-    """[E, max_m, I] x [E, H, I] -> [E, max_m, H] in one Triton launch; padding rows and empty experts cost no work."""
+    """[E, max_m, I] x [E, H, I] -> [E, max_m, H] in one Triton launch; padding rows and empty
+    experts cost no work."""
     return triton_gemm.grouped_gemm_masked(
         a,
         a_scale=a_scale,

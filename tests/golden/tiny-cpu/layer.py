@@ -4,8 +4,11 @@
 
     router -> select -> quantize -> dispatch -> gemm_gate_up -> activation -> gemm_down -> shared_expert -> combine
 
-Shapes: T tokens, H = 256 hidden, I = 128 intermediate, E = 16 experts, K = 4 top-k,
-E x max_m rows of the grouped layout (masked).
+Shapes:
+    T tokens, H = 256 hidden, I = 128 intermediate per expert (2I: gate and up).
+    E: 16 routed experts. K = 4 top-k.
+    Is = 128: the shared experts' intermediate.
+    E x max_m rows of the grouped layout (masked).
 """
 
 import itertools
@@ -92,13 +95,21 @@ class MoELayer(nn.Module):
         """The forward's computation, after the checks."""
         if x.shape[0] == 0:
             return torch.empty_like(x)
+        # logits: fp32[T, E]
         logits = stages.router(x, self.gate_weight)
+        # topk_weights: fp32[T, K]; topk_ids: i32[T, K]
         topk_weights, topk_ids = stages.select(logits, self.gate_bias)
+        # xq: e4m3[T, H] + 1x128 scales
         xq, xq_scale = stages.quantize(x)
+        # a: e4m3[E, max_m, H] + 1x128 scales; routing: MaskedRouting
         a, a_scale, routing = stages.dispatch(xq, xq_scale, topk_ids)
+        # h: bf16[E, max_m, 2I]
         h = stages.gemm_gate_up(a, a_scale, routing, self.w13, self.w13_scale)
+        # hq: e4m3[E, max_m, I] + 1x128 scales
         hq, hq_scale = stages.activation(h, routing)
+        # y: bf16[E, max_m, H]
         y = stages.gemm_down(hq, hq_scale, routing, self.w2, self.w2_scale)
+        # shared: bf16[T, H]
         shared = stages.shared_expert(
             x,
             self.shared_w13,
@@ -106,6 +117,7 @@ class MoELayer(nn.Module):
             self.shared_w2,
             self.shared_w2_scale,
         )
+        # out: bf16[T, H]
         out = stages.combine(y, topk_weights, routing, shared)
         return out
 

@@ -4,8 +4,11 @@
 
     router -> select -> quantize -> dispatch -> gemm_gate_up -> activation -> gemm_down -> shared_expert -> combine
 
-Shapes: T tokens, H = 256 hidden, I = 128 intermediate, E = 16 experts, K = 4 top-k,
-E x max_m rows of the grouped layout (masked).
+Shapes:
+    T tokens, H = 256 hidden, I = 128 intermediate per expert (2I: gate and up).
+    E: 16 routed experts. K = 4 top-k.
+    Is = 128: the shared experts' intermediate.
+    E x max_m rows of the grouped layout (masked).
 """
 
 import functools
@@ -16,17 +19,11 @@ import torch.nn.functional as F
 from . import gated_activation, grouping, torch_matmul, torch_select
 
 DTYPE = torch.bfloat16
-quantize_routed = functools.partial(
+quantize_1x128 = functools.partial(
     torch_matmul.quantize_groups, group=128, pow2_scales=False
 )
-matmul_routed = functools.partial(
+matmul_blocks_128x128 = functools.partial(
     torch_matmul.matmul_block_scaled, group=128, block=(128, 128), out_dtype=DTYPE
-)
-matmul_shared = functools.partial(
-    torch_matmul.matmul_block_scaled, group=128, block=(128, 128), out_dtype=DTYPE
-)
-quantize_shared = functools.partial(
-    torch_matmul.quantize_groups, group=128, pow2_scales=False
 )
 
 
@@ -38,7 +35,8 @@ def router(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
 def select(
     logits: torch.Tensor, gate_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-4 of 16 experts: sigmoid scores, choice biased by e_score_correction_bias, 2 of 4 groups kept, weights renormalized, x2.5."""
+    """Top-4 of 16 experts: sigmoid scores, choice biased by e_score_correction_bias, 2 of 4
+    groups kept, weights renormalized, x2.5."""
     return torch_select.select_topk(
         logits,
         bias=gate_bias,
@@ -55,7 +53,7 @@ def select(
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] -> e4m3 [T, H] and its scales (fp8_block (weights 128x128, activations 1x128))."""
-    return quantize_routed(x)
+    return quantize_1x128(x)
 
 
 def dispatch(
@@ -74,7 +72,8 @@ def gemm_gate_up(
     w13: torch.Tensor,
     w13_scale: torch.Tensor,
 ) -> torch.Tensor:
-    """[E, max_m, H] x [E, 2I, H] -> [E, max_m, 2I]: each expert's rows times its weight; per-expert loop over the rows each expert received (host sync for the counts)."""
+    """[E, max_m, H] x [E, 2I, H] -> [E, max_m, 2I]: each expert's rows times its weight;
+    per-expert loop over the rows each expert received (host sync for the counts)."""
     out = torch.zeros((*a.shape[:-1], 256), dtype=DTYPE, device=a.device)
     counts = (
         routing.counts.tolist()
@@ -83,7 +82,7 @@ def gemm_gate_up(
         if count == 0:
             continue
         rows = (expert, slice(0, count))
-        out[rows] = matmul_routed(
+        out[rows] = matmul_blocks_128x128(
             a[rows], a_scale=a_scale[rows], w=w13[expert], w_scale=w13_scale[expert]
         )
     return out
@@ -96,7 +95,7 @@ def activation(
     gate = h[..., :128].float()
     up = h[..., 128:].float()
     # padding rows are zero: they do not move a per-tensor amax
-    return quantize_routed(gated_activation.torch_gated(gate, up))
+    return quantize_1x128(gated_activation.torch_gated(gate, up))
 
 
 def gemm_down(
@@ -106,7 +105,8 @@ def gemm_down(
     w2: torch.Tensor,
     w2_scale: torch.Tensor,
 ) -> torch.Tensor:
-    """[E, max_m, I] x [E, H, I] -> [E, max_m, H]: each expert's rows times its weight; per-expert loop over the rows each expert received (host sync for the counts)."""
+    """[E, max_m, I] x [E, H, I] -> [E, max_m, H]: each expert's rows times its weight;
+    per-expert loop over the rows each expert received (host sync for the counts)."""
     out = torch.zeros((*a.shape[:-1], 256), dtype=DTYPE, device=a.device)
     counts = (
         routing.counts.tolist()
@@ -115,7 +115,7 @@ def gemm_down(
         if count == 0:
             continue
         rows = (expert, slice(0, count))
-        out[rows] = matmul_routed(
+        out[rows] = matmul_blocks_128x128(
             a[rows], a_scale=a_scale[rows], w=w2[expert], w_scale=w2_scale[expert]
         )
     return out
@@ -128,13 +128,18 @@ def shared_expert(
     shared_w2: torch.Tensor,
     shared_w2_scale: torch.Tensor,
 ) -> torch.Tensor:
-    """Shared experts: one dense gated MLP of width 128 (fp8_block (weights 128x128, activations 1x128))."""
-    xq, x_scale = quantize_shared(x)
-    h = matmul_shared(xq, x_scale, shared_w13, w_scale=shared_w13_scale)  # [T, 2Is]
+    """Shared experts: one dense gated MLP of width 128 (fp8_block (weights 128x128, activations
+    1x128))."""
+    xq, x_scale = quantize_1x128(x)
+    h = matmul_blocks_128x128(
+        xq, x_scale, shared_w13, w_scale=shared_w13_scale
+    )  # [T, 2Is]
     gate = h[:, :128].float()
     up = h[:, 128:].float()
-    g, g_scale = quantize_shared(gated_activation.torch_gated(gate, up))
-    return matmul_shared(g, g_scale, shared_w2, w_scale=shared_w2_scale)  # [T, H]
+    g, g_scale = quantize_1x128(gated_activation.torch_gated(gate, up))
+    return matmul_blocks_128x128(
+        g, g_scale, shared_w2, w_scale=shared_w2_scale
+    )  # [T, H]
 
 
 def combine(
