@@ -4,9 +4,11 @@
     patch_model(model, "spec.toml")   # a spec path, a LoadedSpec, or None: a spec from model.config
     model.generate(...)
 
-`patch_model` replaces every DeepSeek-style MoE block (`DeepseekV3MoE`, also in Kimi-K2 and
-Kimi-K2.5; `DeepseekV2Moe`, `DeepseekV32MoE`, `Glm4MoeMoE`, DeepSeek-V4's routed
-`DeepseekV4SparseMoeBlock`) with a `MoecMoE`. The spec is built once; each block's weights (transformers' own state-dict names) go into that block's
+`patch_model` replaces every DeepSeek-style MoE block (`DeepseekV3MoE`, also in Kimi-K2,
+Kimi-K2.5 and Sarvam; `DeepseekV2Moe`, `DeepseekV32MoE`, `Glm4MoeMoE`, DeepSeek-V4's routed
+`DeepseekV4SparseMoeBlock`, and the copies of them in dots1, GLM-4.7-Flash, GLM-5, Solar-Open,
+GLM-4.5V / 4.6V, GLM-5-Next, Kimi-Linear, Ling, EXAONE-MoE, MiMo-V2-Flash, DeepSeek-OCR-2,
+AFMoE and MiniMax-M2: hf_blocks.BLOCKS) with a `MoecMoE`. The spec is built once; each block's weights (transformers' own state-dict names) go into that block's
 own `MoELayer`, quantized on load when the spec asks for fp8, and the transformers block is
 dropped at once: the model never holds two copies of more than one layer's experts.
 
@@ -196,7 +198,8 @@ def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list
                 problem(
                     "model",
                     f"has no DeepSeek MoE block to replace (a {type(model).__name__})",
-                    "a transformers DeepseekV2 / V3 / V3.2 / V4, Kimi-K2 / K2.5 or GLM-4.5 model",
+                    "a transformers model of a DeepSeek-style MoE (moec init --from-hf lists "
+                    "the model types)",
                 )
             ],
             kind="usage",

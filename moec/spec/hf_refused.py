@@ -1,0 +1,102 @@
+"""The MoE model types `moec init --from-hf` refuses by name, and the config keys that would make
+a supported one compute what moec's layer cannot (each refused naming its key, never dropped).
+
+A type is refused where transformers' MoE block does math moec's spec cannot say: a different
+router (softmax scores with a correction bias, clamped renormalization), zero-computation
+experts, a clamp after the activation, per-layer limits, or no MoE layer at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from moec.spec.hf_values import ConfigReader
+
+_SOFTMAX_BIAS = (
+    "chooses experts on softmax scores plus a correction bias, and moec's noaux_tc adds the "
+    "bias to sigmoid-family scores only"
+)
+_STEP = (
+    "clamps its SwiGLU after the activation (silu(gate) clamped, where moec clamps the gate "
+    "before it) with a limit per layer (swiglu_limits, swiglu_limits_shared), and sizes its "
+    "shared expert apart (share_expert_dim)"
+)
+REFUSED_TYPES = {
+    "longcat_flash": (
+        "routes tokens to zero-computation (identity) experts (zero_expert_num) beside its FFN "
+        f"experts, and {_SOFTMAX_BIAS}"
+    ),
+    "ernie4_5_moe": (
+        f"{_SOFTMAX_BIAS} (moe_statics), and renormalizes the top-k weights by "
+        "max(sum, moe_norm_min)"
+    ),
+    "step3p7": _STEP,
+    "step3p5": _STEP,
+    "youtu": "has no MoE layer: every layer is a dense MLP",
+}
+"""model_type -> why moec cannot compute its MoE layers (in words, after the model type)."""
+
+
+@dataclass(frozen=True)
+class KeyCheck:
+    """A config key whose other values change the MoE math beyond what moec computes."""
+
+    key: str
+    allowed: tuple[Any, ...]
+    """The values moec computes (absent and null are transformers' default, allowed)."""
+    why: str
+    hint: str
+
+
+_MLP_BIAS = KeyCheck(
+    "mlp_bias",
+    (False,),
+    "gives the shared experts' projections biases, which moec's experts do not have",
+    "false",
+)
+KEY_CHECKS = {
+    "deepseek_v2": (_MLP_BIAS,),
+    "deepseek_ocr2_text": (_MLP_BIAS,),
+    "minimax_m2": (
+        KeyCheck(
+            "use_routing_bias",
+            (True,),
+            "is a router without a correction bias; moec's noaux_tc reads the checkpoint's one",
+            "true",
+        ),
+        KeyCheck(
+            "shared_intermediate_size",
+            (0,),
+            "asks for a shared expert, which MiniMax-M2's MoE block does not have",
+            "0",
+        ),
+    ),
+    "bailing_hybrid": (
+        KeyCheck(
+            "moe_router_enable_expert_bias",
+            (True,),
+            "is a router without a correction bias; moec's noaux_tc reads the checkpoint's one",
+            "true",
+        ),
+    ),
+    "mimo_v2_flash": (
+        KeyCheck(
+            "n_shared_experts",
+            (0,),
+            "asks for shared experts, which MiMo-V2-Flash's MoE block does not have",
+            "0, or leave it out",
+        ),
+    ),
+}
+"""model_type -> the keys checked (the MoE keys' reader: text_config for a wrapper)."""
+
+
+def check_keys(reader: ConfigReader, model_type: str) -> None:
+    """Record a problem for each key of KEY_CHECKS[model_type] the config sets otherwise."""
+    for check in KEY_CHECKS.get(model_type, ()):
+        value = reader.config.get(check.key)
+        if value is not None and not any(
+            value == allowed and type(value) is type(allowed) for allowed in check.allowed
+        ):
+            reader.report(check.key, value, check.why, check.hint)

@@ -1,0 +1,305 @@
+"""The other DeepSeek-style MoE model types of transformers, end to end against transformers'
+own block: copies of DeepseekV3MoE / Glm4MoeMoE under other names and key names (dots1,
+GLM-4.7-Flash, GLM-5, Solar-Open, Kimi-Linear, Ling, MiMo-V2-Flash, EXAONE-MoE, Sarvam), the
+same router written otherwise (AFMoE, MiniMax-M2), SwiGLU clamped (GLM-5-Next) and the vision
+models whose text_config holds one (GLM-4.5V, GLM-4.6V, GLM-5-Next).
+
+Each tiny random model is saved with `save_pretrained` (every MoE tensor random, as in
+tests/hf_oracle.py); `moec init --from-hf` reads its config.json and the layer's `load_weights`
+its safetensors (the names transformers writes: Kimi-Linear's block_sparse_moe.experts.<e>.w1,
+Ling's gate.expert_bias, AFMoE's router.gate.weight ...), checked against transformers' block;
+then `patch_model` replaces every MoE block of the model loaded back.
+
+Tolerances, float32 (u = 2**-24), as in test_integration_families.py: one block, 2u (H + I + K
++ S) of its largest output. Logits: 2u N of the largest logit, N bounding the terms of every sum
+from the first MoE block to a logit: per later layer the input widths of all its linear maps
+(every projection of every attention kind, each expert's counted once), the sums over the
+sequence, the norms; then the final norm and the head.
+"""
+
+from __future__ import annotations
+
+import re
+
+import hf_oracle
+import pytest
+import torch
+from test_integration_families import _block_bound
+
+import moec
+from moec.integrations.transformers import patch_model
+
+U32 = 2.0**-24
+_MOE = dict(
+    moe_intermediate_size=32, num_experts_per_tok=4, norm_topk_prob=True, routed_scaling_factor=2.5
+)
+_DIMS = dict(
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    num_hidden_layers=2,
+)
+_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_MLA = dict(q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+_GROUPED = dict(n_routed_experts=16, n_shared_experts=1, n_group=4, topk_group=2)
+_LINEAR = dict(  # Kimi-Linear's and Ling's own key names (their config.json's)
+    num_experts=16,
+    num_shared_experts=1,
+    num_expert_group=4,
+    topk_group=2,
+    linear_num_heads=2,
+    linear_head_dim=16,
+    head_dim=16,
+    layer_types=["linear_attention", "full_attention"],
+    **_IDS,
+)
+_GLM4V_TEXT = dict(
+    **_DIMS,
+    **_MOE,
+    **_GROUPED,
+    first_k_dense_replace=1,
+    head_dim=32,
+    model_type="glm4v_moe_text",
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [2, 3, 3],
+        "partial_rotary_factor": 0.5,
+    },
+)
+_GLM4V_VISION = dict(
+    depth=1,
+    hidden_size=32,
+    intermediate_size=32,
+    num_heads=2,
+    out_hidden_size=64,
+    patch_size=14,
+    spatial_merge_size=2,
+)
+_GLM5_NEXT_TEXT = dict(
+    **_DIMS,
+    **_MOE,
+    **_GROUPED,
+    **{**_MLA, "qk_rope_head_dim": 0, "qk_nope_head_dim": 16},  # its indexed attention: NoPE
+    **_IDS,
+    swiglu_limit=1.0,  # inside the pre-activations' range (about N(0, 1)): the clamp acts
+    index_topk=4,
+    index_kpool=2,
+    index_head_dim=16,
+    index_n_heads=2,
+    hc_mult=2,
+    linear_num_heads=2,
+    linear_head_dim=16,
+    mlp_layer_types=["dense", "sparse"],
+    layer_types=["linear_attention", "indexed_attention"],
+)
+CONFIGS = {
+    "dots1": dict(**_DIMS, **_MOE, **_GROUPED, first_k_dense_replace=1),
+    "glm4_moe_lite": dict(**_DIMS, **_MOE, **_MLA, **_GROUPED, mlp_layer_types=["dense", "sparse"]),
+    "glm_moe_dsa": dict(
+        **_DIMS,
+        **_MOE,
+        **_MLA,
+        **_GROUPED,
+        first_k_dense_replace=1,
+        index_topk=4,
+        index_head_dim=16,
+        index_n_heads=2,
+        head_dim=16,
+    ),
+    "solar_open": dict(**_DIMS, **_MOE, **_GROUPED, head_dim=32),
+    "kimi_linear": dict(**_DIMS, **_MOE, **_MLA, **_LINEAR),
+    "bailing_hybrid": dict(**_DIMS, **_MOE, **_MLA, **_LINEAR, first_k_dense_replace=1),
+    "mimo_v2_flash": dict(  # sliding-window layers hold twice the KV heads
+        **{**_DIMS, "num_attention_heads": 4, "num_key_value_heads": 1},
+        **_MOE,
+        n_routed_experts=16,
+        n_group=4,
+        topk_group=2,
+        head_dim=32,
+        v_head_dim=32,
+        layer_types=["full_attention", "sliding_attention"],
+        sliding_window=4,
+    ),
+    "exaone_moe": dict(
+        **_DIMS, **_MOE, num_experts=16, num_shared_experts=1, n_group=4, topk_group=2
+    ),
+    "sarvam_mla": dict(**_DIMS, **_MOE, **_MLA, **_GROUPED),
+    "sarvam_moe": dict(**_DIMS, **_MOE, **_GROUPED, head_dim=32),
+    "afmoe": dict(
+        **_DIMS,
+        moe_intermediate_size=32,
+        num_experts_per_tok=4,
+        num_experts=16,
+        num_shared_experts=2,
+        route_scale=2.5,
+        num_dense_layers=1,
+        head_dim=32,
+    ),
+    "minimax_m2": dict(  # intermediate_size: the experts' width; every layer MoE
+        **{**_DIMS, "intermediate_size": 32},
+        num_local_experts=16,
+        num_experts_per_tok=4,
+        head_dim=32,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    "glm4v_moe": dict(text_config=_GLM4V_TEXT, vision_config=_GLM4V_VISION),
+    "glm46v": dict(
+        text_config=_GLM4V_TEXT, vision_config={**_GLM4V_VISION, "model_type": "glm4v_vision"}
+    ),
+    "glm5_next": dict(
+        text_config=_GLM5_NEXT_TEXT,
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2),
+    ),
+    "deepseek_ocr2": dict(  # a DeepSeek-V2 MoE (softmax, greedy) behind a SAM + Qwen2 encoder
+        text_config=dict(
+            **_DIMS,
+            **{**_MOE, "norm_topk_prob": False},
+            n_routed_experts=16,
+            n_shared_experts=2,
+            topk_method="greedy",
+            mlp_layer_types=["dense", "sparse"],
+        ),
+        vision_config=dict(
+            sam_config=dict(
+                hidden_size=32,
+                output_channels=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=64,
+                window_size=2,
+                global_attn_indexes=[0],
+                downsample_channels=[16, 32],
+            ),
+            encoder_config=dict(
+                vocab_size=64,
+                hidden_size=32,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+            ),
+        ),
+    ),
+}
+WRAPPED = ("glm4v_moe", "glm46v", "glm5_next", "deepseek_ocr2")
+"""Image-text-to-text models: the MoE in text_config."""
+NAME = "name=tiny_moe"
+"""One spec name for init's and patch_model's specs: models of the same MoE math share builds."""
+
+
+def _model_class(model_type: str):
+    import transformers
+
+    if model_type in WRAPPED:
+        return transformers.AutoModelForImageTextToText
+    return transformers.AutoModelForCausalLM
+
+
+def _save(model_type: str, folder) -> None:
+    """The tiny model, every MoE tensor random (as hf_oracle.save_model), saved."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, **CONFIGS[model_type])
+    torch.manual_seed(0)
+    model = _model_class(model_type).from_config(config, torch_dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+            if ".mlp." in name and tensor.is_floating_point() and tensor.numel():
+                fan_in = tensor.shape[-1] if tensor.dim() > 1 else 1
+                scale = 1.0 / fan_in**0.5 if tensor.dim() > 1 else 0.05
+                tensor.copy_(torch.randn(tensor.shape, generator=generator) * scale)
+    model.eval().save_pretrained(folder)
+
+
+def _load(model_type: str, folder):
+    return _model_class(model_type).from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def saved(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"hf_{request.param}")
+    _save(request.param, folder)
+    return request.param, folder
+
+
+def _checkpoint_prefix(folder, name: str) -> str:
+    """The prefix of the block's tensors in the saved file (transformers writes some under the
+    checkpoints' own names: block_sparse_moe, router.gate)."""
+    from safetensors import safe_open
+
+    layer = name.split(".")[-2]
+    pattern = rf"\.layers\.{layer}\.[a-z_]+\.(router\.)?gate\.weight$"
+    with safe_open(folder / "model.safetensors", "pt") as handle:
+        found = [key for key in handle.keys() if re.search(pattern, key)]
+    assert len(found) == 1, found
+    return re.sub(r"(router\.)?gate\.weight$", "", found[0])
+
+
+def _block_config(config):
+    """The MoE keys of a text config under DeepSeek's names, for the block's bound."""
+    from types import SimpleNamespace
+
+    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    shared = getattr(config, "n_shared_experts", getattr(config, "num_shared_experts", 0))
+    return SimpleNamespace(
+        hidden_size=config.hidden_size,
+        moe_intermediate_size=width,
+        n_shared_experts=shared or 0,
+        num_experts_per_tok=config.num_experts_per_tok,
+    )
+
+
+def summed_terms(model, first: str, seq_len: int) -> int:
+    """Bounds the terms of the sums from MoE block `first`'s input to a logit (module doc)."""
+    config = model.config.get_text_config()
+    moe = _block_config(config)
+    block = moe.hidden_size + moe.moe_intermediate_size + moe.num_experts_per_tok + 1
+    layers = first.rsplit(".", 2)[0]  # "....layers"
+    start = int(first.split(".")[-2])
+    terms = block
+    for index in range(start + 1, config.num_hidden_layers):
+        layer = model.get_submodule(f"{layers}.{index}")
+        linear = sum(
+            module.in_features
+            for name, module in layer.named_modules()
+            if isinstance(module, torch.nn.Linear) and ".experts." not in f".{name}."
+        )
+        terms += linear + block + 4 * seq_len + 4 * config.hidden_size
+    return terms + 2 * config.hidden_size  # final norm, lm_head
+
+
+def test_init_load_weights_and_patch_model_give_transformers(saved, cache_dir):
+    """init on config.json, load_weights from model.safetensors: one block as transformers';
+    patch_model on the whole model: logits within the float32 bound, the same greedy tokens,
+    no transformers block left."""
+    model_type, folder = saved
+    reference = _load(model_type, folder)
+    text = reference.config.get_text_config()
+    package = moec.load(hf_oracle.init_spec(folder, "--set", NAME), cache_dir=cache_dir)
+    names = hf_oracle.moe_names(reference)
+    block = reference.get_submodule(names[0])
+    prefix = _checkpoint_prefix(folder, names[0])
+    layer = package.MoELayer(device="cpu").load_weights(folder / "model.safetensors", prefix)
+    x = torch.randn(11, text.hidden_size, generator=torch.Generator().manual_seed(1))
+    expected = hf_oracle.oracle(block, x)
+    error = (layer(x) - expected).abs().max().item()
+    assert error <= _block_bound(_block_config(text)) * expected.abs().max().item()
+
+    model = _load(model_type, folder)
+    patch_model(model, overrides=[NAME], cache_dir=cache_dir)
+    assert not [name for name in model.state_dict() if "gate_up_proj" in name]
+    kinds = {type(model.get_submodule(name)).__name__ for name in names}
+    assert kinds == {"MoecMoE"}
+    tokens = hf_oracle.tokens(3)
+    with torch.no_grad():
+        expected, logits = reference(input_ids=tokens).logits, model(input_ids=tokens).logits
+    bound = 2 * U32 * summed_terms(model, names[0], tokens.shape[1])
+    assert (logits - expected).abs().max().item() <= bound * expected.abs().max().item()
+    kwargs = dict(attention_mask=torch.ones_like(tokens), max_new_tokens=4, do_sample=False)
+    assert torch.equal(model.generate(tokens, **kwargs), reference.generate(tokens, **kwargs))
