@@ -1,13 +1,15 @@
 """The other DeepSeek-style MoE model types of transformers, end to end against transformers'
 own block: copies of DeepseekV3MoE / Glm4MoeMoE under other names and key names (dots1,
 GLM-4.7-Flash, GLM-5, Solar-Open, Kimi-Linear, Ling, MiMo-V2-Flash, EXAONE-MoE, Sarvam), the
-same router written otherwise (AFMoE, MiniMax-M2), SwiGLU clamped (GLM-5-Next) and the vision
-models whose text_config holds one (GLM-4.5V, GLM-4.6V, GLM-5-Next).
+same router written otherwise (AFMoE, MiniMax-M2), softmax top-k with a shared expert under its
+own names (Hunyuan), SwiGLU clamped (GLM-5-Next) and the vision models whose text_config holds
+one (GLM-4.5V, GLM-4.6V, GLM-5-Next, DeepSeek-OCR-2's DeepSeek-V2). Then the refusals: model
+types moec cannot compute, and keys that change the math, each named.
 
 Each tiny random model is saved with `save_pretrained` (every MoE tensor random, as in
 tests/hf_oracle.py); `moec init --from-hf` reads its config.json and the layer's `load_weights`
 its safetensors (the names transformers writes: Kimi-Linear's block_sparse_moe.experts.<e>.w1,
-Ling's gate.expert_bias, AFMoE's router.gate.weight ...), checked against transformers' block;
+Ling's gate.expert_bias, AFMoE's router.gate.weight, Hunyuan's gate.wg ...), checked against transformers' block;
 then `patch_model` replaces every MoE block of the model loaded back.
 
 Tolerances, float32 (u = 2**-24), as in test_integration_families.py: one block, 2u (H + I + K
@@ -28,6 +30,7 @@ from test_integration_families import _block_bound
 
 import moec
 from moec.integrations.transformers import patch_model
+from moec.spec import load_spec
 
 U32 = 2.0**-24
 _MOE = dict(
@@ -147,6 +150,9 @@ CONFIGS = {
         bos_token_id=1,
         eos_token_id=2,
     ),
+    "hunyuan_v1_moe": dict(  # intermediate_size: the experts' and the shared expert's width
+        **{**_DIMS, "intermediate_size": 32}, num_experts=16, moe_topk=4, head_dim=32
+    ),
     "glm4v_moe": dict(text_config=_GLM4V_TEXT, vision_config=_GLM4V_VISION),
     "glm46v": dict(
         text_config=_GLM4V_TEXT, vision_config={**_GLM4V_VISION, "model_type": "glm4v_vision"}
@@ -234,31 +240,17 @@ def _checkpoint_prefix(folder, name: str) -> str:
     from safetensors import safe_open
 
     layer = name.split(".")[-2]
-    pattern = rf"\.layers\.{layer}\.[a-z_]+\.(router\.)?gate\.weight$"
+    pattern = rf"\.layers\.{layer}\.[a-z_]+\.(router\.)?gate\.(wg\.)?weight$"
     with safe_open(folder / "model.safetensors", "pt") as handle:
         found = [key for key in handle.keys() if re.search(pattern, key)]
     assert len(found) == 1, found
-    return re.sub(r"(router\.)?gate\.weight$", "", found[0])
+    return re.sub(r"(router\.)?gate\.(wg\.)?weight$", "", found[0])
 
 
-def _block_config(config):
-    """The MoE keys of a text config under DeepSeek's names, for the block's bound."""
-    from types import SimpleNamespace
-
-    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
-    shared = getattr(config, "n_shared_experts", getattr(config, "num_shared_experts", 0))
-    return SimpleNamespace(
-        hidden_size=config.hidden_size,
-        moe_intermediate_size=width,
-        n_shared_experts=shared or 0,
-        num_experts_per_tok=config.num_experts_per_tok,
-    )
-
-
-def summed_terms(model, first: str, seq_len: int) -> int:
-    """Bounds the terms of the sums from MoE block `first`'s input to a logit (module doc)."""
+def summed_terms(model, moe, first: str, seq_len: int) -> int:
+    """Bounds the terms of the sums from MoE block `first`'s input to a logit (module doc);
+    `moe`: the spec's model table (H, I, K)."""
     config = model.config.get_text_config()
-    moe = _block_config(config)
     block = moe.hidden_size + moe.moe_intermediate_size + moe.num_experts_per_tok + 1
     layers = first.rsplit(".", 2)[0]  # "....layers"
     start = int(first.split(".")[-2])
@@ -281,7 +273,9 @@ def test_init_load_weights_and_patch_model_give_transformers(saved, cache_dir):
     model_type, folder = saved
     reference = _load(model_type, folder)
     text = reference.config.get_text_config()
-    package = moec.load(hf_oracle.init_spec(folder, "--set", NAME), cache_dir=cache_dir)
+    spec = hf_oracle.init_spec(folder, "--set", NAME)
+    package = moec.load(spec, cache_dir=cache_dir)
+    dims = load_spec(spec).spec.model  # H, I, K, S under moec's names, for the bounds
     names = hf_oracle.moe_names(reference)
     block = reference.get_submodule(names[0])
     prefix = _checkpoint_prefix(folder, names[0])
@@ -289,7 +283,7 @@ def test_init_load_weights_and_patch_model_give_transformers(saved, cache_dir):
     x = torch.randn(11, text.hidden_size, generator=torch.Generator().manual_seed(1))
     expected = hf_oracle.oracle(block, x)
     error = (layer(x) - expected).abs().max().item()
-    assert error <= _block_bound(_block_config(text)) * expected.abs().max().item()
+    assert error <= _block_bound(dims) * expected.abs().max().item()
 
     model = _load(model_type, folder)
     patch_model(model, overrides=[NAME], cache_dir=cache_dir)
@@ -299,7 +293,167 @@ def test_init_load_weights_and_patch_model_give_transformers(saved, cache_dir):
     tokens = hf_oracle.tokens(3)
     with torch.no_grad():
         expected, logits = reference(input_ids=tokens).logits, model(input_ids=tokens).logits
-    bound = 2 * U32 * summed_terms(model, names[0], tokens.shape[1])
+    bound = 2 * U32 * summed_terms(model, dims, names[0], tokens.shape[1])
     assert (logits - expected).abs().max().item() <= bound * expected.abs().max().item()
     kwargs = dict(attention_mask=torch.ones_like(tokens), max_new_tokens=4, do_sample=False)
     assert torch.equal(model.generate(tokens, **kwargs), reference.generate(tokens, **kwargs))
+
+
+# --- config.json as the released checkpoints write them, and the refusals ---------------------
+
+KIMI_LINEAR = {  # moonshotai/Kimi-Linear-48B-A3B-Instruct's MoE keys
+    "model_type": "kimi_linear",
+    "hidden_size": 2304,
+    "moe_intermediate_size": 1024,
+    "num_experts": 256,
+    "num_experts_per_token": 8,
+    "num_shared_experts": 1,
+    "moe_renormalize": True,
+    "num_expert_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.446,
+    "moe_router_activation_func": "sigmoid",
+    "torch_dtype": "bfloat16",
+}
+MINIMAX_M2 = {  # MiniMaxAI/MiniMax-M2's: intermediate_size is the experts' width
+    "model_type": "minimax_m2",
+    "hidden_size": 3072,
+    "intermediate_size": 1536,
+    "num_local_experts": 256,
+    "num_experts_per_tok": 8,
+    "scoring_func": "sigmoid",
+    "use_routing_bias": True,
+    "shared_intermediate_size": 0,
+    "torch_dtype": "bfloat16",
+}
+GLM5_NEXT_TEXT = {  # swiglu_limit left out: transformers' 10
+    "model_type": "glm5_next_text",
+    "hidden_size": 4096,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 288,
+    "num_experts_per_tok": 8,
+    "routed_scaling_factor": 2.5,
+}
+
+
+def _spec(tmp_path, capsys, config):
+    from test_spec_hf import init, write_config
+
+    from moec.spec import load_spec
+
+    spec_path = tmp_path / "spec.toml"
+    code, _, err = init(
+        capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path)
+    )
+    assert (code, err) == (0, "")
+    return load_spec(spec_path).spec
+
+
+def _refused(tmp_path, capsys, config) -> str:
+    from test_spec_hf import init, write_config
+
+    config_path = write_config(tmp_path, config)
+    code, out, err = init(capsys, "--from-hf", str(config_path))
+    assert (code, out) == (2, "")
+    assert err.startswith(str(config_path)) and "Traceback" not in err
+    return err
+
+
+def test_family_key_names_and_defaults(tmp_path, capsys):
+    """Each family's own names of the MoE keys are read, and a key left out takes its model
+    type's default (GLM-5-Next's clamp at 10, its scaling, one shared expert)."""
+    spec = _spec(tmp_path, capsys, KIMI_LINEAR)
+    assert (spec.model.n_routed_experts, spec.model.num_experts_per_tok) == (256, 8)
+    assert (spec.model.n_shared_experts, spec.router.routed_scaling_factor) == (1, 2.446)
+    assert (spec.router.scoring_func, spec.router.topk_method) == ("sigmoid", "noaux_tc")
+    spec = _spec(tmp_path, capsys, MINIMAX_M2)
+    assert (spec.model.moe_intermediate_size, spec.model.n_routed_experts) == (1536, 256)
+    assert (spec.model.n_shared_experts, spec.router.norm_topk_prob) == (0, True)
+    spec = _spec(tmp_path, capsys, {"model_type": "glm5_next", "text_config": GLM5_NEXT_TEXT})
+    assert (spec.activation.kind, spec.activation.swiglu_limit) == ("silu_clamped", 10.0)
+    assert (spec.model.n_shared_experts, spec.router.routed_scaling_factor) == (1, 2.5)
+    afmoe = {
+        "model_type": "afmoe",
+        "hidden_size": 2048,
+        "moe_intermediate_size": 256,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "route_scale": 2.826,
+    }
+    spec = _spec(tmp_path, capsys, afmoe)
+    assert (spec.model.n_shared_experts, spec.router.routed_scaling_factor) == (2, 2.826)
+
+
+@pytest.mark.parametrize("model_type", ["longcat_flash", "ernie4_5_moe", "step3p7", "youtu"])
+def test_refused_model_types_are_named(model_type, tmp_path, capsys):
+    err = _refused(tmp_path, capsys, {"model_type": model_type, "hidden_size": 64})
+    reason = {
+        "longcat_flash": "zero-computation (identity) experts (zero_expert_num)",
+        "ernie4_5_moe": "softmax scores plus a correction bias",
+        "step3p7": "clamps its SwiGLU after the activation",
+        "youtu": "has no MoE layer",
+    }[model_type]
+    assert f'model_type = "{model_type}": is an MoE moec does not compute: {model_type} ' in err
+    assert reason in err
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({**MINIMAX_M2, "use_routing_bias": False}, "use_routing_bias = false: is a router"),
+        (
+            {**MINIMAX_M2, "shared_intermediate_size": 1536},
+            "shared_intermediate_size = 1536: asks for a shared expert",
+        ),
+        (
+            {**KIMI_LINEAR, "model_type": "mimo_v2_flash", "n_shared_experts": 1},
+            "n_shared_experts = 1: asks for shared experts, which MiMo-V2-Flash's",
+        ),
+        (
+            {**KIMI_LINEAR, "model_type": "deepseek_v2", "mlp_bias": True},
+            "mlp_bias = true: gives the shared experts' projections biases",
+        ),
+        (
+            {
+                "model_type": "deepseek_ocr2",
+                "text_config": {
+                    **KIMI_LINEAR,
+                    "model_type": "deepseek_ocr2_text",
+                    "mlp_bias": True,
+                },
+            },
+            "text_config.mlp_bias = true: gives",
+        ),
+        (
+            {**KIMI_LINEAR, "model_type": "sarvam_mla", "n_routed_experts": 128},
+            "num_experts = 256: says otherwise than n_routed_experts = 128: two names of one key",
+        ),
+        (  # Hunyuan-A13B's per-layer lists: transformers' block takes one top-k
+            {"model_type": "hunyuan_v1_moe", "moe_topk": [8, 8], "num_experts": 64},
+            "moe_topk = [8, 8]: is a list of integers, not an integer",
+        ),
+        (
+            {"model_type": "glm46v", "text_config": {"hidden_size": 64}},
+            "text_config.model_type: absent, so the text model of glm46v is glm4v_text, which "
+            "has no MoE layers",
+        ),
+    ],
+)
+def test_keys_that_change_the_math_are_refused_by_name(config, message, tmp_path, capsys):
+    assert message in _refused(tmp_path, capsys, config)
+
+
+def test_patch_model_names_a_refused_model_type():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from moec.errors import MoecError
+
+    config = AutoConfig.for_model("ernie4_5_moe", **_DIMS, moe_num_experts=4, moe_k=2)
+    with pytest.raises(MoecError) as error:
+        patch_model(AutoModelForCausalLM.from_config(config))
+    report = error.value.report()
+    assert (
+        "model: is of model type ernie4_5_moe, an MoE moec does not compute: ernie4_5_moe "
+        in report
+    )
+    assert "softmax scores plus a correction bias" in report

@@ -107,6 +107,18 @@ BLOCKS = (
         (*_V3_LIKE, *_UNGROUPED),
     ),
     Block(
+        "hunyuan_v1_moe.modeling_hunyuan_v1_moe",
+        "HunYuanMoEV1Moe",
+        "HunYuanMoEV1Gate",
+        (
+            Fixed("router.scoring_func", "softmax", "always scores with a softmax"),
+            Fixed("router.topk_method", "greedy", "always chooses the top-k, ungrouped"),
+            *_UNGROUPED,
+            Fixed("router.routed_scaling_factor", 1.0, "never scales the top-k weights"),
+            Fixed("model.n_shared_experts", 1, "holds one shared expert of intermediate_size"),
+        ),
+    ),
+    Block(
         "minimax_m2.modeling_minimax_m2",
         "MiniMaxM2SparseMoeBlock",
         "MiniMaxM2TopKRouter",

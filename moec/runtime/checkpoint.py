@@ -65,7 +65,7 @@ _UNPICKLE_ERRORS += (AttributeError, ImportError)
 """What torch.load(weights_only=True) raises on a bad or disallowed file."""
 LAYER_NAME = re.compile(
     r"(router\.)?gate\.(weight|e_score_correction_bias|expert_bias|bias|tid2eid)$"
-    r"|(e_score_correction|expert)_bias$|(shared_)?experts\."
+    r"|gate\.wg\.weight$|(e_score_correction|expert)_bias$|(shared_)?experts\.|shared_mlp\."
 )
 """How the names of an MoE layer start after its prefix: what a read without `expected`
 looks for before it suggests another prefix."""

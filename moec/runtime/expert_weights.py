@@ -12,7 +12,8 @@ gate.bias for the correction bias, experts.{e}.{w1,w3,w2}.weight (gate, up, down
 shared_experts.{w1,w3,w2}.weight (+ .scale). A hash router's table: gate.tid2eid [V, K], the
 experts of each token id. Other DeepSeek-style checkpoints name the router and its bias
 otherwise: router.gate.weight and expert_bias (AFMoE), gate.expert_bias (Ling, Sarvam-MoE), the
-bias beside the gate as e_score_correction_bias (EXAONE-MoE, MiniMax-M2).
+bias beside the gate as e_score_correction_bias (EXAONE-MoE, MiniMax-M2); Hunyuan's router
+gate.wg.weight and its shared expert shared_mlp.{gate,up,down}_proj.weight.
 
 Every expert becomes w13 = [gate; up] [2I, H] and w2 = down [H, I] in its `WeightFormat`; with
 tensor parallelism each rank keeps 1/tp of every intermediate, with expert parallelism its own
@@ -32,11 +33,11 @@ from .weight_formats import Pair, WeightFormat
 _PROJ = r"(gate_proj|up_proj|down_proj|w1|w3|w2)"
 _FIELD = r"(weight|weight_scale_inv|weight_scale|scale|input_scale)"
 _EXPERT = re.compile(rf"experts\.(\d+)\.{_PROJ}\.{_FIELD}")
-_SHARED = re.compile(rf"shared_experts\.{_PROJ}\.{_FIELD}")
+_SHARED = re.compile(rf"(?:shared_experts|shared_mlp)\.{_PROJ}\.{_FIELD}")
 _PROJECTIONS = {"w1": "gate", "w3": "up", "w2": "down"}
 """DeepSeek's names of the gated MLP's projections."""
-_GATE_NAMES = ("gate.weight", "router.gate.weight")
-"""The router weight's names: HF's and DeepSeek's, AFMoE's."""
+_GATE_NAMES = ("gate.weight", "router.gate.weight", "gate.wg.weight")
+"""The router weight's names: HF's and DeepSeek's, AFMoE's, Hunyuan's."""
 _BIAS_NAMES = (
     "gate.e_score_correction_bias",
     "gate.bias",

@@ -224,7 +224,9 @@ def _model_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
     model["num_experts_per_tok"] = reader.integer(
         family.key(reader, "num_experts_per_tok"), "model.num_experts_per_tok", required=True
     )
-    shared = reader.integer(family.key(reader, "n_shared_experts"), "model.n_shared_experts")
+    shared = None
+    if family.reads("n_shared_experts"):  # Hunyuan: one shared expert, no key
+        shared = reader.integer(family.key(reader, "n_shared_experts"), "model.n_shared_experts")
     model["n_shared_experts"] = family.n_shared_experts if shared is None else shared
     return model
 
@@ -236,9 +238,9 @@ def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
     for key, default in defaults.items():  # "" stays, for the spec's rules to report
         value = reader.text(family.key(reader, key), f"router.{key}")
         router[key] = default if value is None else value
-    for key, default in (("n_group", family.n_group), ("topk_group", family.topk_group)):
-        count = reader.integer(family.key(reader, key), f"router.{key}")
-        router[key] = default if count is None else count
+    for name, fallback in (("n_group", family.n_group), ("topk_group", family.topk_group)):
+        count = reader.integer(family.key(reader, name), f"router.{name}")
+        router[name] = fallback if count is None else count
     norm = reader.boolean(family.key(reader, "norm_topk_prob"), "router.norm_topk_prob")
     router["norm_topk_prob"] = family.norm_topk_prob if norm is None else norm
     scaling = reader.number(

@@ -9,6 +9,7 @@ The values a key left out takes are transformers' defaults for that model type.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from moec.errors import problem
@@ -29,9 +30,14 @@ class Family:
     topk_group: int = 1
     swiglu_limit: float | None = None
     """The clamp of a config that leaves `swiglu_limit` out (GLM-5-Next: 10); None: none."""
-    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """DeepSeek's name of a key -> the names this model type's config takes for it (the
-    names transformers reads, its `attribute_map` included); a key not here is DeepSeek's."""
+    names transformers reads, its `attribute_map` included); a key not here is DeepSeek's; no
+    name: the model type has no such key (its MoE block fixes the value, the default)."""
+
+    def reads(self, name: str) -> bool:
+        """Whether this model type's config has a key for DeepSeek's `name`."""
+        return self.keys.get(name, (name,)) != ()
 
     def key(self, reader: ConfigReader, name: str) -> str:
         """The config key that holds DeepSeek's `name`: the one of this family's names the
@@ -129,8 +135,21 @@ FAMILIES = {
             "moe_intermediate_size": ("intermediate_size",),
         },
     ),
+    # softmax top-k, renormalized, and one shared expert as wide as the routed ones
+    "hunyuan_v1_moe": Family(
+        "softmax",
+        "greedy",
+        True,
+        1,
+        keys={
+            "n_routed_experts": ("num_experts",),
+            "num_experts_per_tok": ("moe_topk",),
+            "moe_intermediate_size": ("intermediate_size",),
+            "n_shared_experts": (),
+        },
+    ),
 }
-"""model_type -> its defaults and key names."""
+"""model_type -> its defaults and key names (no name: the block fixes the value)."""
 WRAPPERS = {
     "kimi_k25": ("deepseek_v3", "kimi_k2"),
     "glm4v_moe": ("glm4v_moe_text",),
