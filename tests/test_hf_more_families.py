@@ -1,9 +1,10 @@
 """The other DeepSeek-style MoE model types of transformers, end to end against transformers'
 own block: copies of DeepseekV3MoE / Glm4MoeMoE under other names and key names (dots1,
-GLM-4.7-Flash, GLM-5, Solar-Open, Kimi-Linear, Ling, MiMo-V2-Flash, EXAONE-MoE, Sarvam), the
-same router written otherwise (AFMoE, MiniMax-M2), softmax top-k with a shared expert under its
-own names (Hunyuan), SwiGLU clamped (GLM-5-Next) and the vision models whose text_config holds
-one (GLM-4.5V, GLM-4.6V, GLM-5-Next, DeepSeek-OCR-2's DeepSeek-V2). Then the refusals: model
+GLM-4.7-Flash, GLM-5, Solar-Open, Kimi-Linear, Ling, MiMo-V2-Flash, EXAONE-MoE, Sarvam, A.X-K2),
+the same router written otherwise (AFMoE, MiniMax-M2, HY-V3), softmax top-k with a shared expert
+(Hunyuan, Mistral-4), SwiGLU clamped (GLM-5-Next) and the vision models whose text_config holds
+one (GLM-4.5V, GLM-4.6V, GLM-5-Next, Mistral-Large-4, DeepSeek-OCR-2's and Unlimited-OCR's
+DeepSeek-V2). Then the refusals: model
 types moec cannot compute, and keys that change the math, each named.
 
 Each tiny random model is saved with `save_pretrained` (every MoE tensor random, as in
@@ -150,6 +151,40 @@ CONFIGS = {
         bos_token_id=1,
         eos_token_id=2,
     ),
+    "axk2": dict(**_DIMS, **_MOE, **_MLA, n_routed_experts=16, n_shared_experts=1),  # ungrouped
+    "hy_v3": dict(
+        **_DIMS,
+        moe_intermediate_size=32,
+        num_experts_per_tok=4,
+        num_experts=16,
+        num_shared_experts=1,
+        router_scaling_factor=2.5,
+        head_dim=32,
+        mlp_layer_types=["dense", "sparse"],
+    ),
+    "mistral4": dict(**_DIMS, **_MOE, **_MLA, n_routed_experts=16, n_shared_experts=1),
+    "mistral_large4": dict(
+        text_config=dict(**_DIMS, **_MOE, **_MLA, n_routed_experts=16, n_shared_experts=1),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=16,
+            head_dim=16,
+        ),
+    ),
+    "unlimited_ocr": dict(  # DeepSeek-OCR-2's text model again, its vision parts' defaults
+        text_config=dict(
+            **_DIMS,
+            **{**_MOE, "norm_topk_prob": False},
+            n_routed_experts=16,
+            n_shared_experts=2,
+            topk_method="greedy",
+            mlp_layer_types=["dense", "sparse"],
+        )
+    ),
     "hunyuan_v1_moe": dict(  # intermediate_size: the experts' and the shared expert's width
         **{**_DIMS, "intermediate_size": 32}, num_experts=16, moe_topk=4, head_dim=32
     ),
@@ -192,8 +227,9 @@ CONFIGS = {
         ),
     ),
 }
-WRAPPED = ("glm4v_moe", "glm46v", "glm5_next", "deepseek_ocr2")
-"""Image-text-to-text models: the MoE in text_config."""
+IMAGE_TEXT = ("glm4v_moe", "glm46v", "glm5_next", "deepseek_ocr2", "unlimited_ocr")
+IMAGE_TEXT += ("mistral_large4", "mistral4")
+"""Image-text-to-text models (the MoE in text_config; Mistral-4's causal LM is one too)."""
 NAME = "name=tiny_moe"
 """One spec name for init's and patch_model's specs: models of the same MoE math share builds."""
 
@@ -201,7 +237,7 @@ NAME = "name=tiny_moe"
 def _model_class(model_type: str):
     import transformers
 
-    if model_type in WRAPPED:
+    if model_type in IMAGE_TEXT:
         return transformers.AutoModelForImageTextToText
     return transformers.AutoModelForCausalLM
 
@@ -234,13 +270,27 @@ def saved(request, tmp_path_factory):
     return request.param, folder
 
 
+def _checkpoint(folder, name: str):
+    """(the block's tensors in the saved file, their prefix): the file, except for Mistral's
+    own layout, which transformers writes for Mistral-Large-4, the MoE's tensors beside the
+    attention's under layers.<i>.: those are picked out by name, as its users must."""
+    from safetensors.torch import load_file
+
+    prefix = _checkpoint_prefix(folder, name)
+    path = folder / "model.safetensors"
+    if not re.fullmatch(r"layers\.\d+\.", prefix):
+        return path, prefix
+    moe = re.compile(rf"{re.escape(prefix)}(gate|experts|shared_experts)\.")
+    return {key: value for key, value in load_file(path).items() if moe.match(key)}, prefix
+
+
 def _checkpoint_prefix(folder, name: str) -> str:
     """The prefix of the block's tensors in the saved file (transformers writes some under the
     checkpoints' own names: block_sparse_moe, router.gate)."""
     from safetensors import safe_open
 
     layer = name.split(".")[-2]
-    pattern = rf"\.layers\.{layer}\.[a-z_]+\.(router\.)?gate\.(wg\.)?weight$"
+    pattern = rf"(^|\.)layers\.{layer}\.([a-z_]+\.)?(router\.)?gate\.(wg\.)?weight$"
     with safe_open(folder / "model.safetensors", "pt") as handle:
         found = [key for key in handle.keys() if re.search(pattern, key)]
     assert len(found) == 1, found
@@ -278,8 +328,8 @@ def test_init_load_weights_and_patch_model_give_transformers(saved, cache_dir):
     dims = load_spec(spec).spec.model  # H, I, K, S under moec's names, for the bounds
     names = hf_oracle.moe_names(reference)
     block = reference.get_submodule(names[0])
-    prefix = _checkpoint_prefix(folder, names[0])
-    layer = package.MoELayer(device="cpu").load_weights(folder / "model.safetensors", prefix)
+    source, prefix = _checkpoint(folder, names[0])
+    layer = package.MoELayer(device="cpu").load_weights(source, prefix)
     x = torch.randn(11, text.hidden_size, generator=torch.Generator().manual_seed(1))
     expected = hf_oracle.oracle(block, x)
     error = (layer(x) - expected).abs().max().item()
@@ -384,7 +434,9 @@ def test_family_key_names_and_defaults(tmp_path, capsys):
     assert (spec.model.n_shared_experts, spec.router.routed_scaling_factor) == (2, 2.826)
 
 
-@pytest.mark.parametrize("model_type", ["longcat_flash", "ernie4_5_moe", "step3p7", "youtu"])
+@pytest.mark.parametrize(
+    "model_type", ["longcat_flash", "ernie4_5_moe", "step3p7", "youtu", "axk1"]
+)
 def test_refused_model_types_are_named(model_type, tmp_path, capsys):
     err = _refused(tmp_path, capsys, {"model_type": model_type, "hidden_size": 64})
     reason = {
@@ -392,6 +444,7 @@ def test_refused_model_types_are_named(model_type, tmp_path, capsys):
         "ernie4_5_moe": "softmax scores plus a correction bias",
         "step3p7": "clamps its SwiGLU after the activation",
         "youtu": "has no MoE layer",
+        "axk1": "normalizes the MoE block's output (post_mlp_layernorm)",
     }[model_type]
     assert f'model_type = "{model_type}": is an MoE moec does not compute: {model_type} ' in err
     assert reason in err
@@ -427,6 +480,14 @@ def test_refused_model_types_are_named(model_type, tmp_path, capsys):
         (
             {**KIMI_LINEAR, "model_type": "sarvam_mla", "n_routed_experts": 128},
             "num_experts = 256: says otherwise than n_routed_experts = 128: two names of one key",
+        ),
+        (
+            {**KIMI_LINEAR, "model_type": "mistral4", "n_group": 8, "topk_group": 4},
+            "n_group = 8: ranks expert groups by the sum of their top-2 softmax scores",
+        ),
+        (
+            {**KIMI_LINEAR, "model_type": "axk2", "n_group": 8, "topk_group": 4},
+            "n_group = 8: masks the groups left out to 0, not -inf",
         ),
         (  # Hunyuan-A13B's per-layer lists: transformers' block takes one top-k
             {"model_type": "hunyuan_v1_moe", "moe_topk": [8, 8], "num_experts": 64},

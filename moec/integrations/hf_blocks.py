@@ -47,10 +47,9 @@ class Block:
 _SIGMOID = Fixed("router.scoring_func", "sigmoid", "always scores with a sigmoid")
 _NOAUX = Fixed("router.topk_method", "noaux_tc", "always chooses as noaux_tc, with the bias")
 _V3_LIKE = (_SIGMOID, _NOAUX)
-_V2_LIKE = (
-    Fixed("router.scoring_func", "softmax", "always scores with a softmax"),
-    Fixed("router.norm_topk_prob", False, "never renormalizes the top-k weights"),
-)
+_SOFTMAX = Fixed("router.scoring_func", "softmax", "always scores with a softmax")
+_GREEDY = Fixed("router.topk_method", "greedy", "always chooses the top-k, without a bias")
+_V2_LIKE = (_SOFTMAX, Fixed("router.norm_topk_prob", False, "never renormalizes the top-k weights"))
 _UNGROUPED = (
     Fixed("router.n_group", 1, "chooses among all experts, ungrouped"),
     Fixed("router.topk_group", 1, "chooses among all experts, ungrouped"),
@@ -106,13 +105,38 @@ BLOCKS = (
         "AfmoeTokenChoiceRouter",
         (*_V3_LIKE, *_UNGROUPED),
     ),
+    _v3("axk2", "AXK2"),
+    Block(
+        "unlimited_ocr.modeling_unlimited_ocr",
+        "UnlimitedOcrTextMoe",
+        "UnlimitedOcrTextTopkRouter",
+        _V2_LIKE,
+    ),
+    Block(
+        "hy_v3.modeling_hy_v3",
+        "HYV3MoE",
+        "HYV3TopKRouter",
+        (*_V3_LIKE, *_UNGROUPED),
+    ),
+    Block(
+        "mistral4.modeling_mistral4",
+        "Mistral4MoE",
+        "Mistral4TopkRouter",
+        (_SOFTMAX, _GREEDY),
+    ),
+    Block(
+        "mistral_large4.modeling_mistral_large4",
+        "MistralLarge4TextMoE",
+        "MistralLarge4TextTopkRouter",
+        (_SOFTMAX, _GREEDY, _UNGROUPED[2]),
+    ),
     Block(
         "hunyuan_v1_moe.modeling_hunyuan_v1_moe",
         "HunYuanMoEV1Moe",
         "HunYuanMoEV1Gate",
         (
-            Fixed("router.scoring_func", "softmax", "always scores with a softmax"),
-            Fixed("router.topk_method", "greedy", "always chooses the top-k, ungrouped"),
+            _SOFTMAX,
+            _GREEDY,
             *_UNGROUPED,
             Fixed("router.routed_scaling_factor", 1.0, "never scales the top-k weights"),
             Fixed("model.n_shared_experts", 1, "holds one shared expert of intermediate_size"),

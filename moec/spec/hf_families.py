@@ -1,7 +1,7 @@
 """What each DeepSeek-style `model_type` means to `moec init --from-hf`: the router defaults a
 config leaves out, the family's own names of the MoE keys, where the MoE keys live (Kimi-K2.5,
-GLM-4.5V, GLM-4.6V, GLM-5-Next, DeepSeek-OCR-2: `text_config`), and the MoE layer types of
-DeepSeek-V4 (`mlp_layer_types`, or the legacy `num_hash_layers`).
+GLM-4.5V, GLM-4.6V, GLM-5-Next, DeepSeek-OCR-2, Unlimited-OCR, Mistral-Large-4: `text_config`),
+and the MoE layer types of DeepSeek-V4 (`mlp_layer_types`, or the legacy `num_hash_layers`).
 
 The values a key left out takes are transformers' defaults for that model type.
 """
@@ -135,6 +135,25 @@ FAMILIES = {
             "moe_intermediate_size": ("intermediate_size",),
         },
     ),
+    "unlimited_ocr_text": Family(
+        "softmax", "greedy", False, 2, keys={"n_routed_experts": _BOTH_NAMES["n_routed_experts"]}
+    ),
+    "axk2": Family("sigmoid", "noaux_tc", True, 1, 2.5),  # grouped: refused (hf_refused)
+    "hy_v3": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        1,
+        2.826,
+        keys={
+            "n_routed_experts": ("num_experts", "num_local_experts"),
+            "n_shared_experts": ("num_shared_experts",),
+            "routed_scaling_factor": ("router_scaling_factor",),
+        },
+    ),
+    # softmax top-k without a bias; grouped routers rank groups otherwise (refused)
+    "mistral4": Family("softmax", "greedy", True, 1),
+    "mistral_large4_text": Family("softmax", "greedy", True, 1),
     # softmax top-k, renormalized, and one shared expert as wide as the routed ones
     "hunyuan_v1_moe": Family(
         "softmax",
@@ -156,6 +175,8 @@ WRAPPERS = {
     "glm46v": ("glm4v_moe_text",),
     "glm5_next": ("glm5_next_text",),
     "deepseek_ocr2": ("deepseek_ocr2_text",),
+    "unlimited_ocr": ("unlimited_ocr_text",),
+    "mistral_large4": ("mistral_large4_text",),
 }
 """model_type whose MoE keys sit in `text_config` -> the MoE text model types it may hold (the
 first when `text_config` names none, as transformers does, unless WRAPPER_DEFAULTS says)."""

@@ -34,6 +34,7 @@ REFUSED_TYPES = {
     "step3p7": _STEP,
     "step3p5": _STEP,
     "youtu": "has no MoE layer: every layer is a dense MLP",
+    "axk1": "normalizes the MoE block's output (post_mlp_layernorm), which moec's layer does not",
 }
 """model_type -> why moec cannot compute its MoE layers (in words, after the model type)."""
 
@@ -55,9 +56,28 @@ _MLP_BIAS = KeyCheck(
     "gives the shared experts' projections biases, which moec's experts do not have",
     "false",
 )
+_MISTRAL_GROUPS = KeyCheck(
+    "n_group",
+    (1,),
+    "ranks expert groups by the sum of their top-2 softmax scores, where moec's "
+    "group_limited_greedy ranks them by the largest",
+    "1",
+)
+_AXK2_GROUPS = KeyCheck(
+    "n_group",
+    (1,),
+    "masks the groups left out to 0, not -inf, so that an expert there can still be chosen "
+    "over one whose score plus bias is negative; moec's noaux_tc never chooses one",
+    "1, or leave it out (ungrouped)",
+)
 KEY_CHECKS = {
     "deepseek_v2": (_MLP_BIAS,),
     "deepseek_ocr2_text": (_MLP_BIAS,),
+    "unlimited_ocr_text": (_MLP_BIAS,),
+    "hy_v3": (_MLP_BIAS,),
+    "mistral4": (_MISTRAL_GROUPS,),
+    "mistral_large4_text": (_MISTRAL_GROUPS,),
+    "axk2": (_AXK2_GROUPS,),
     "minimax_m2": (
         KeyCheck(
             "use_routing_bias",
