@@ -22,6 +22,15 @@ _STEP = (
     "before it) with a limit per layer (swiglu_limits, swiglu_limits_shared), and sizes its "
     "shared expert apart (share_expert_dim)"
 )
+_HY_V4 = (
+    "clamps the routed experts' SwiGLU (swiglu_limit) and not the shared expert's, where "
+    "moec's silu_clamped clamps both"
+)
+_MUSE = "scales the router logits (output_multiplier) before the sigmoid"
+_DOTS3 = (
+    "sizes its shared experts apart from the routed ones (shared_experts_intermediate_size); "
+    "moec's are n_shared_experts x moe_intermediate_size wide"
+)
 REFUSED_TYPES = {
     "longcat_flash": (
         "routes tokens to zero-computation (identity) experts (zero_expert_num) beside its FFN "
@@ -35,6 +44,21 @@ REFUSED_TYPES = {
     "step3p5": _STEP,
     "youtu": "has no MoE layer: every layer is a dense MLP",
     "axk1": "normalizes the MoE block's output (post_mlp_layernorm), which moec's layer does not",
+    "hy_v4": _HY_V4,
+    "hy_v4_vl": _HY_V4,
+    "kolibri1": (
+        "chooses experts on the router logits plus a correction bias, before the sigmoid; moec's "
+        "noaux_tc adds the bias to the sigmoid scores"
+    ),
+    "muse_spark_text": _MUSE,
+    "muse_spark": _MUSE,
+    "laguna": (
+        "sizes its shared expert apart from the routed ones (shared_expert_intermediate_size) "
+        "and may softcap the router logits (moe_router_logit_softcapping); moec's shared "
+        "experts are n_shared_experts x moe_intermediate_size wide"
+    ),
+    "dots3_note_text": _DOTS3,
+    "dots3_note": _DOTS3,
 }
 """model_type -> why moec cannot compute its MoE layers (in words, after the model type)."""
 
