@@ -100,6 +100,26 @@ _GLM5_NEXT_TEXT = dict(
     mlp_layer_types=["dense", "sparse"],
     layer_types=["linear_attention", "indexed_attention"],
 )
+_OCR_VISION = dict(  # DeepSeek-OCR-2's and Unlimited-OCR's: SAM and a Qwen2 encoder
+    sam_config=dict(
+        hidden_size=32,
+        output_channels=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=64,
+        window_size=2,
+        global_attn_indexes=[0],
+        downsample_channels=[16, 32],
+    ),
+    encoder_config=dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    ),
+)
 CONFIGS = {
     "dots1": dict(**_DIMS, **_MOE, **_GROUPED, first_k_dense_replace=1),
     "glm4_moe_lite": dict(**_DIMS, **_MOE, **_MLA, **_GROUPED, mlp_layer_types=["dense", "sparse"]),
@@ -175,7 +195,8 @@ CONFIGS = {
             head_dim=16,
         ),
     ),
-    "unlimited_ocr": dict(  # DeepSeek-OCR-2's text model again, its vision parts' defaults
+    "unlimited_ocr": dict(  # DeepSeek-OCR-2's text model again
+        vision_config=_OCR_VISION,
         text_config=dict(
             **_DIMS,
             **{**_MOE, "norm_topk_prob": False},
@@ -183,7 +204,7 @@ CONFIGS = {
             n_shared_experts=2,
             topk_method="greedy",
             mlp_layer_types=["dense", "sparse"],
-        )
+        ),
     ),
     "hunyuan_v1_moe": dict(  # intermediate_size: the experts' and the shared expert's width
         **{**_DIMS, "intermediate_size": 32}, num_experts=16, moe_topk=4, head_dim=32
@@ -205,26 +226,7 @@ CONFIGS = {
             topk_method="greedy",
             mlp_layer_types=["dense", "sparse"],
         ),
-        vision_config=dict(
-            sam_config=dict(
-                hidden_size=32,
-                output_channels=16,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                image_size=64,
-                window_size=2,
-                global_attn_indexes=[0],
-                downsample_channels=[16, 32],
-            ),
-            encoder_config=dict(
-                vocab_size=64,
-                hidden_size=32,
-                intermediate_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                num_key_value_heads=2,
-            ),
-        ),
+        vision_config=_OCR_VISION,
     ),
 }
 IMAGE_TEXT = ("glm4v_moe", "glm46v", "glm5_next", "deepseek_ocr2", "unlimited_ocr")
@@ -345,7 +347,7 @@ def test_init_load_weights_and_patch_model_give_transformers(saved, cache_dir):
         expected, logits = reference(input_ids=tokens).logits, model(input_ids=tokens).logits
     bound = 2 * U32 * summed_terms(model, dims, names[0], tokens.shape[1])
     assert (logits - expected).abs().max().item() <= bound * expected.abs().max().item()
-    kwargs = dict(attention_mask=torch.ones_like(tokens), max_new_tokens=4, do_sample=False)
+    kwargs = dict(attention_mask=torch.ones_like(tokens), max_new_tokens=2, do_sample=False)
     assert torch.equal(model.generate(tokens, **kwargs), reference.generate(tokens, **kwargs))
 
 
