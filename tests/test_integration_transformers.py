@@ -191,6 +191,7 @@ def test_weights_that_do_not_load_name_the_block(cache_dir):
     config = hf_oracle.deepseek_v2("greedy", layers=2)
     config.mlp_bias = True  # shared experts with biases: no DeepSeek checkpoint has them
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.config.mlp_bias = False  # a config that says so is refused by key, before any load
     with pytest.raises(MoecError, match=r"model.layers.1.mlp: cannot load the weights:\n.*bias"):
         patch_model(model, overrides=["target.device=cpu"], cache_dir=cache_dir)
 

@@ -47,17 +47,26 @@ class Block:
 _SIGMOID = Fixed("router.scoring_func", "sigmoid", "always scores with a sigmoid")
 _NOAUX = Fixed("router.topk_method", "noaux_tc", "always chooses as noaux_tc, with the bias")
 _V3_LIKE = (_SIGMOID, _NOAUX)
+_SOFTMAX = Fixed("router.scoring_func", "softmax", "always scores with a softmax")
+_GREEDY = Fixed("router.topk_method", "greedy", "always chooses the top-k, without a bias")
+_V2_LIKE = (_SOFTMAX, Fixed("router.norm_topk_prob", False, "never renormalizes the top-k weights"))
+_UNGROUPED = (
+    Fixed("router.n_group", 1, "chooses among all experts, ungrouped"),
+    Fixed("router.topk_group", 1, "chooses among all experts, ungrouped"),
+    Fixed("router.norm_topk_prob", True, "always renormalizes the top-k weights"),
+)
+_NO_SHARED = Fixed("model.n_shared_experts", 0, "has no shared experts")
+
+
+def _v3(model: str, prefix: str, block: str = "MoE", extra: tuple[Fixed, ...] = ()) -> Block:
+    """A copy of DeepseekV3MoE (transformers' modular models) under model `model`'s names."""
+    module = f"{model}.modeling_{model.split('.')[-1]}"
+    return Block(module, f"{prefix}{block}", f"{prefix}TopkRouter", (*_V3_LIKE, *extra))
+
+
 BLOCKS = (
     Block("deepseek_v3.modeling_deepseek_v3", "DeepseekV3MoE", "DeepseekV3TopkRouter", _V3_LIKE),
-    Block(
-        "deepseek_v2.modeling_deepseek_v2",
-        "DeepseekV2Moe",
-        "DeepseekV2TopkRouter",
-        (
-            Fixed("router.scoring_func", "softmax", "always scores with a softmax"),
-            Fixed("router.norm_topk_prob", False, "never renormalizes the top-k weights"),
-        ),
-    ),
+    Block("deepseek_v2.modeling_deepseek_v2", "DeepseekV2Moe", "DeepseekV2TopkRouter", _V2_LIKE),
     Block(
         "deepseek_v32.modeling_deepseek_v32", "DeepseekV32MoE", "DeepseekV32TopkRouter", _V3_LIKE
     ),
@@ -74,8 +83,79 @@ BLOCKS = (
             Fixed("model.n_shared_experts", 1, "holds one shared expert of moe_intermediate_size"),
         ),
     ),
+    _v3("dots1", "Dots1"),
+    _v3("glm4_moe_lite", "Glm4MoeLite"),
+    _v3("glm_moe_dsa", "GlmMoeDsa"),
+    _v3("solar_open", "SolarOpen"),
+    _v3("glm4v_moe", "Glm4vMoeText"),
+    _v3("glm5_next", "Glm5NextText"),
+    _v3("kimi_linear", "KimiLinear"),
+    _v3("bailing_hybrid", "BailingHybrid"),
+    _v3("exaone_moe", "ExaoneMoe", "SparseMoEBlock"),
+    _v3("mimo_v2_flash", "MiMoV2Flash", extra=(_NO_SHARED,)),
+    Block(
+        "deepseek_ocr2.modeling_deepseek_ocr2",
+        "DeepseekOcr2TextMoe",
+        "DeepseekOcr2TextTopkRouter",
+        _V2_LIKE,
+    ),
+    Block(
+        "afmoe.modeling_afmoe",
+        "AfmoeSparseMoeBlock",
+        "AfmoeTokenChoiceRouter",
+        (*_V3_LIKE, *_UNGROUPED),
+    ),
+    _v3("axk2", "AXK2"),
+    Block(
+        "unlimited_ocr.modeling_unlimited_ocr",
+        "UnlimitedOcrTextMoe",
+        "UnlimitedOcrTextTopkRouter",
+        _V2_LIKE,
+    ),
+    Block(
+        "hy_v3.modeling_hy_v3",
+        "HYV3MoE",
+        "HYV3TopKRouter",
+        (*_V3_LIKE, *_UNGROUPED),
+    ),
+    Block(
+        "mistral4.modeling_mistral4",
+        "Mistral4MoE",
+        "Mistral4TopkRouter",
+        (_SOFTMAX, _GREEDY),
+    ),
+    Block(
+        "mistral_large4.modeling_mistral_large4",
+        "MistralLarge4TextMoE",
+        "MistralLarge4TextTopkRouter",
+        (_SOFTMAX, _GREEDY, _UNGROUPED[2]),
+    ),
+    Block(
+        "hunyuan_v1_moe.modeling_hunyuan_v1_moe",
+        "HunYuanMoEV1Moe",
+        "HunYuanMoEV1Gate",
+        (
+            _SOFTMAX,
+            _GREEDY,
+            *_UNGROUPED,
+            Fixed("router.routed_scaling_factor", 1.0, "never scales the top-k weights"),
+            Fixed("model.n_shared_experts", 1, "holds one shared expert of intermediate_size"),
+        ),
+    ),
+    Block(
+        "minimax_m2.modeling_minimax_m2",
+        "MiniMaxM2SparseMoeBlock",
+        "MiniMaxM2TopKRouter",
+        (
+            *_V3_LIKE,
+            *_UNGROUPED,
+            Fixed("router.routed_scaling_factor", 1.0, "never scales the top-k weights"),
+            _NO_SHARED,
+        ),
+    ),
 )
-"""Every block patch_model replaces (Kimi-K2 and Kimi-K2.5 hold DeepseekV3MoE blocks)."""
+"""Every block patch_model replaces (Kimi-K2 and Kimi-K2.5 hold DeepseekV3MoE blocks, Sarvam's
+sarvam_mla DeepseekV3MoE ones and sarvam_moe Glm4MoeMoE ones; GLM-4.6V holds GLM-4.5V's)."""
 ROUTER_KEYS = ("transformers", "config")
 """patch_model's `router_keys`: follow what the transformers block computes, or the config."""
 

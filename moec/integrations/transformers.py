@@ -4,9 +4,12 @@
     patch_model(model, "spec.toml")   # a spec path, a LoadedSpec, or None: a spec from model.config
     model.generate(...)
 
-`patch_model` replaces every DeepSeek-style MoE block (`DeepseekV3MoE`, also in Kimi-K2 and
-Kimi-K2.5; `DeepseekV2Moe`, `DeepseekV32MoE`, `Glm4MoeMoE`, DeepSeek-V4's routed
-`DeepseekV4SparseMoeBlock`) with a `MoecMoE`. The spec is built once; each block's weights (transformers' own state-dict names) go into that block's
+`patch_model` replaces every DeepSeek-style MoE block (`DeepseekV3MoE`, also in Kimi-K2,
+Kimi-K2.5 and Sarvam; `DeepseekV2Moe`, `DeepseekV32MoE`, `Glm4MoeMoE`, DeepSeek-V4's routed
+`DeepseekV4SparseMoeBlock`, and the copies of them in dots1, GLM-4.7-Flash, GLM-5, Solar-Open,
+GLM-4.5V / 4.6V, GLM-5-Next, Kimi-Linear, Ling, EXAONE-MoE, MiMo-V2-Flash, DeepSeek-OCR-2,
+AFMoE, MiniMax-M2, Hunyuan, HY-V3, A.X-K2, Mistral-4, Mistral-Large-4 and Unlimited-OCR:
+hf_blocks.BLOCKS) with a `MoecMoE`. The spec is built once; each block's weights (transformers' own state-dict names) go into that block's
 own `MoELayer`, quantized on load when the spec asks for fp8, and the transformers block is
 dropped at once: the model never holds two copies of more than one layer's experts.
 
@@ -22,7 +25,7 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import torch
 from torch import nn
@@ -31,7 +34,7 @@ import moec
 from moec.errors import MoecError, Problem, override_list, path_argument, problem
 from moec.integrations import hf_blocks
 from moec.integrations.hf_blocks import ROUTER_KEYS, Block
-from moec.spec import LoadedSpec, check_raw, load_spec
+from moec.spec import LoadedSpec, check_raw, hf_refused, load_spec
 from moec.spec.hf import spec_data_from_config
 from moec.spec.loader import apply_overrides
 from moec.spec.models import Arch
@@ -190,13 +193,28 @@ def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list
             ],
             kind="usage",
         )
+    refused = _refused_type(model)
+    if not found and refused is not None:
+        raise MoecError(
+            [
+                problem(
+                    "model",
+                    f"is of model type {refused}, an MoE moec does not compute: {refused} "
+                    f"{hf_refused.REFUSED_TYPES[refused]}",
+                    "a transformers model of a DeepSeek-style MoE (moec init --from-hf lists "
+                    "the model types)",
+                )
+            ],
+            kind="usage",
+        )
     if not found:
         raise MoecError(
             [
                 problem(
                     "model",
                     f"has no DeepSeek MoE block to replace (a {type(model).__name__})",
-                    "a transformers DeepseekV2 / V3 / V3.2 / V4, Kimi-K2 / K2.5 or GLM-4.5 model",
+                    "a transformers model of a DeepSeek-style MoE (moec init --from-hf lists "
+                    "the model types)",
                 )
             ],
             kind="usage",
@@ -220,6 +238,17 @@ def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list
             kind="usage",
         )
     return groups, block
+
+
+def _refused_type(model: nn.Module) -> str | None:
+    """The model type of hf_refused.REFUSED_TYPES the model's (text) config names, if any."""
+    config: Any = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for holder in (config, text):
+        model_type = getattr(holder, "model_type", None)
+        if model_type in hf_refused.REFUSED_TYPES:
+            return model_type
+    return None
 
 
 def moe_block_classes() -> tuple[type, ...]:

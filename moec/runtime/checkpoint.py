@@ -63,7 +63,10 @@ _UNPICKLE_ERRORS: tuple[type[Exception], ...] = (pickle.UnpicklingError, zipfile
 _UNPICKLE_ERRORS += (EOFError, OSError, RuntimeError, ValueError, TypeError, KeyError)
 _UNPICKLE_ERRORS += (AttributeError, ImportError)
 """What torch.load(weights_only=True) raises on a bad or disallowed file."""
-LAYER_NAME = re.compile(r"gate\.(weight|e_score_correction_bias|bias|tid2eid)$|(shared_)?experts\.")
+LAYER_NAME = re.compile(
+    r"(router\.)?gate\.(weight|e_score_correction_bias|expert_bias|bias|tid2eid)$"
+    r"|gate\.wg\.weight$|(e_score_correction|expert)_bias$|(shared_)?experts\.|shared_mlp\."
+)
 """How the names of an MoE layer start after its prefix: what a read without `expected`
 looks for before it suggests another prefix."""
 _SHOWN = 10

@@ -10,7 +10,10 @@ Checkpoint names, after the caller's prefix (e.g. "model.layers.3.mlp."):
 or DeepSeek's own names, as the DeepSeek-V4 checkpoints store them (prefix "layers.3.ffn."):
 gate.bias for the correction bias, experts.{e}.{w1,w3,w2}.weight (gate, up, down) with .scale,
 shared_experts.{w1,w3,w2}.weight (+ .scale). A hash router's table: gate.tid2eid [V, K], the
-experts of each token id.
+experts of each token id. Other DeepSeek-style checkpoints name the router and its bias
+otherwise: router.gate.weight and expert_bias (AFMoE), gate.expert_bias (Ling, Sarvam-MoE), the
+bias beside the gate as e_score_correction_bias (EXAONE-MoE, MiniMax-M2); Hunyuan's router
+gate.wg.weight and its shared expert shared_mlp.{gate,up,down}_proj.weight.
 
 Every expert becomes w13 = [gate; up] [2I, H] and w2 = down [H, I] in its `WeightFormat`; with
 tensor parallelism each rank keeps 1/tp of every intermediate, with expert parallelism its own
@@ -30,11 +33,19 @@ from .weight_formats import Pair, WeightFormat
 _PROJ = r"(gate_proj|up_proj|down_proj|w1|w3|w2)"
 _FIELD = r"(weight|weight_scale_inv|weight_scale|scale|input_scale)"
 _EXPERT = re.compile(rf"experts\.(\d+)\.{_PROJ}\.{_FIELD}")
-_SHARED = re.compile(rf"shared_experts\.{_PROJ}\.{_FIELD}")
+_SHARED = re.compile(rf"(?:shared_experts|shared_mlp)\.{_PROJ}\.{_FIELD}")
 _PROJECTIONS = {"w1": "gate", "w3": "up", "w2": "down"}
 """DeepSeek's names of the gated MLP's projections."""
-_BIAS_NAMES = ("gate.e_score_correction_bias", "gate.bias")
-"""HF's and DeepSeek's name of the router's correction bias."""
+_GATE_NAMES = ("gate.weight", "router.gate.weight", "gate.wg.weight")
+"""The router weight's names: HF's and DeepSeek's, AFMoE's, Hunyuan's."""
+_BIAS_NAMES = (
+    "gate.e_score_correction_bias",
+    "gate.bias",
+    "gate.expert_bias",
+    "e_score_correction_bias",
+    "expert_bias",
+)
+"""The router's correction bias: HF's and DeepSeek's names, then the other models' (above)."""
 
 
 @dataclass(frozen=True)
@@ -226,7 +237,7 @@ def _collect(tensors, prefix: str, logical: set[int], spec: LayerWeights):
         names[key] = prefix + name
 
     for name, tensor in tensors:
-        if name == "gate.weight":
+        if name in _GATE_NAMES:
             put("gate", tensor, name)
         elif name == "gate.tid2eid":
             if spec.hash_table:

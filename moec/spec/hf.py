@@ -1,5 +1,6 @@
-"""`moec init --from-hf`: a spec from a HF `config.json` (DeepSeek-V2, V2-Lite, V3/R1, V3.2,
-V4, Kimi-K2, Kimi-K2.5, GLM-4.5).
+"""`moec init --from-hf`: a spec from a HF `config.json` of a DeepSeek-style MoE model
+(DeepSeek-V2, V2-Lite, V3/R1, V3.2, V4, Kimi-K2, Kimi-K2.5, GLM-4.5 and the other model types of
+hf_families.FAMILIES and WRAPPERS; those of hf_refused.REFUSED_TYPES are refused by name).
 
 The spec is written as TOML with the HF keys it came from, then checked like any other spec,
 so an imported config that moec cannot run is reported the same way.
@@ -16,7 +17,7 @@ from typing import Any
 
 from moec.errors import MoecError, problem
 from moec.resources import shipped_schema_path
-from moec.spec import hf_families
+from moec.spec import hf_families, hf_refused
 from moec.spec.hf_families import Family
 from moec.spec.hf_values import ConfigReader
 from moec.spec.loader import apply_overrides, check_raw, read_user_text
@@ -153,6 +154,19 @@ def spec_data_from_config(
             [problem("--from-hf", "is not a JSON object", "a HF config.json")], kind="usage"
         )
     model_type = config.get("model_type")
+    if isinstance(model_type, str) and model_type in hf_refused.REFUSED_TYPES:
+        raise MoecError(
+            [
+                problem(
+                    "model_type",
+                    f"is an MoE moec does not compute: {model_type} "
+                    f"{hf_refused.REFUSED_TYPES[model_type]}",
+                    f"a model type moec computes: {', '.join(_KNOWN_TYPES)}",
+                    value=model_type,
+                )
+            ],
+            kind="usage",
+        )
     if not isinstance(model_type, str) or model_type not in _KNOWN_TYPES:
         raise MoecError(
             [
@@ -172,13 +186,14 @@ def spec_data_from_config(
         raise AssertionError("moe_source records a problem where it finds no MoE keys")
     layer_type = hf_families.check_layer_type(source, layer_type)
     family, reader = hf_families.FAMILIES[source.model_type], source.reader
+    hf_refused.check_keys(reader, source.model_type)
     raw: dict[str, Any] = {"name": name or _name_from(outer)}
     raw.update(model=_model_from(reader, family), router=_router_from(reader, family))
     if layer_type == "hash_moe":  # tid2eid[token_id] chooses: a table of vocab_size rows
         raw["router"]["topk_method"] = "hash"
         raw["model"]["vocab_size"] = reader.integer("vocab_size", "model.vocab_size", required=True)
     raw["quant"] = _quant_from(hf_families.reader_of(source, "quantization_config"), reader)
-    activation = _activation_from(reader)
+    activation = _activation_from(reader, family)
     if activation:
         raw["activation"] = activation
     dtype_holder = hf_families.reader_of(source, "torch_dtype", "dtype")
@@ -200,14 +215,18 @@ def _dtype_from(reader: ConfigReader) -> str:
 
 
 def _model_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
+    """The model keys, read under the family's names of them (MiniMax-M2: `intermediate_size`
+    is the experts')."""
     model = {
-        key: reader.integer(key, f"model.{key}", required=True)
+        key: reader.integer(family.key(reader, key), f"model.{key}", required=True)
         for key in ("hidden_size", "moe_intermediate_size", "n_routed_experts")
     }
     model["num_experts_per_tok"] = reader.integer(
-        "num_experts_per_tok", "model.num_experts_per_tok", required=True
+        family.key(reader, "num_experts_per_tok"), "model.num_experts_per_tok", required=True
     )
-    shared = reader.integer("n_shared_experts", "model.n_shared_experts")
+    shared = None
+    if family.reads("n_shared_experts"):  # Hunyuan: one shared expert, no key
+        shared = reader.integer(family.key(reader, "n_shared_experts"), "model.n_shared_experts")
     model["n_shared_experts"] = family.n_shared_experts if shared is None else shared
     return model
 
@@ -217,22 +236,25 @@ def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
     defaults = {"scoring_func": family.scoring_func, "topk_method": family.topk_method}
     router: dict[str, Any] = {}
     for key, default in defaults.items():  # "" stays, for the spec's rules to report
-        value = reader.text(key, f"router.{key}")
+        value = reader.text(family.key(reader, key), f"router.{key}")
         router[key] = default if value is None else value
-    for key in ("n_group", "topk_group"):
-        count = reader.integer(key, f"router.{key}")
-        router[key] = 1 if count is None else count
-    norm = reader.boolean("norm_topk_prob", "router.norm_topk_prob")
+    for name, fallback in (("n_group", family.n_group), ("topk_group", family.topk_group)):
+        count = reader.integer(family.key(reader, name), f"router.{name}")
+        router[name] = fallback if count is None else count
+    norm = reader.boolean(family.key(reader, "norm_topk_prob"), "router.norm_topk_prob")
     router["norm_topk_prob"] = family.norm_topk_prob if norm is None else norm
-    scaling = reader.number("routed_scaling_factor", "router.routed_scaling_factor")
-    router["routed_scaling_factor"] = 1.0 if scaling is None else scaling
+    scaling = reader.number(
+        family.key(reader, "routed_scaling_factor"), "router.routed_scaling_factor"
+    )
+    router["routed_scaling_factor"] = family.routed_scaling_factor if scaling is None else scaling
     return router
 
 
-def _activation_from(reader: ConfigReader) -> dict[str, Any] | None:
-    """silu_clamped with a (non-zero) swiglu_limit, else None (silu); another hidden_act is
-    reported."""
+def _activation_from(reader: ConfigReader, family: Family) -> dict[str, Any] | None:
+    """silu_clamped with a (non-zero) swiglu_limit (left out: the family's default), else None
+    (silu); another hidden_act is reported."""
     limit = reader.number("swiglu_limit", "activation")
+    limit = family.swiglu_limit if limit is None else limit
     act = reader.text("hidden_act", "activation")
     if limit:  # 0 is how configs say "no clamp"; a negative limit is the spec's to reject
         return {"kind": "silu_clamped", "swiglu_limit": limit}

@@ -1,13 +1,16 @@
-"""What each DeepSeek-family `model_type` means to `moec init --from-hf`: the router defaults a
-config leaves out, where the MoE keys live (Kimi-K2.5: `text_config`), and the MoE layer types
-of DeepSeek-V4 (`mlp_layer_types`, or the legacy `num_hash_layers`).
+"""What each DeepSeek-style `model_type` means to `moec init --from-hf`: the router defaults a
+config leaves out, the family's own names of the MoE keys, where the MoE keys live (Kimi-K2.5,
+GLM-4.5V, GLM-4.6V, GLM-5-Next, DeepSeek-OCR-2, Unlimited-OCR, Mistral-Large-4: `text_config`),
+and the MoE layer types of DeepSeek-V4 (`mlp_layer_types`, or the legacy `num_hash_layers`).
 
 The values a key left out takes are transformers' defaults for that model type.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from moec.errors import problem
 from moec.spec.hf_values import ConfigReader
@@ -15,29 +18,170 @@ from moec.spec.hf_values import ConfigReader
 
 @dataclass(frozen=True)
 class Family:
-    """The router and shared-expert defaults of one model type."""
+    """The router and shared-expert defaults of one model type, and its names of the keys."""
 
     scoring_func: str
     topk_method: str
     norm_topk_prob: bool
     n_shared_experts: int
     """When the config leaves it out."""
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    swiglu_limit: float | None = None
+    """The clamp of a config that leaves `swiglu_limit` out (GLM-5-Next: 10); None: none."""
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """DeepSeek's name of a key -> the names this model type's config takes for it (the
+    names transformers reads, its `attribute_map` included); a key not here is DeepSeek's; no
+    name: the model type has no such key (its MoE block fixes the value, the default)."""
+
+    def reads(self, name: str) -> bool:
+        """Whether this model type's config has a key for DeepSeek's `name`."""
+        return self.keys.get(name, (name,)) != ()
+
+    def key(self, reader: ConfigReader, name: str) -> str:
+        """The config key that holds DeepSeek's `name`: the one of this family's names the
+        config writes (a problem when it writes two with different values), else the first."""
+        names = self.keys.get(name, (name,))
+        present = [key for key in names if reader.config.get(key) is not None]
+        values = {json.dumps(reader.config[key], sort_keys=True) for key in present}
+        if len(values) > 1:
+            first = f"{present[0]} = {json.dumps(reader.config[present[0]])}"
+            reader.report(
+                present[1],
+                reader.config[present[1]],
+                f"says otherwise than {first}: two names of one key",
+                f"one of {' or '.join(present)}",
+            )
+        return present[0] if present else names[0]
 
 
 _V3 = Family("sigmoid", "noaux_tc", True, 0)
 _ONE_SHARED = Family("sigmoid", "noaux_tc", True, 1)
+_V2 = Family("softmax", "greedy", False, 0)
+_LINEAR_KEYS = {  # Kimi-Linear's and Ling's (bailing) names, as their config.json write them
+    "n_routed_experts": ("num_experts",),
+    "num_experts_per_tok": ("num_experts_per_token",),
+    "n_shared_experts": ("num_shared_experts",),
+    "norm_topk_prob": ("moe_renormalize",),
+    "n_group": ("num_expert_group",),
+}
+_NUM_EXPERTS = {"n_routed_experts": ("num_experts",), "n_shared_experts": ("num_shared_experts",)}
+_BOTH_NAMES = {  # Sarvam: transformers reads DeepSeek's names and the released config's
+    "n_routed_experts": ("n_routed_experts", "num_experts"),
+    "n_shared_experts": ("n_shared_experts", "num_shared_experts"),
+}
 FAMILIES = {
-    "deepseek_v2": Family("softmax", "greedy", False, 0),
+    "deepseek_v2": _V2,
     "deepseek_v3": _V3,
     "kimi_k2": _V3,
     "deepseek_v32": _ONE_SHARED,
     "glm4_moe": _ONE_SHARED,
     "deepseek_v4": Family("sqrtsoftplus", "noaux_tc", True, 1),
+    # DeepSeek-V3's MoE block under another name, with the defaults of its model type
+    "dots1": Family("sigmoid", "noaux_tc", False, 0),
+    "glm4_moe_lite": Family("sigmoid", "noaux_tc", True, 1, routed_scaling_factor=1.8),
+    "glm_moe_dsa": Family("sigmoid", "noaux_tc", True, 1, routed_scaling_factor=2.5),
+    "solar_open": _ONE_SHARED,
+    "glm4v_moe_text": _ONE_SHARED,
+    "glm5_next_text": Family(
+        "sigmoid", "noaux_tc", True, 1, routed_scaling_factor=2.5, swiglu_limit=10.0
+    ),
+    "mimo_v2_flash": _V3,
+    "sarvam_mla": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_BOTH_NAMES),
+    "sarvam_moe": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_BOTH_NAMES),
+    "exaone_moe": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_NUM_EXPERTS),
+    "kimi_linear": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        1,
+        2.446,
+        keys={**_LINEAR_KEYS, "scoring_func": ("moe_router_activation_func",)},
+    ),
+    "bailing_hybrid": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        1,
+        2.5,
+        n_group=8,
+        topk_group=4,
+        keys={**_LINEAR_KEYS, "scoring_func": ("score_function",)},
+    ),
+    "deepseek_ocr2_text": Family(
+        "softmax", "greedy", False, 2, keys={"n_routed_experts": _BOTH_NAMES["n_routed_experts"]}
+    ),
+    # sigmoid top-k with a correction bias, ungrouped, renormalized: noaux_tc with one group
+    "afmoe": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        2,
+        keys={
+            **_NUM_EXPERTS,
+            "routed_scaling_factor": ("route_scale",),
+            "scoring_func": ("score_func",),
+            "norm_topk_prob": ("route_norm",),
+        },
+    ),
+    "minimax_m2": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        0,
+        keys={
+            "n_routed_experts": ("num_local_experts", "num_experts"),
+            "moe_intermediate_size": ("intermediate_size",),
+        },
+    ),
+    "unlimited_ocr_text": Family(
+        "softmax", "greedy", False, 2, keys={"n_routed_experts": _BOTH_NAMES["n_routed_experts"]}
+    ),
+    "axk2": Family("sigmoid", "noaux_tc", True, 1, 2.5),  # grouped: refused (hf_refused)
+    "hy_v3": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        1,
+        2.826,
+        keys={
+            "n_routed_experts": ("num_experts", "num_local_experts"),
+            "n_shared_experts": ("num_shared_experts",),
+            "routed_scaling_factor": ("router_scaling_factor",),
+        },
+    ),
+    # softmax top-k without a bias; grouped routers rank groups otherwise (refused)
+    "mistral4": Family("softmax", "greedy", True, 1),
+    "mistral_large4_text": Family("softmax", "greedy", True, 1),
+    # softmax top-k, renormalized, and one shared expert as wide as the routed ones
+    "hunyuan_v1_moe": Family(
+        "softmax",
+        "greedy",
+        True,
+        1,
+        keys={
+            "n_routed_experts": ("num_experts",),
+            "num_experts_per_tok": ("moe_topk",),
+            "moe_intermediate_size": ("intermediate_size",),
+            "n_shared_experts": (),
+        },
+    ),
 }
-"""model_type -> its defaults; Kimi-K2.5 (`kimi_k25`) is a DeepSeek-V3 in `text_config`."""
-WRAPPERS = {"kimi_k25": ("deepseek_v3", "kimi_k2")}
-"""model_type whose MoE keys sit in `text_config` -> the text model types it may hold (the
-first when `text_config` names none, as transformers does)."""
+"""model_type -> its defaults and key names (no name: the block fixes the value)."""
+WRAPPERS = {
+    "kimi_k25": ("deepseek_v3", "kimi_k2"),
+    "glm4v_moe": ("glm4v_moe_text",),
+    "glm46v": ("glm4v_moe_text",),
+    "glm5_next": ("glm5_next_text",),
+    "deepseek_ocr2": ("deepseek_ocr2_text",),
+    "unlimited_ocr": ("unlimited_ocr_text",),
+    "mistral_large4": ("mistral_large4_text",),
+}
+"""model_type whose MoE keys sit in `text_config` -> the MoE text model types it may hold (the
+first when `text_config` names none, as transformers does, unless WRAPPER_DEFAULTS says)."""
+WRAPPER_DEFAULTS = {"glm46v": "glm4v_text"}
+"""The text model transformers builds when `text_config` names none, where it has no MoE."""
 KNOWN_TYPES = (*FAMILIES, *WRAPPERS)
 
 LAYER_TYPES = ("moe", "hash_moe")
@@ -71,6 +215,16 @@ def moe_source(reader: ConfigReader, model_type: str) -> Source | None:
     inner = ConfigReader(text, reader.set_keys, "text_config.", reader.problems)
     allowed = WRAPPERS[model_type]
     inner_type = inner.text("model_type", "model")
+    if inner_type is None and model_type in WRAPPER_DEFAULTS:
+        inner.problems.append(
+            problem(
+                "text_config.model_type",
+                f"absent, so the text model of {model_type} is {WRAPPER_DEFAULTS[model_type]}, "
+                "which has no MoE layers",
+                f'"{allowed[0]}" for its MoE text model',
+            )
+        )
+        return None
     if inner_type is None:
         inner_type = allowed[0]
     elif inner_type not in allowed:

@@ -1,0 +1,146 @@
+"""The MoE model types `moec init --from-hf` refuses by name, and the config keys that would make
+a supported one compute what moec's layer cannot (each refused naming its key, never dropped).
+
+A type is refused where transformers' MoE block does math moec's spec cannot say: a different
+router (softmax scores with a correction bias, clamped renormalization), zero-computation
+experts, a clamp after the activation, per-layer limits, or no MoE layer at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from moec.spec.hf_values import ConfigReader
+
+_SOFTMAX_BIAS = (
+    "chooses experts on softmax scores plus a correction bias, and moec's noaux_tc adds the "
+    "bias to sigmoid-family scores only"
+)
+_STEP = (
+    "clamps its SwiGLU after the activation (silu(gate) clamped, where moec clamps the gate "
+    "before it) with a limit per layer (swiglu_limits, swiglu_limits_shared), and sizes its "
+    "shared expert apart (share_expert_dim)"
+)
+_HY_V4 = (
+    "clamps the routed experts' SwiGLU (swiglu_limit) and not the shared expert's, where "
+    "moec's silu_clamped clamps both"
+)
+_MUSE = "scales the router logits (output_multiplier) before the sigmoid"
+_DOTS3 = (
+    "sizes its shared experts apart from the routed ones (shared_experts_intermediate_size); "
+    "moec's are n_shared_experts x moe_intermediate_size wide"
+)
+REFUSED_TYPES = {
+    "longcat_flash": (
+        "routes tokens to zero-computation (identity) experts (zero_expert_num) beside its FFN "
+        f"experts, and {_SOFTMAX_BIAS}"
+    ),
+    "ernie4_5_moe": (
+        f"{_SOFTMAX_BIAS} (moe_statics), and renormalizes the top-k weights by "
+        "max(sum, moe_norm_min)"
+    ),
+    "step3p7": _STEP,
+    "step3p5": _STEP,
+    "youtu": "has no MoE layer: every layer is a dense MLP",
+    "axk1": "normalizes the MoE block's output (post_mlp_layernorm), which moec's layer does not",
+    "hy_v4": _HY_V4,
+    "hy_v4_vl": _HY_V4,
+    "kolibri1": (
+        "chooses experts on the router logits plus a correction bias, before the sigmoid; moec's "
+        "noaux_tc adds the bias to the sigmoid scores"
+    ),
+    "muse_spark_text": _MUSE,
+    "muse_spark": _MUSE,
+    "laguna": (
+        "sizes its shared expert apart from the routed ones (shared_expert_intermediate_size) "
+        "and may softcap the router logits (moe_router_logit_softcapping); moec's shared "
+        "experts are n_shared_experts x moe_intermediate_size wide"
+    ),
+    "dots3_note_text": _DOTS3,
+    "dots3_note": _DOTS3,
+}
+"""model_type -> why moec cannot compute its MoE layers (in words, after the model type)."""
+
+
+@dataclass(frozen=True)
+class KeyCheck:
+    """A config key whose other values change the MoE math beyond what moec computes."""
+
+    key: str
+    allowed: tuple[Any, ...]
+    """The values moec computes (absent and null are transformers' default, allowed)."""
+    why: str
+    hint: str
+
+
+_MLP_BIAS = KeyCheck(
+    "mlp_bias",
+    (False,),
+    "gives the shared experts' projections biases, which moec's experts do not have",
+    "false",
+)
+_MISTRAL_GROUPS = KeyCheck(
+    "n_group",
+    (1,),
+    "ranks expert groups by the sum of their top-2 softmax scores, where moec's "
+    "group_limited_greedy ranks them by the largest",
+    "1",
+)
+_AXK2_GROUPS = KeyCheck(
+    "n_group",
+    (1,),
+    "masks the groups left out to 0, not -inf, so that an expert there can still be chosen "
+    "over one whose score plus bias is negative; moec's noaux_tc never chooses one",
+    "1, or leave it out (ungrouped)",
+)
+KEY_CHECKS = {
+    "deepseek_v2": (_MLP_BIAS,),
+    "deepseek_ocr2_text": (_MLP_BIAS,),
+    "unlimited_ocr_text": (_MLP_BIAS,),
+    "hy_v3": (_MLP_BIAS,),
+    "mistral4": (_MISTRAL_GROUPS,),
+    "mistral_large4_text": (_MISTRAL_GROUPS,),
+    "axk2": (_AXK2_GROUPS,),
+    "minimax_m2": (
+        KeyCheck(
+            "use_routing_bias",
+            (True,),
+            "is a router without a correction bias; moec's noaux_tc reads the checkpoint's one",
+            "true",
+        ),
+        KeyCheck(
+            "shared_intermediate_size",
+            (0,),
+            "asks for a shared expert, which MiniMax-M2's MoE block does not have",
+            "0",
+        ),
+    ),
+    "bailing_hybrid": (
+        KeyCheck(
+            "moe_router_enable_expert_bias",
+            (True,),
+            "is a router without a correction bias; moec's noaux_tc reads the checkpoint's one",
+            "true",
+        ),
+    ),
+    "mimo_v2_flash": (
+        KeyCheck(
+            "n_shared_experts",
+            (0,),
+            "asks for shared experts, which MiMo-V2-Flash's MoE block does not have",
+            "0, or leave it out",
+        ),
+    ),
+}
+"""model_type -> the keys checked (the MoE keys' reader: text_config for a wrapper)."""
+
+
+def check_keys(reader: ConfigReader, model_type: str) -> None:
+    """Record a problem for each key of KEY_CHECKS[model_type] the config sets otherwise."""
+    for check in KEY_CHECKS.get(model_type, ()):
+        value = reader.config.get(check.key)
+        if value is not None and not any(
+            value == allowed and type(value) is type(allowed) for allowed in check.allowed
+        ):
+            reader.report(check.key, value, check.why, check.hint)
