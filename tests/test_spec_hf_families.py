@@ -234,3 +234,57 @@ def test_fp8_formats_and_mxfp4_quant_method(tmp_path, capsys):
     assert "not a scheme moec runs" not in err
     assert 'quant_method = "mxfp4": is a checkpoint format moec does not read' in err
     assert 'expert_dtype "fp4"' in err
+
+
+ROUTING_KEYS = (
+    "n_shared_experts",
+    "routed_scaling_factor",
+    "n_group",
+    "topk_group",
+    "norm_topk_prob",
+    "swiglu_limit",
+)
+DIMS = {
+    "hidden_size": 256,
+    "moe_intermediate_size": 128,
+    "n_routed_experts": 16,
+    "num_experts_per_tok": 4,
+    "hidden_act": "silu",
+}
+
+
+@pytest.mark.parametrize(
+    "model_type", ["deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "glm4_moe"]
+)
+def test_a_key_left_out_takes_transformers_default(model_type, tmp_path, capsys):
+    """A config.json without its routing keys means what transformers makes of it: each value
+    moec writes is the one the model type's config class fills in."""
+    transformers = pytest.importorskip("transformers")
+    filled = transformers.AutoConfig.for_model(model_type, **DIMS)
+    groups = {"n_group": 1, "topk_group": 1} if model_type == "deepseek_v2" else {}
+    config = {"model_type": model_type, **DIMS, "num_experts_per_tok": 4, **groups}
+    spec_path = tmp_path / "spec.toml"
+    layer_type = ["--layer-type", "moe"] if model_type == "deepseek_v4" else []
+    code, _, err = init(
+        capsys,
+        "--from-hf",
+        str(write_config(tmp_path, config)),
+        "-o",
+        str(spec_path),
+        *layer_type,
+    )
+    assert code == 0, err
+    spec = load_spec(spec_path).spec
+    written = {
+        "n_shared_experts": spec.model.n_shared_experts,
+        "routed_scaling_factor": spec.router.routed_scaling_factor,
+        "n_group": spec.router.n_group,
+        "topk_group": spec.router.topk_group,
+        "norm_topk_prob": spec.router.norm_topk_prob,
+        "swiglu_limit": getattr(spec.activation, "swiglu_limit", None),
+    }
+    for key in ROUTING_KEYS:
+        default = getattr(filled, key, None)
+        if key in groups or default is None:
+            continue
+        assert written[key] == default, (model_type, key)

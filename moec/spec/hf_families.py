@@ -56,9 +56,11 @@ class Family:
         return present[0] if present else names[0]
 
 
-_V3 = Family("sigmoid", "noaux_tc", True, 0)
+# DeepseekV3Config's defaults (DeepseekV32Config's and Kimi-K2's the same)
+_V3 = Family("sigmoid", "noaux_tc", True, 1, routed_scaling_factor=2.5, n_group=8, topk_group=4)
 _ONE_SHARED = Family("sigmoid", "noaux_tc", True, 1)
-_V2 = Family("softmax", "greedy", False, 0)
+_NO_SHARED = Family("sigmoid", "noaux_tc", True, 0)
+_V2 = Family("softmax", "greedy", False, 2)
 _LINEAR_KEYS = {  # Kimi-Linear's and Ling's (bailing) names, as their config.json write them
     "n_routed_experts": ("num_experts",),
     "num_experts_per_tok": ("num_experts_per_token",),
@@ -75,9 +77,11 @@ FAMILIES = {
     "deepseek_v2": _V2,
     "deepseek_v3": _V3,
     "kimi_k2": _V3,
-    "deepseek_v32": _ONE_SHARED,
+    "deepseek_v32": _V3,
     "glm4_moe": _ONE_SHARED,
-    "deepseek_v4": Family("sqrtsoftplus", "noaux_tc", True, 1),
+    "deepseek_v4": Family(
+        "sqrtsoftplus", "noaux_tc", True, 1, routed_scaling_factor=1.5, swiglu_limit=10.0
+    ),
     # DeepSeek-V3's MoE block under another name, with the defaults of its model type
     "dots1": Family("sigmoid", "noaux_tc", False, 0),
     "glm4_moe_lite": Family("sigmoid", "noaux_tc", True, 1, routed_scaling_factor=1.8),
@@ -87,7 +91,7 @@ FAMILIES = {
     "glm5_next_text": Family(
         "sigmoid", "noaux_tc", True, 1, routed_scaling_factor=2.5, swiglu_limit=10.0
     ),
-    "mimo_v2_flash": _V3,
+    "mimo_v2_flash": _NO_SHARED,
     "sarvam_mla": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_BOTH_NAMES),
     "sarvam_moe": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_BOTH_NAMES),
     "exaone_moe": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_NUM_EXPERTS),
