@@ -442,7 +442,7 @@ def test_a_renderer_for_a_pair_the_plan_does_not_run_is_refused():
 def test_deep_gemm_runs_what_auto_may_choose():
     """One owner of what moec drives on DeepGEMM: the refusal of a GEMM stage and auto's choice
     read the same function (fp8_block on sm90; bf16 on sm90 and sm100)."""
-    from moec.plan.support import deep_gemm_gemm
+    from moec.plan.backends import deep_gemm_gemm
 
     runs = {
         (scheme, arch)

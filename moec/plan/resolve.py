@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from moec.plan.backends import deep_gemm_gemm
 from moec.plan.devices import device_for
 from moec.plan.environment import Environment
 from moec.plan.graph import Backends, GemmSplit
 from moec.plan.layer import Layer
 from moec.plan.layouts import masked_peak_bytes
-from moec.plan.support import deep_gemm_gemm
 from moec.plan.tables import find_backend_times
 from moec.spec.models import Spec
 from moec.spec.rules import arch_number, placed

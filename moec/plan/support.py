@@ -13,29 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from moec.plan.backends import deep_gemm_gemm
 from moec.plan.fuse import LAYOUT_STEPS
 from moec.plan.graph import Plan
 from moec.plan.stages import Stage
-from moec.vocab import Arch, Backend, ConvertStep, DispatchMode, RouterPrecision, Scheme, StageKind
+from moec.vocab import Backend, ConvertStep, DispatchMode, RouterPrecision, StageKind
 
 Refuses = Callable[[Plan, Any], "str | None"]
 """(plan, stage) -> why the backend does not run this stage of its kind, or None."""
 
 PACKAGE = {Backend.triton: "triton", Backend.deep_gemm: "deep_gemm", Backend.deep_ep: "deep_ep"}
 """The optional package the generated code of a backend's stages imports (torch needs none)."""
-
-
-def deep_gemm_gemm(scheme: str, arch: str | None) -> str | None:
-    """Why moec does not drive DeepGEMM's grouped GEMMs for weights of `scheme` on `arch`, or
-    None: its Hopper (sm90) fp8_block and bf16 kernels, and bf16 on sm100. The sm100 fp8 path
-    (UE8M0 scales packed four per int32) is planned, not rendered (docs/backends.md)."""
-    if scheme not in (Scheme.fp8_block, Scheme.bf16):
-        return f"moec drives DeepGEMM's fp8_block and bf16 grouped GEMMs, not {scheme}"
-    if arch not in (Arch.sm90, Arch.sm100):
-        return f"moec drives DeepGEMM's grouped GEMMs on sm90 and sm100, not {arch}"
-    if scheme == Scheme.fp8_block and arch != Arch.sm90:
-        return "moec drives DeepGEMM's fp8 grouped GEMMs on sm90 (its Hopper kernels) only"
-    return None
 
 
 def _deep_gemm(plan: Plan, stage: Any) -> str | None:
