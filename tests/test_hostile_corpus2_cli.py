@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from clihelp import cli, refused, snapshot
@@ -252,3 +254,30 @@ def test_an_output_from_inside_a_built_package_by_a_relative_path_is_refused(
     monkeypatch.chdir(built)
     refused(capsys, "schema", "-o", "schema.json", fragments=("a package moec built",))
     assert not os.path.exists(built / "schema.json")
+
+
+# --- a description that reads as code --------------------------------------------------
+
+DESCRIPTION = (
+    '"""\nimport os; os.system("touch PWNED")\n"""\'\'\'\\\\ \u2028 \u0085 \x7f \r\n\t \u202e '
+    "}} {{ {% raw %} ${x} `x`"
+)
+
+
+def test_a_description_that_reads_as_code_stays_a_string(tmp_path, capsys):
+    spec = tmp_path / "spec.toml"
+    text = TINY.read_text().replace("[model]", f"description = {json.dumps(DESCRIPTION)}\n[model]")
+    spec.write_text(text)
+    code, out, err = cli(capsys, "build", spec, "-o", tmp_path)
+    assert code == 0, err
+    shown = subprocess.run(
+        [sys.executable, "-c", "import json, tiny_cpu; print(json.dumps(tiny_cpu.DESCRIPTION))"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(shown.stdout) == DESCRIPTION
+    assert not (tmp_path / "PWNED").exists()
+    code, out, err = cli(capsys, "validate", tmp_path / "tiny_cpu" / "spec.toml")
+    assert code == 0, err  # the package's copy of the spec reads back
