@@ -429,3 +429,18 @@ def test_a_placement_path_that_is_no_placement_file_is_named(path, fragment, cap
     refused(
         capsys, "validate", TINY, "--set", f'parallel.placement="{path}"', fragments=(fragment,)
     )
+
+
+def test_a_thousand_problems_are_a_screenful(tmp_path, capsys):
+    import moec
+    from moec.errors import MoecError
+
+    path = tmp_path / "spec.toml"
+    path.write_text(
+        _spec(TEXT, HIDDEN, HIDDEN + "\n" + "".join(f"k{i} = 1\n" for i in range(5000)))
+    )
+    err = refused(capsys, "validate", path, lines=51, fragments=("model.k0 = 1: unknown key",))
+    assert err.splitlines()[-1] == f"{path}: and 4950 more problems (fix those above first)"
+    with pytest.raises(MoecError) as raised:
+        moec.load_spec(path)
+    assert len(raised.value.problems) == 5000  # every one kept for a caller
