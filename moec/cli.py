@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             _refuse_empty(args)
+            _refuse_inside_a_build(args)
             code = _COMMANDS[args.command](args)
             sys.stdout.flush()  # here, not at exit, where a failure is only "Exception ignored"
             return code
@@ -249,17 +250,40 @@ def _discard(stream) -> None:
 
 
 def _refuse_empty(args: argparse.Namespace) -> None:
-    """An empty -o (or init's --name) is a mistake, not a request for the default."""
-    for option, value in (
-        ("-o", getattr(args, "out", None)),
-        ("--name", getattr(args, "name", None)),
+    """An empty -o (or init's --name) is a mistake, not a request for the default; an empty
+    path to read (--from-hf, --load) is no path (the OS would read "" as the current folder)."""
+    load = "LOAD" if args.command == "eplb" else "--load"
+    for option, value, hint in (
+        ("-o", getattr(args, "out", None), "leave it out for the default"),
+        ("--name", getattr(args, "name", None), "leave it out for the default"),
+        ("--from-hf", getattr(args, "from_hf", None), "the path of a HF config.json"),
+        (load, getattr(args, "load", None), "the path of a load file (write_expert_load)"),
     ):
         if value is not None and not value.strip():
             raise MoecError(
-                [problem(option, "is empty", "leave it out for the default", value=value)],
+                [problem(option, "is empty", hint, value=value)],
                 f"moec {args.command}",
                 kind="usage",
             )
+
+
+def _refuse_inside_a_build(args: argparse.Namespace) -> None:
+    """A file -o inside a package moec built would be a file the build did not write (the next
+    build refuses the folder) or replace one of the package's own (its plan.json): refused, as
+    `moec build -o` inside one is."""
+    from moec.codegen.ownership import holds_marker
+
+    out = getattr(args, "out", None)
+    if args.command == "build" or not out or out == "-":
+        return
+    folder = Path(os.path.abspath(out)).parent
+    inside = next((p for p in [folder, *folder.parents] if holds_marker(p)), None)
+    if inside is not None:
+        raise MoecError(
+            [problem("-o", f"is inside {inside}, a package moec built", "an -o outside it")],
+            out,
+            kind="usage",
+        )
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -123,6 +123,10 @@ def _cut(text: str) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
 
 
+_SHOWN_PROBLEMS = 50
+"""Problems a MoecError's report lists."""
+
+
 @dataclass
 class MoecError(Exception):
     """All the problems found, and the file they concern."""
@@ -138,7 +142,14 @@ class MoecError(Exception):
         super().__init__(self.report())
 
     def report(self) -> str:
-        return "\n".join(p.format(self.source) for p in self.problems)
+        """One line per problem, the first _SHOWN_PROBLEMS of them (a spec of a thousand
+        unknown keys is a screenful, not a thousand lines); every one stays in `problems`."""
+        lines = [p.format(self.source) for p in self.problems[:_SHOWN_PROBLEMS]]
+        hidden = len(self.problems) - _SHOWN_PROBLEMS
+        if hidden > 0:
+            where = _printable(self.source) or "<spec>"
+            lines.append(f"{where}: and {hidden} more problems (fix those above first)")
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.report()

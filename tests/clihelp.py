@@ -43,3 +43,16 @@ def assert_refused(code: int, out: str, err: str, *fragments: str, lines: int | 
         assert len(err.strip().splitlines()) == lines, err
     for fragment in fragments:
         assert fragment in err, (fragment, err)
+
+
+LONGEST_LINE = 1000
+"""A message line is a screenful at most, whatever the value it quotes."""
+
+
+def refused(capsys, *argv: object, lines: int | None = 1, fragments=()) -> str:
+    """Run `moec argv...`: refused as assert_refused checks, every line at most LONGEST_LINE
+    characters; its stderr."""
+    code, out, err = cli(capsys, *argv)
+    assert_refused(code, out, err, *fragments, lines=lines)
+    assert all(len(line) <= LONGEST_LINE for line in err.splitlines()), err[:2000]
+    return err

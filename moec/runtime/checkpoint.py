@@ -184,7 +184,9 @@ class _Wanted:
 
 
 def _read_source(source, wanted, problems, found, allow_pickle, progress):
-    if isinstance(source, (str, os.PathLike)):
+    if isinstance(source, (str, os.PathLike)) and not os.fspath(source):
+        problems.append('an empty path ("" would be the current folder): the path of a checkpoint')
+    elif isinstance(source, (str, os.PathLike)):
         yield from _read_path(Path(source), wanted, problems, found, allow_pickle, progress)
     elif isinstance(source, Mapping):
         yield from _read_pairs(source.items(), wanted, problems, found)
@@ -228,11 +230,7 @@ def _read_path(path: Path, wanted, problems, found, allow_pickle, progress):
     elif not path.exists():
         problems.append(f"{path}: no such file or folder")
     elif not path.is_file():  # before opening: opening a fifo waits for a writer
-        mode = path.stat().st_mode
-        what = (
-            "a fifo" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
-        )
-        problems.append(f"{path}: {what}, not a regular file")
+        problems.append(f"{path}: {_special(path.stat().st_mode)}, not a regular file")
     elif _is_pickle(path):
         yield from _read_pickle(path, wanted, problems, found, allow_pickle)
     else:
@@ -378,6 +376,18 @@ def _shards_from_index(index: Path, wanted, problems, found) -> dict[str, set[st
     """{shard file name: the wanted names it holds}, from model.safetensors.index.json."""
     twice: list[str] = []
     try:
+        status = index.stat()
+        if not stat.S_ISREG(status.st_mode):  # a fifo would wait for a writer, /dev/zero not end
+            problems.append(
+                f"{index}: {_special(status.st_mode)}, not a regular file (a JSON index)"
+            )
+            return {}
+        if status.st_size > _INDEX_BYTES:
+            problems.append(
+                f"{index}: {status.st_size:,} bytes, more than an index of tensor names to "
+                f"shard files takes (at most {_INDEX_BYTES >> 20} MiB)"
+            )
+            return {}
         data = json.loads(
             index.read_text(encoding="utf-8"), object_pairs_hook=lambda pairs: _object(pairs, twice)
         )
@@ -402,6 +412,17 @@ def _shards_from_index(index: Path, wanted, problems, found) -> dict[str, set[st
         if wanted.wants(name):
             shards.setdefault(shard, set()).add(name)
     return shards
+
+
+_INDEX_BYTES = 64 << 20
+"""The largest model.safetensors.index.json read (a trillion-parameter model's is a few MiB)."""
+
+
+def _special(mode: int) -> str:
+    """What a file that is not a regular one is: "a folder", "a fifo", ..."""
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a fifo" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
 def _object(pairs: list[tuple[str, object]], twice: list[str]) -> dict:

@@ -250,7 +250,17 @@ def _collect(tensors, prefix: str, logical: set[int], spec: LayerWeights):
             else:
                 problems.append(f"{prefix}{name}: unexpected (this router has no correction bias)")
         elif name in ("experts.gate_up_proj", "experts.down_proj"):
-            _split_fused(put, name, tensor, logical)
+            if tensor.dim() != 3 or tensor.shape[0] != spec.routed_experts:
+                inter, hidden = spec.intermediate, spec.hidden
+                rows, cols = (
+                    (2 * inter, hidden) if name.endswith("gate_up_proj") else (hidden, inter)
+                )
+                problems.append(
+                    f"{prefix}{name}: shape {list(tensor.shape)}, expected "
+                    f"[{spec.routed_experts}, {rows}, {cols}] (a matrix of each routed expert)"
+                )
+            else:
+                _split_fused(put, name, tensor, logical)
         elif match := _EXPERT.fullmatch(name):
             expert = int(match.group(1))
             if expert >= spec.routed_experts:

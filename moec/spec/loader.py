@@ -369,9 +369,44 @@ def _fields_at(path: list[str]) -> list[str]:
     return list(cls.model_fields)
 
 
+_PLACEMENT = ("parallel", "placement")
+_PLACEMENT_ACCEPTS = (
+    '"even", the path of a placement file (moec eplb), or an array of each rank\'s expert ids, '
+    "e.g. [[0, 1], [2, 3]]"
+)
+
+
+def _placement_items(items: list[Any], raw: dict[str, Any]) -> list[Any]:
+    """pydantic tries each member of parallel.placement's union ("even", a list of lists, a file
+    path) and names each in its locations; the user wrote one value. An array: the problems of
+    the list member (its items'), without the member's name; anything else: one problem."""
+    parallel = raw.get("parallel")
+    value = parallel.get("placement") if isinstance(parallel, dict) else None
+    kept, told = [], False
+    for item in items:
+        loc = tuple(item["loc"])
+        if loc[:2] != _PLACEMENT or len(loc) < 3 or not isinstance(loc[2], str):
+            kept.append(item)
+        elif isinstance(value, list):
+            if loc[2].startswith("list") and item["type"] == "list_type":  # a rank's entry
+                message = "should be an array of one rank's expert ids"
+                kept.append(
+                    {**item, "loc": loc[:2] + loc[3:], "type": "placement_type", "msg": message}
+                )
+            elif loc[2].startswith("list"):
+                kept.append({**item, "loc": loc[:2] + loc[3:]})
+        elif not told:
+            told = True
+            message = "is neither a string nor an array"
+            kept.append(
+                {"loc": _PLACEMENT, "type": "placement_type", "msg": message, "input": value}
+            )
+    return kept
+
+
 def _from_validation(error: ValidationError, raw: dict[str, Any]) -> list[Problem]:
     found = []
-    for item in error.errors():
+    for item in _placement_items(list(error.errors()), raw):
         loc = [str(part) for part in item["loc"]]
         if len(loc) >= 2 and loc[0] == "activation" and loc[1] in _ACTIVATION_KINDS:
             kind = loc.pop(1)
@@ -465,4 +500,6 @@ def _type_hint(kind_of: str, item: Mapping[str, Any]) -> str:
         return "a smaller value"
     if kind_of == "string_too_long":
         return "a shorter string"
+    if kind_of == "placement_type":
+        return _PLACEMENT_ACCEPTS
     return ""
