@@ -399,6 +399,8 @@ CONFIG = {
     "n_routed_experts": 8,
     "num_experts_per_tok": 2,
     "n_shared_experts": 1,
+    "n_group": 1,  # left out, deepseek_v3's default of 8 groups would not divide 8 experts
+    "topk_group": 1,
 }
 
 
