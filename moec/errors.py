@@ -198,6 +198,12 @@ def path_argument(value: Any, name: str, call: str, optional: bool = False) -> s
         raise TypeError(
             f"{call}: {name} must be a path (a str or os.PathLike), got {type(value).__name__}"
         )
+    if optional and not text.strip():  # "" is not None: it would name the working folder
+        raise MoecError(
+            [problem(name, "is an empty path", f"a folder, or None for {call}'s default")],
+            call,
+            kind="usage",
+        )
     return text
 
 

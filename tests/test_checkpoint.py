@@ -421,3 +421,25 @@ def test_a_name_in_two_files_of_a_folder_is_a_problem(tmp_path):
     with pytest.raises(WeightError) as error:
         dict(read_tensors(tmp_path))
     assert "b.safetensors: holds gate.weight again" in str(error.value)
+
+
+def test_the_conversion_command_runs_whole_from_a_long_odd_path(tmp_path):
+    """The command a pickle file's error suggests is never clipped (a load's message clips
+    each problem to _WIDTH) and survives quotes and spaces in the path: run as printed, it
+    writes the safetensors file."""
+    import shlex
+    import subprocess
+    import sys
+
+    folder = tmp_path / ('it\'s a "long" folder ' * 12).strip()
+    folder.mkdir()
+    path = _pickle_file(folder)
+    with pytest.raises(WeightError) as error:
+        read(path)
+    message = str(error.value)
+    assert len(message.splitlines()[1]) > checkpoint._WIDTH  # longer than a clipped line
+    command = message.split("Convert it once: ", 1)[1].split(" ; or pass", 1)[0]
+    argv = shlex.split(command)
+    assert argv[0] == "python"
+    subprocess.run([sys.executable, *argv[1:]], check=True, capture_output=True)
+    assert path.with_suffix(".safetensors").is_file()

@@ -346,3 +346,24 @@ def test_explain_even_split_with_replicas_under_the_static_choice(tmp_path, caps
     random = _explain_load(tmp_path, capsys, parallel, load, "--set",
                            'parallel.replica_choice="random"')  # fmt: skip
     assert random[4].endswith(f"1.000 placed, {(40 + 100 / 2) / 80:.3f} for the even split")
+
+
+def test_counts_past_what_a_placement_holds_are_refused_at_once(tmp_path, capsys):
+    """No count makes the balancing run without end: physical experts are bounded, and a
+    load's counts must add exactly (an explain --load of 1e308s reached the cost model)."""
+    import time
+
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps({"format": "moec-load", "load": [1, 1, 1, 1]}))
+    start = time.monotonic()
+    out = str(tmp_path / "p.json")
+    assert main(["eplb", str(load), "-o", out, "--ranks", "1", "--redundant", "2147483647"]) == 2
+    assert "--redundant = 2147483647: makes 2147483651 physical experts" in capsys.readouterr().err
+    assert time.monotonic() - start < 5
+    load.write_text(json.dumps({"format": "moec-load", "load": [1] * 5000}))
+    assert main(["eplb", str(load), "-o", out, "--ranks", "1000"]) == 2
+    assert "holds 5000 experts" in capsys.readouterr().err
+    load.write_text(json.dumps({"format": "moec-load", "load": [1e308] * 16}))
+    assert main(["explain", str(EXAMPLES / "tiny-cpu.toml"), "--load", str(load)]) == 2
+    assert "token counts from 0 to 2**53" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()

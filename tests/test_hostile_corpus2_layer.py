@@ -578,3 +578,22 @@ def test_the_triton_layer_takes_views_and_more_tokens_than_planned(load_layer):
     copied = triton_package.MoELayer()
     copied.load_state_dict(layer.state_dict())
     assert copied.weights_set
+
+
+def test_constructor_arguments_of_the_wrong_kind_are_named(package):
+    """A group that is not a process group, and a CUDA device on a CPU-only torch, are one
+    clear error each, not an assertion from inside torch or a silently kept value."""
+    for group in (5, "x", object()):
+        with pytest.raises(TypeError, match="group must be a torch.distributed process group"):
+            package.MoELayer(group=group)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device 'cuda'"):
+            package.MoELayer(device="cuda")
+
+
+def test_a_state_dict_of_meta_tensors_is_one_error_and_changes_nothing(layer, x, expected):
+    meta = {name: torch.empty_like(t, device="meta") for name, t in layer.state_dict().items()}
+    with pytest.raises(ValueError, match="is a meta tensor") as error:
+        layer.load_state_dict(meta)
+    assert "\n" not in str(error.value)
+    assert torch.equal(layer(x), expected)

@@ -17,7 +17,9 @@ from clihelp import assert_refused, cli, snapshot
 from conftest import EXAMPLES
 from safetensors.torch import save_file
 
+import moec
 from moec import runner
+from moec.errors import MoecError
 from moec.spec import memory
 
 TINY = EXAMPLES / "tiny-cpu.toml"
@@ -569,3 +571,14 @@ def test_a_refused_gemm_backend_is_one_problem(spec, sets, why, capsys):
         "would run on deep_gemm: ", why,
     )  # fmt: skip
     assert "convert" not in err and "gemm_gate_up" not in err
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_folder_argument_of_the_api_is_refused(empty, tmp_path, monkeypatch):
+    """moec.build(spec, "") and moec.load(spec, cache_dir="") do not mean the default folder."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MoecError, match="out_dir: is an empty path"):
+        moec.build(TINY, empty)
+    with pytest.raises(MoecError, match="cache_dir: is an empty path"):
+        moec.load(TINY, cache_dir=empty)
+    assert list(tmp_path.iterdir()) == []

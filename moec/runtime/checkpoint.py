@@ -37,6 +37,7 @@ import json
 import os
 import pickle
 import re
+import shlex
 import stat
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -83,7 +84,8 @@ class WeightError(ValueError):
     def __init__(self, problems: list[str], unchanged: bool = False) -> None:
         self.problems = [_one_line(text) for text in problems]
         self.unchanged = unchanged
-        shown = [_clip(text, _WIDTH) for text in self.problems[:_LINES]]
+        whole = {_one_line(text) for text in problems if isinstance(text, Advice)}
+        shown = [t if t in whole else _clip(t, _WIDTH) for t in self.problems[:_LINES]]
         if len(self.problems) > _LINES:
             shown.append(f"and {len(self.problems) - _LINES} more problems")
         tail = "\nthe layer is unchanged: no parameter was written" if unchanged else ""
@@ -96,6 +98,11 @@ _WIDTH = 400
 """Most characters of one problem in the message."""
 _NAME_WIDTH = 120
 """Most characters of one name a problem quotes."""
+
+
+class Advice(str):
+    """A problem that holds a command to run: shown whole (a path is at most PATH_MAX), since a
+    command cut in its middle does not run."""
 
 
 def _clip(text: str, width: int = _NAME_WIDTH) -> str:
@@ -273,16 +280,16 @@ def _read_pickle(path: Path, wanted, problems, found, allow_pickle):
     yield from _read_pairs(state.items(), wanted, problems, found)
 
 
-def _pickle_advice(path: Path) -> str:
+def _pickle_advice(path: Path) -> Advice:
     target = path.with_suffix(".safetensors")
     command = (
         "import torch, safetensors.torch as st; "
-        f"st.save_file(torch.load('{path}', weights_only=True), '{target}')"
+        f"st.save_file(torch.load({str(path)!r}, weights_only=True), {str(target)!r})"
     )
-    return (
+    return Advice(
         f"{path}: a pickle file (torch.save), not unpickled by default since unpickling can "
-        f'run code. Convert it once: python -c "{command}"; or pass the state dict that '
-        "torch.load(path, weights_only=True) returns (read_tensors: allow_pickle=True)"
+        f"run code. Convert it once: python -c {shlex.quote(command)} ; or pass the state dict "
+        "that torch.load(path, weights_only=True) returns (read_tensors: allow_pickle=True)"
     )
 
 

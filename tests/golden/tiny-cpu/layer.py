@@ -46,13 +46,21 @@ class MoELayer(nn.Module):
             raise TypeError(
                 f"{NAME}: dtype must be a torch.dtype, got {type(dtype).__name__}"
             )
-        try:
+        try:  # a CUDA device on a CPU-only torch raises an AssertionError
             device = torch.empty(0, device=device).device
-        except (RuntimeError, TypeError) as error:
+        except (RuntimeError, TypeError, AssertionError) as error:
             raise ValueError(f"{NAME}: device {device!r}: {error}") from None
         if dtype is not None and dtype != DTYPE:
             raise ValueError(
                 f"{NAME} was built for {DTYPE}, not {dtype}: rebuild with --set target.dtype=..."
+            )
+        process_group = getattr(torch.distributed, "ProcessGroup", None)
+        if group is not None and (
+            process_group is None or not isinstance(group, process_group)
+        ):
+            raise TypeError(
+                f"{NAME}: group must be a torch.distributed process group or None, got "
+                f"{type(group).__name__}"
             )
         self.group = group
         self.rank = _rank(group)
@@ -204,6 +212,11 @@ class MoELayer(nn.Module):
                 raise ValueError(
                     f"{NAME}: load_state_dict: {name} is {list(tensor.shape)}, the layer's "
                     f"{list(own.shape)}; the layer is unchanged"
+                )
+            if tensor.is_meta:
+                raise ValueError(
+                    f"{NAME}: load_state_dict: {name} is a meta tensor (a shape without values); "
+                    "the layer is unchanged"
                 )
         return super().load_state_dict(state_dict, strict, assign)
 
