@@ -597,3 +597,14 @@ def test_a_state_dict_of_meta_tensors_is_one_error_and_changes_nothing(layer, x,
         layer.load_state_dict(meta)
     assert "\n" not in str(error.value)
     assert torch.equal(layer(x), expected)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_row_of_the_triton_layer_is_its_own(load_layer, x, value):
+    """The Triton selection ranks a NaN score below every real one (ids stay experts of the
+    layer): that token's output is NaN, the other tokens' exactly as without it."""
+    layer = load_layer(TRITON).MoELayer().random_(1)
+    bad = torch.cat([torch.full((1, HIDDEN), value).bfloat16(), x[1:]])
+    out = layer(bad)
+    assert torch.equal(out[1:], layer(x)[1:])
+    assert out[0].isnan().all()
