@@ -115,7 +115,8 @@ def select_row(
     # a NaN score (a NaN token row) ranks at -1e30: below every real score, above the -inf of
     # padding and of experts taken (finite, as is a group's top-2 sum of two): the ids stay
     # experts of the layer, and the NaN weights make that token's output NaN alone
-    choice = tl.where(valid, tl.where(choice == choice, choice, -1e30), float("-inf"))
+    not_nan = choice == choice  # noqa: PLR0124  (NaN alone differs from itself)
+    choice = tl.where(valid, tl.where(not_nan, choice, -1e30), float("-inf"))
     if METHOD != "greedy" and N_GROUP > 1:
         g = tl.arange(0, BLOCK_G)  # groups past N_GROUP score -inf: never kept
         if PER_GROUP:  # E == BLOCK_E: the groups as rows, every group's reductions at once
