@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_gemm_parts import apply_block_scales, block_scales, grouped_tile
 from .triton_gemm_tma import grouped_gemm_tma
 from .triton_numerics import (
     launch_options,
@@ -92,11 +93,7 @@ def _grouped_gemm_kernel(
     blocks_per_expert = tl.cdiv(M, BLOCK_M)
     num_pid_m = E * blocks_per_expert if LAYOUT == "masked" else blocks_per_expert
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid = tl.program_id(0)
-    first_pid_m = (pid // (GROUP_SIZE_M * num_pid_n)) * GROUP_SIZE_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + ((pid % (GROUP_SIZE_M * num_pid_n)) % group_size_m)
-    pid_n = (pid % (GROUP_SIZE_M * num_pid_n)) // group_size_m
+    pid_m, pid_n = grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_SIZE_M)
 
     # Rows of this block, their validity and their expert; blocks with no valid row return.
     if LAYOUT == "masked":
@@ -189,17 +186,12 @@ def _grouped_gemm_kernel(
             elif SCHEME == "fp8_per_tensor":  # promoted to fp32 per K block, see below
                 acc += tl.dot(w, a, max_num_imprecise_acc=FP8_ACC) * tensor_scale
             else:  # "fp8_block"
-                a_s_ptrs = a_scale_ptr + a_rows * stride_asm + (k0 // 128) * stride_ask
-                a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
-                if 128 % BLOCK_N == 0:  # the tile lies in one 128-row weight block: one scale
-                    w_s = tl.load(
-                        ws_expert + (pid_n * BLOCK_N // 128) * stride_wsn + (k0 // 128) * stride_wsk
-                    )
-                    acc += tl.dot(w, a, max_num_imprecise_acc=FP8_ACC) * (a_s * w_s)[None, :]
-                else:
-                    w_s_ptrs = ws_expert + (offs_n // 128) * stride_wsn + (k0 // 128) * stride_wsk
-                    w_s = tl.load(w_s_ptrs, mask=offs_n < N, other=0.0)
-                    acc += tl.dot(w, a, max_num_imprecise_acc=FP8_ACC) * w_s[:, None] * a_s[None, :]
+                a_s, w_s = block_scales(
+                    a_scale_ptr, a_rows, valid, ws_expert, pid_n * BLOCK_N, offs_n, N, k0 // 128,
+                    stride_asm, stride_ask, stride_wsn, stride_wsk, BLOCK_N,
+                )  # fmt: skip
+                partial = tl.dot(w, a, max_num_imprecise_acc=FP8_ACC)
+                acc += apply_block_scales(partial, a_s, w_s, BLOCK_N, True)
         else:
             w_ptrs = w_expert + offs_n[None, :] * stride_wn + k[:, None] * stride_wk  # W^T tile
             w = tl.load(w_ptrs, mask=(k < K)[:, None] & (offs_n < N)[None, :], other=0.0)
@@ -214,17 +206,12 @@ def _grouped_gemm_kernel(
                 # is narrower than fp32 (measured over the bound on the H200 without it).
                 acc += tl.dot(a, w, max_num_imprecise_acc=FP8_ACC) * tensor_scale
             else:  # "fp8_block": scale each BLOCK_K partial product
-                a_s_ptrs = a_scale_ptr + a_rows * stride_asm + (k0 // 128) * stride_ask
-                a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)
-                if 128 % BLOCK_N == 0:  # one weight scale for the tile: fold it into a_s
-                    w_s = tl.load(
-                        ws_expert + (pid_n * BLOCK_N // 128) * stride_wsn + (k0 // 128) * stride_wsk
-                    )
-                    acc += tl.dot(a, w, max_num_imprecise_acc=FP8_ACC) * (a_s * w_s)[:, None]
-                else:
-                    w_s_ptrs = ws_expert + (offs_n // 128) * stride_wsn + (k0 // 128) * stride_wsk
-                    w_s = tl.load(w_s_ptrs, mask=offs_n < N, other=0.0)
-                    acc += tl.dot(a, w, max_num_imprecise_acc=FP8_ACC) * a_s[:, None] * w_s[None, :]
+                a_s, w_s = block_scales(
+                    a_scale_ptr, a_rows, valid, ws_expert, pid_n * BLOCK_N, offs_n, N, k0 // 128,
+                    stride_asm, stride_ask, stride_wsn, stride_wsk, BLOCK_N,
+                )  # fmt: skip
+                partial = tl.dot(a, w, max_num_imprecise_acc=FP8_ACC)
+                acc += apply_block_scales(partial, a_s, w_s, BLOCK_N, False)
     if SWAP_AB:
         acc = tl.trans(acc)
 

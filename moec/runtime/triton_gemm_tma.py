@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_gemm_parts import apply_block_scales, block_scales, grouped_tile
 from .triton_numerics import (
     launch_options,
     round_output,
@@ -69,10 +70,7 @@ def _grouped_gemm_tma_kernel(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     for tile in range(tl.program_id(0), num_tiles, NUM_PROGRAMS):
-        first_pid_m = (tile // (GROUP_SIZE_M * num_pid_n)) * GROUP_SIZE_M
-        group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
-        pid_m = first_pid_m + ((tile % (GROUP_SIZE_M * num_pid_n)) % group_size_m)
-        pid_n = (tile % (GROUP_SIZE_M * num_pid_n)) // group_size_m
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_SIZE_M)
         if LAYOUT == "masked":
             expert = pid_m // blocks_per_expert
             first_slot = (pid_m % blocks_per_expert) * BLOCK_M
@@ -115,27 +113,14 @@ def _grouped_gemm_tma_kernel(
                     acc = tl.dot(a, w.T, acc, input_precision="ieee")
                 elif SCHEME == "fp8_per_tensor":  # scaled per K block: fp32 promotion
                     acc += tl.dot(a, w.T, max_num_imprecise_acc=FP8_ACC) * tensor_scale
-                else:
-                    a_s = tl.load(
-                        a_scale_ptr + rows * stride_asm + (k0 // 128) * stride_ask,
-                        mask=valid,
-                        other=0.0,
-                    )
-                    ws_block = (
-                        w_scale_ptr + expert.to(tl.int64) * stride_wse + (k0 // 128) * stride_wsk
-                    )
-                    if 128 % BLOCK_N == 0:  # one weight scale for the tile: fold it into a_s
-                        w_s = tl.load(ws_block + (n0 // 128) * stride_wsn)
-                        acc += tl.dot(a, w.T, max_num_imprecise_acc=FP8_ACC) * (a_s * w_s)[:, None]
-                    else:
-                        w_s = tl.load(
-                            ws_block + (offs_n // 128) * stride_wsn, mask=offs_n < N, other=0.0
-                        )
-                        acc += (
-                            tl.dot(a, w.T, max_num_imprecise_acc=FP8_ACC)
-                            * a_s[:, None]
-                            * w_s[None, :]
-                        )
+                else:  # "fp8_block": scale each BLOCK_K partial product
+                    a_s, w_s = block_scales(
+                        a_scale_ptr, rows, valid, w_scale_ptr + expert.to(tl.int64) * stride_wse,
+                        n0, offs_n, N, k0 // 128, stride_asm, stride_ask, stride_wsn, stride_wsk,
+                        BLOCK_N,
+                    )  # fmt: skip
+                    partial = tl.dot(a, w.T, max_num_imprecise_acc=FP8_ACC)
+                    acc += apply_block_scales(partial, a_s, w_s, BLOCK_N, False)
             out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :] * stride_on
             tl.store(
                 out_ptrs,
