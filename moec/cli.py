@@ -271,13 +271,12 @@ def _refuse_inside_a_build(args: argparse.Namespace) -> None:
     """A file -o inside a package moec built would be a file the build did not write (the next
     build refuses the folder) or replace one of the package's own (its plan.json): refused, as
     `moec build -o` inside one is."""
-    from moec.codegen.ownership import holds_marker
+    from moec.codegen.ownership import package_holding
 
     out = getattr(args, "out", None)
     if args.command == "build" or not out or out == "-":
         return
-    folder = Path(os.path.abspath(out)).parent
-    inside = next((p for p in [folder, *folder.parents] if holds_marker(p)), None)
+    inside = package_holding(Path(os.path.abspath(out)).parent)
     if inside is not None:
         raise MoecError(
             [problem("-o", f"is inside {inside}, a package moec built", "an -o outside it")],

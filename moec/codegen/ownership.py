@@ -127,6 +127,12 @@ def holds_marker(folder: Path) -> bool:
     return kind_of(path) == "a file" and _starts_with(path, _MARKER_TITLE)
 
 
+def package_holding(folder: Path) -> Path | None:
+    """The package moec built that `folder` is, or lies in (a file written there would be one
+    the build did not write), or None."""
+    return next((p for p in [folder, *folder.parents] if holds_marker(p)), None)
+
+
 def foreign_reason(folder: Path, leftover: bool = False) -> str | None:
     """Why `folder` is not a previous moec build (None when it is one). With `leftover`, a
     killed build's staging folder: files may be cut short, and it may be empty."""

@@ -32,10 +32,10 @@ from pathlib import Path
 from moec.codegen.ownership import (
     MARKER,
     foreign_reason,
-    holds_marker,
     is_leftover_name,
     kind_of,
     marker_bytes,
+    package_holding,
 )
 from moec.errors import MoecError, os_error, problem
 
@@ -50,7 +50,7 @@ def write_package(target: Path, files: dict[str, bytes]) -> bool:
     Raise MoecError when `target` is not moec's to replace, or the OS refuses."""
     target = Path(target)
     check_limits(target, [*files, MARKER, _staging_name(target, "x" * _RANDOM_CHARS)])
-    inside = next((p for p in [target.parent, *target.parent.parents] if holds_marker(p)), None)
+    inside = package_holding(target.parent)
     if inside is not None:  # a package in a package: rebuilding the outer one would refuse
         raise MoecError(
             [problem("-o", f"is inside {inside}, a package moec built", "an -o outside it")],

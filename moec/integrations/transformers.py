@@ -199,8 +199,7 @@ def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list
             [
                 problem(
                     "model",
-                    f"is of model type {refused}, an MoE moec does not compute: {refused} "
-                    f"{hf_refused.REFUSED_TYPES[refused]}",
+                    f"is of model type {refused}, {hf_refused.refused_type(refused)}",
                     "a transformers model of a DeepSeek-style MoE (moec init --from-hf lists "
                     "the model types)",
                 )
@@ -241,12 +240,12 @@ def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list
 
 
 def _refused_type(model: nn.Module) -> str | None:
-    """The model type of hf_refused.REFUSED_TYPES the model's (text) config names, if any."""
+    """The refused model type (hf_refused) the model's (text) config names, if any."""
     config: Any = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     for holder in (config, text):
         model_type = getattr(holder, "model_type", None)
-        if model_type in hf_refused.REFUSED_TYPES:
+        if hf_refused.refused_type(model_type) is not None:
             return model_type
     return None
 

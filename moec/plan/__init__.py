@@ -42,7 +42,8 @@ def make_plan(spec: Spec, env: Environment | None = None, above: GemmSplit | Non
     """The plan of a normalized spec on the machine `env` describes (its importable packages
     and tuned tables; default: this machine, `Environment.detect()`), which no pass looks past.
     With a GEMM split (gemm_backend auto, per token bucket), `plan.above` is the plan past it;
-    `above` is for that inner call. Raises MoecError when a stage of the plan runs where moec does not drive it."""
+    `above` is for that inner call. Raises MoecError when a stage of the plan runs where moec
+    does not drive it."""
     from moec.plan import checks, fuse
     from moec.plan.build import build_stages
     from moec.plan.convert import insert_converters

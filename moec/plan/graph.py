@@ -254,13 +254,14 @@ class Plan:
         for end in ("input", "output"):
             if end not in graph:
                 raise broken(f"the graph has no {end}")
+        reached = nx.descendants(graph, "input") | {"input"}
         for name in graph:
             stage = self.stage(name)
             if stage.name != name:
                 raise broken(f"node {name} holds the record of {stage.name}")
-            if name != "output" and not any(True for _ in graph.successors(name)):
+            if name != "output" and graph.out_degree(name) == 0:
                 raise broken(f"nothing reads the outputs of {name}")
-            if name != "input" and not nx.has_path(graph, "input", name):
+            if name not in reached:
                 raise broken(f"{name} is not reached from the input")
             seen: set[str] = set()
             for producer, edge in self.inputs(name):

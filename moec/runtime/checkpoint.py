@@ -84,8 +84,10 @@ class WeightError(ValueError):
     def __init__(self, problems: list[str], unchanged: bool = False) -> None:
         self.problems = [_one_line(text) for text in problems]
         self.unchanged = unchanged
-        whole = {_one_line(text) for text in problems if isinstance(text, Advice)}
-        shown = [t if t in whole else _clip(t, _WIDTH) for t in self.problems[:_LINES]]
+        shown = [
+            line if isinstance(raw, Advice) else _clip(line, _WIDTH)
+            for raw, line in zip(problems[:_LINES], self.problems, strict=False)
+        ]
         if len(self.problems) > _LINES:
             shown.append(f"and {len(self.problems) - _LINES} more problems")
         tail = "\nthe layer is unchanged: no parameter was written" if unchanged else ""

@@ -154,13 +154,13 @@ def spec_data_from_config(
             [problem("--from-hf", "is not a JSON object", "a HF config.json")], kind="usage"
         )
     model_type = config.get("model_type")
-    if isinstance(model_type, str) and model_type in hf_refused.REFUSED_TYPES:
+    refused = hf_refused.refused_type(model_type)
+    if refused is not None:
         raise MoecError(
             [
                 problem(
                     "model_type",
-                    f"is an MoE moec does not compute: {model_type} "
-                    f"{hf_refused.REFUSED_TYPES[model_type]}",
+                    f"is {refused}",
                     f"a model type moec computes: {', '.join(_KNOWN_TYPES)}",
                     value=model_type,
                 )

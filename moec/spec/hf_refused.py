@@ -63,6 +63,13 @@ REFUSED_TYPES = {
 """model_type -> why moec cannot compute its MoE layers (in words, after the model type)."""
 
 
+def refused_type(model_type: object) -> str | None:
+    """Why moec refuses `model_type` ("an MoE moec does not compute: ..."), or None."""
+    if not isinstance(model_type, str) or model_type not in REFUSED_TYPES:
+        return None
+    return f"an MoE moec does not compute: {model_type} {REFUSED_TYPES[model_type]}"
+
+
 @dataclass(frozen=True)
 class KeyCheck:
     """A config key whose other values change the MoE math beyond what moec computes."""

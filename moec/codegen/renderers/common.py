@@ -68,12 +68,6 @@ def _argument(value: Any) -> str:
     return value.text if isinstance(value, Code) else literal(value)
 
 
-def tensor_or_none(name: str | None) -> Code | None:
-    """A tensor argument that a variant does not have (scales of bf16, a bias): its name, or
-    None."""
-    return None if name is None else Code(name)
-
-
 def matmul_binding(fmt: QuantFormat) -> tuple[str, str]:
     """The torch matmul of one format with its block sizes bound, named for the format: the
     routed and the shared experts share one binding where their formats agree."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from moec.codegen.registry import register
 from moec.codegen.renderers.common import (
+    PDL,
     Call,
     Code,
     StageCode,
@@ -40,13 +41,15 @@ def router(plan, stage: Router) -> StageCode:
     )
 
 
-def select_options(stage: Select) -> str:
+def select_options(stage: Select, **more: object) -> str:
+    """The selection's keywords of a select call (and `more`, e.g. pdl)."""
     if stage.topk_method == TopkMethod.hash:  # the table chooses: no method, groups or bias
         return call_kwargs(
             scoring_func=stage.scoring_func,
             norm_topk_prob=stage.norm_topk_prob,
             routed_scaling_factor=stage.routed_scaling_factor,
             fused_shared=stage.fused_shared,
+            **more,
         )
     return call_kwargs(
         scoring_func=stage.scoring_func,
@@ -57,6 +60,7 @@ def select_options(stage: Select) -> str:
         norm_topk_prob=stage.norm_topk_prob,
         routed_scaling_factor=stage.routed_scaling_factor,
         fused_shared=stage.fused_shared,
+        **more,
     )
 
 
@@ -140,7 +144,7 @@ def route_call(stage: Dispatch, module: str, ids: str, bucket: str = "bucket") -
     if stage.layout == GemmLayout.contiguous:
         kwargs["block_m"] = stage.row_padding or Code(f"tiles.{bucket}({ids}.shape[0]).block_m")
     if module == "triton_route":
-        kwargs.update(one_pass=stage.route_one_pass, pdl=Code("tiles.PDL"))
+        kwargs.update(one_pass=stage.route_one_pass, pdl=PDL)
     function = "route_masked" if stage.layout == GemmLayout.masked else "route_contiguous"
     return Call(f"{module}.{function}", (ids,), kwargs)
 

@@ -74,12 +74,12 @@ def _select_runtime(stage: Select) -> tuple[str, ...]:
 @register(Select, Backend.triton, _select_template, runtime=_select_runtime)
 def select(plan, stage: Select) -> StageCode:
     if stage.topk_method == TopkMethod.hash:
-        options = {"options": select_options(stage) + ", pdl=tiles.PDL"}
+        options = {"options": select_options(stage, pdl=PDL)}
         return StageCode(select_doc(stage)[:-1] + "; one Triton program per token.", options)
     fields: dict[str, object] = {
         "function": "triton_select.select_topk",
         "bias": "gate_bias" if stage.has_bias else "None",
-        "options": select_options(stage) + ", pdl=tiles.PDL",
+        "options": select_options(stage, pdl=PDL),
     }
     if not _with_router(stage):
         return StageCode(select_doc(stage)[:-1] + "; one Triton program per token.", fields)
