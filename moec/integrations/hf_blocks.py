@@ -50,11 +50,13 @@ _V3_LIKE = (_SIGMOID, _NOAUX)
 _SOFTMAX = Fixed("router.scoring_func", "softmax", "always scores with a softmax")
 _GREEDY = Fixed("router.topk_method", "greedy", "always chooses the top-k, without a bias")
 _V2_LIKE = (_SOFTMAX, Fixed("router.norm_topk_prob", False, "never renormalizes the top-k weights"))
+_RENORMALIZED = Fixed("router.norm_topk_prob", True, "always renormalizes the top-k weights")
 _UNGROUPED = (
     Fixed("router.n_group", 1, "chooses among all experts, ungrouped"),
     Fixed("router.topk_group", 1, "chooses among all experts, ungrouped"),
-    Fixed("router.norm_topk_prob", True, "always renormalizes the top-k weights"),
+    _RENORMALIZED,
 )
+"""An ungrouped, renormalizing router (every block that fixes its groups renormalizes too)."""
 _NO_SHARED = Fixed("model.n_shared_experts", 0, "has no shared experts")
 
 
@@ -128,7 +130,7 @@ BLOCKS = (
         "mistral_large4.modeling_mistral_large4",
         "MistralLarge4TextMoE",
         "MistralLarge4TextTopkRouter",
-        (_SOFTMAX, _GREEDY, _UNGROUPED[2]),
+        (_SOFTMAX, _GREEDY, _RENORMALIZED),
     ),
     Block(
         "hunyuan_v1_moe.modeling_hunyuan_v1_moe",
