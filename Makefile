@@ -41,12 +41,13 @@ test-fast: $(STAMP)
 # On a CUDA machine, with moec's dependencies importable by $(PY) (the GPU image's python3 plus
 # carried wheels, see README "On the GPU"): the kernel suite compiled, and the GPU layer tests.
 # Compiling its ~200 kernels takes about 4 minutes on one core, so with pytest-xdist importable
-# the kernel test files run in GPU_WORKERS processes, each file whole in one of them (GPU_DIST=load
-# spreads a file's tests instead). The tests under tests/gpu hold whole DeepSeek-V3 layers: they
-# run after, in one process, so that no two of them share the GPU's memory (eight at once ran out
-# of it). GPU_ARGS: more pytest arguments for both parts (e.g. -k "not shipped_tuned").
+# the kernel tests are spread over GPU_WORKERS processes, test by test (GPU_DIST=load: 286 tests
+# in 174 s on the H200 with 16 workers; loadfile, each file whole in one worker, ran past 370 s,
+# as test_route.py's four largest cases take 86 s each in one process). The tests under tests/gpu
+# hold whole DeepSeek-V3 layers: they run after, in one process, so that no two of them share the
+# GPU's memory (eight at once ran out of it). GPU_ARGS: more pytest arguments for both parts (e.g. -k "not shipped_tuned").
 GPU_WORKERS ?= 8
-GPU_DIST ?= loadfile
+GPU_DIST ?= load
 GPU_ARGS ?=
 GPU_ENV := NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 	MOEC_KERNEL_DEVICE=cuda TRITON_INTERPRET=0

@@ -4,8 +4,8 @@
 # benchmarks/.packages; see ab_layers.py for building the "before" side from an earlier commit).
 #   TESTS="tests/kernel_tests/test_gate.py tests/gpu/test_layer.py" SKIP="shipped_tuned" \
 #   PAIRS="bench_v3_fp8_before,bench_v3_fp8_triton" TOKENS=1,16,1024 bash benchmarks/ab_session.sh
-# SKIP / ONLY: pytest -k expressions to leave out / to keep; DIST=load spreads one kernel file's
-# tests over the processes (the default, loadfile, keeps each file in one); tests/gpu always
+# SKIP / ONLY: pytest -k expressions to leave out / to keep; DIST: xdist's distribution of the
+# kernel tests (default load, test by test; loadfile keeps each file in one process); tests/gpu always
 # runs in one process (make gpu-test), as each of its tests holds DeepSeek-V3 layers (run 70).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
   selected="${SKIP:+-k \"not ($SKIP)\"}${ONLY:+ -k \"$ONLY\"}"
   timeout "${TEST_SECONDS:-330}" make gpu-test PY=python3 GPU_WORKERS=4 \
-    GPU_DIST="${DIST:-loadfile}" GPU_TESTS="$TESTS" GPU_ARGS="$selected" > "$OUT/tests.txt" 2>&1
+    GPU_DIST="${DIST:-load}" GPU_TESTS="$TESTS" GPU_ARGS="$selected" > "$OUT/tests.txt" 2>&1
   echo "tests: exit $?"; tail -4 "$OUT/tests.txt"
 fi
 cd benchmarks
