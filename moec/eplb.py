@@ -136,11 +136,11 @@ def imbalance(rows: list[float]) -> float:
 def read_load(path: Path) -> list[float]:
     """The load in a file the layer's `write_expert_load` wrote ({"format": "moec-load",
     "load": [tokens per logical expert]}); MoecError naming the file otherwise."""
-    from moec.spec.loader import read_user_text
+    from moec.spec.loader import read_user_json
 
     hint = f'a JSON file {{"format": "{LOAD_FORMAT}", "load": [...]}} (write_expert_load)'
     try:
-        data = json.loads(read_user_text(path))
+        data = read_user_json(path)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
         raise MoecError([problem("", f"cannot read the load: {reason}", hint)], str(path)) from None

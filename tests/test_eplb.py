@@ -367,3 +367,12 @@ def test_counts_past_what_a_placement_holds_are_refused_at_once(tmp_path, capsys
     assert main(["explain", str(EXAMPLES / "tiny-cpu.toml"), "--load", str(load)]) == 2
     assert "token counts from 0 to 2**53" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_load_file_writing_a_key_twice_is_refused(tmp_path, capsys):
+    load = tmp_path / "load.json"
+    load.write_text('{"format": "moec-load", "load": [1, 2, 3, 4], "load": [4, 3, 2, 1]}')
+    assert main(["explain", str(EXAMPLES / "tiny-cpu.toml"), "--load", str(load)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the load" in err
+    assert 'the key "load" is written twice' in err

@@ -445,3 +445,15 @@ def test_the_dispatch_row_copy_leaves_pdl_where_the_layer_has_it():
     on_cpu = plan_of("tiny-cpu-triton.toml")
     assert not on_cpu.tiles.pdl and on_cpu.stage("dispatch").copy_pdl is True
     assert not any(d.what == "dispatch row copy under PDL" for d in on_cpu.decisions)
+
+
+def test_a_user_table_writing_a_key_twice_is_refused(tuning_dir):
+    # json.loads would keep the second of the two silently: which tiles were meant is unknown
+    table = json.dumps({V3_KEY: USER_BUCKETS, f"elementwise/{V3_KEY}": USER_ELEMENTWISE})
+    twice = "{" + table[1:-1] + ", " + json.dumps(V3_KEY) + ": []}"
+    (tuning_dir / "nvidia-h200.json").write_text(twice)
+    with pytest.raises(MoecError) as raised:
+        plan_of("deepseek-v3-fp8.toml")
+    message = str(raised.value)
+    assert "nvidia-h200.json" in message
+    assert f'the key "{V3_KEY}" is written twice' in message

@@ -10,14 +10,13 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from moec.plan.tables import SHIPPED_TABLES, TUNED_DIR, table_error
-from moec.spec.loader import read_user_text
+from moec.spec.loader import read_user_json
 
 OPTIONAL_PACKAGES = ("deep_gemm", "deep_ep", "triton")
 """The packages generated code may import beyond torch (moec/plan/support.py: PACKAGE)."""
@@ -46,7 +45,7 @@ def read_table(path: Path, where: str) -> dict[str, Any]:
     """The entries of the table at `path` (a JSON object); MoecError when it is not one (a
     fifo or a file over 4 MiB is not read)."""
     try:
-        entries = json.loads(read_user_text(path))
+        entries = read_user_json(path)
     except (OSError, ValueError) as error:
         raise table_error(where, f"cannot be read: {error}") from None
     if not isinstance(entries, dict):

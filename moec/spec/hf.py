@@ -20,7 +20,7 @@ from moec.resources import shipped_schema_path
 from moec.spec import hf_families, hf_refused
 from moec.spec.hf_families import Family
 from moec.spec.hf_values import ConfigReader
-from moec.spec.loader import apply_overrides, check_raw, read_user_text
+from moec.spec.loader import RepeatedKey, apply_overrides, check_raw, read_user_text, unique_keys
 from moec.spec.locate import long_number
 
 _KNOWN_TYPES = hf_families.KNOWN_TYPES
@@ -104,12 +104,12 @@ def _read_json(config_path: Path) -> Any:
     except ValueError as error:  # not a regular file, or too large
         raise fail(f"cannot read: {error}") from None
     try:
-        return json.loads(text, object_pairs_hook=_no_twice)
+        return json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as error:
         raise fail(f"not JSON: {error.msg} at line {error.lineno}") from None
     except RecursionError:
         raise fail("not JSON moec can read: nested too deeply") from None
-    except _DuplicateKey as error:
+    except RepeatedKey as error:
         raise fail(f"not a config: the key {json.dumps(error.key)} appears twice") from None
     except ValueError as error:  # an integer of more digits than Python converts
         found = long_number(text)
@@ -119,22 +119,6 @@ def _read_json(config_path: Path) -> Any:
         raise fail(
             f"not JSON moec can read: a number of {digits:,} digits at line {line}"
         ) from None
-
-
-class _DuplicateKey(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object as a dict; a key written twice is an error, not the last one winning."""
-    found: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in found:
-            raise _DuplicateKey(key)
-        found[key] = value
-    return found
 
 
 def spec_data_from_config(

@@ -85,6 +85,31 @@ def read_user_text(path: Path) -> str:
     return data.decode("utf-8")
 
 
+class RepeatedKey(ValueError):
+    """A JSON object in a user's file that writes one key twice (json.loads would keep the
+    last of the two silently)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the key {json.dumps(key)} is written twice (which one is meant?)")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook for a user's file: a dict, RepeatedKey for a key written twice."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise RepeatedKey(key)
+        found[key] = value
+    return found
+
+
+def read_user_json(path: Path) -> Any:
+    """The JSON value of a user's input file, read as read_user_text reads it; besides its
+    errors, json's ValueError, RecursionError, or RepeatedKey (a ValueError) for a key twice."""
+    return json.loads(read_user_text(path), object_pairs_hook=unique_keys)
+
+
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedSpec:
     """Read and check the spec file at `path`, with `--set KEY=VALUE` overrides."""
     path = path_argument(path, "path", "load_spec")

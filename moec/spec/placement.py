@@ -68,12 +68,12 @@ def _ids(ids: list[int]) -> str:
 def read(path: Path) -> tuple[list[list[int]] | None, Problem | None]:
     """The placement in a `moec eplb` file, or the problem with the file (schema: an object
     with "format": "moec-placement" and "physical_to_logical": a list of lists of integers)."""
-    from moec.spec.loader import read_user_text
+    from moec.spec.loader import RepeatedKey, read_user_json
 
     hint = f'a JSON file written by `moec eplb` ({{"format": "{FORMAT}", ...}}), or "even"'
     try:
-        data = json.loads(read_user_text(path), object_pairs_hook=_once)
-    except _Twice as error:
+        data = read_user_json(path)
+    except RepeatedKey as error:
         message = f"{path}: names the key {json.dumps(error.key)} twice (which one is meant?)"
         return None, problem(KEY, message, hint, value=str(path))
     except (OSError, UnicodeDecodeError) as error:
@@ -87,22 +87,6 @@ def read(path: Path) -> tuple[list[list[int]] | None, Problem | None]:
     if found:
         return None, problem(KEY, f"{path}: {found}", hint, value=str(path))
     return [list(rank) for rank in data["physical_to_logical"]], None
-
-
-class _Twice(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose every key is written once (json.loads keeps the last of two)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Twice(key)
-        out[key] = value
-    return out
 
 
 def shape_problem(data: Any) -> str:
