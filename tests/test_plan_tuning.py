@@ -13,7 +13,7 @@ from conftest import EXAMPLES
 
 from moec.cli import main
 from moec.errors import MoecError
-from moec.plan import Environment, make_plan, tables
+from moec.plan import Environment, environment, make_plan, tables
 from moec.plan.environment import user_tuning_dir
 from moec.plan.tables import SHIPPED_TABLES, gpu_name
 from moec.plan.tuning import TUNED_DIR, router_slices, router_tiles, table_key
@@ -457,3 +457,17 @@ def test_a_user_table_writing_a_key_twice_is_refused(tuning_dir):
     message = str(raised.value)
     assert "nvidia-h200.json" in message
     assert f'the key "{V3_KEY}" is written twice' in message
+
+
+def test_one_environment_reads_a_users_table_once(tmp_path, monkeypatch):
+    # a plan with a GEMM split looks its tables up for each side and stage: one read, one content
+    write_user_table(tmp_path, "nvidia-h200")
+    env = Environment(frozenset({"triton", "deep_gemm"}), tmp_path)
+    reads = []
+    real = environment.read_table
+    monkeypatch.setattr(environment, "read_table", lambda *a: reads.append(a) or real(*a))
+    spec = load_spec(EXAMPLES / "deepseek-v3-fp8.toml", ["experts.gemm_backend=auto"]).spec
+    make_plan(spec, env)
+    make_plan(spec, env)
+    assert len(reads) == 1
+    assert env.tables("nvidia-h200") is env.tables("nvidia-h200")

@@ -11,7 +11,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,11 @@ class Environment:
     tuning_dir: Path | None = None
     """The user's tuned tables (`moec tune`'s output), looked up before the shipped ones; None:
     the shipped tables only."""
+    _read: dict[str, list[TableFile]] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+    """Each GPU's tables as first read: a plan looks them up once per GEMM side and stage, and
+    every lookup sees the same file contents."""
 
     @classmethod
     def detect(cls) -> Environment:
@@ -90,10 +95,13 @@ class Environment:
 
     def tables(self, gpu: str) -> list[TableFile]:
         """The tuned tables of `gpu` in lookup order: the user's, then the one moec ships."""
+        if gpu in self._read:
+            return self._read[gpu]
         files: list[TableFile] = []
         if self.tuning_dir is not None:
             path = self.tuning_dir / f"{gpu}.json"
             files.append((shown(path), read_table(path, shown(path)) if path.exists() else None))
         if gpu in SHIPPED_TABLES:
             files.append((f"moec/plan/tuned/{SHIPPED_TABLES[gpu]}", shipped_table(gpu)))
+        self._read[gpu] = files
         return files
