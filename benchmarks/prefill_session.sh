@@ -6,6 +6,8 @@
 # then prefill_ab.py for each run of RUNS ("label:package,...:reference:tokens", in turn), then
 # the tests of LAYER_TESTS (one process: they hold whole layers). Everything lands in $OUT.
 # PROFILE=1: each run's kernels at its largest T; ROUNDS: prefill_ab's rounds (default 3).
+# PROBES: other scripts of benchmarks/ with their arguments, separated by ";", each run there
+# after the prefill runs (output in $OUT/probe_N.log; a script's --out is its own).
 #   RUNS="fp8:bench_v3_fp8_dg_before,bench_v3_fp8_deep_gemm:bench_v3_fp8_torch:2048,4096" \
 #   KERNEL_TESTS="tests/kernel_tests/test_route.py" LAYER_TESTS="tests/gpu/test_deep_gemm.py" \
 #   bash benchmarks/prefill_session.sh
@@ -36,6 +38,11 @@ for run in ${RUNS:-}; do
     --reference "$reference" --tokens "$tokens" ${PROFILE:+--profile} ${ROUNDS:+--rounds $ROUNDS} --out "$OUT/prefill_$label.json") \
     > "$OUT/prefill_$label.log" 2>&1
   echo "== $label: exit $? ($(( $(date +%s) - start )) s)"; grep -v "^      " "$OUT/prefill_$label.log" | tail -n 24
+done
+IFS=';' read -ra probes <<< "${PROBES:-}"
+for i in "${!probes[@]}"; do
+  (cd benchmarks && eval "timeout ${PROBE_SECONDS:-300} python3 ${probes[$i]}") > "$OUT/probe_$i.log" 2>&1
+  echo "== probe $i: exit $? ($(( $(date +%s) - start )) s)"; tail -n 12 "$OUT/probe_$i.log"
 done
 if [ -n "${LAYER_TESTS:-}" ]; then
   timeout "${LAYER_SECONDS:-240}" make gpu-test PY=python3 GPU_TESTS="$LAYER_TESTS" > "$OUT/layer_tests.log" 2>&1
