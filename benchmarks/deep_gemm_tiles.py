@@ -21,7 +21,7 @@ import time
 
 import deep_gemm
 import torch
-from psum_remainder import EXPERTS, HIDDEN, INTER, TOPK, fp8, layout, operands, timed, weights
+from psum_remainder import EXPERTS, HIDDEN, INTER, TOPK, layout, operands, timed, weights
 
 SHAPES = {"gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
 FP8_TILES = (0, 96, 112, 128, 144, 160, 192)  # 0: DeepGEMM's own choice
