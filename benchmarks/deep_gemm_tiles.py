@@ -78,8 +78,18 @@ def main() -> None:
                         fn()
                         torch.cuda.synchronize()
                     except Exception as error:  # an illegal tile for this shape: say so, go on
-                        print(json.dumps(dict(dtype=dtype, gemm=gemm, tokens=tokens, tile=tile,
-                                              error=str(error)[:200])), flush=True)
+                        print(
+                            json.dumps(
+                                dict(
+                                    dtype=dtype,
+                                    gemm=gemm,
+                                    tokens=tokens,
+                                    tile=tile,
+                                    error=str(error)[:200],
+                                )
+                            ),
+                            flush=True,
+                        )
                         continue
                     ms = min(timed(fn) for _ in range(args.rounds))
                     row = dict(dtype=dtype, gemm=gemm, tokens=tokens, tile=tile, ms=round(ms, 4))
