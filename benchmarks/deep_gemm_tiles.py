@@ -21,7 +21,17 @@ import time
 
 import deep_gemm
 import torch
-from psum_remainder import EXPERTS, HIDDEN, INTER, TOPK, layout, operands, timed, weights
+from psum_remainder import (
+    EXPERTS,
+    HIDDEN,
+    INTER,
+    TOPK,
+    layout,
+    operands,
+    timed,
+    weights,
+    write_rows,
+)
 
 SHAPES = {"gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
 FP8_TILES = (0, 96, 112, 128, 144, 160, 192)  # 0: DeepGEMM's own choice
@@ -100,8 +110,7 @@ def main() -> None:
             del w
             torch.cuda.empty_cache()
     if args.out:
-        with open(args.out, "w") as handle:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows_out}, handle, indent=2)
+        write_rows(args.out, rows_out)
 
 
 if __name__ == "__main__":

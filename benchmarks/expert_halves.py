@@ -29,7 +29,7 @@ import statistics
 import deep_gemm
 import torch
 from common import graphed, import_package, in_turn
-from psum_remainder import BLOCK, EXPERTS, HIDDEN, INTER, TOPK, fp8, layout
+from psum_remainder import BLOCK, EXPERTS, HIDDEN, INTER, TOPK, fp8, layout, write_rows
 
 GROUPS = EXPERTS + 1  # the shared expert fused as the last group
 
@@ -152,9 +152,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.out:
         gains = statistics.median(r["gain_ms"] for r in results)
-        data = {"gpu": torch.cuda.get_device_name(), "rows": results, "median_gain_ms": gains}
-        with open(args.out, "w") as handle:
-            json.dump(data, handle, indent=2)
+        write_rows(args.out, results, median_gain_ms=gains)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,12 @@ def operands(rows: int, n: int, k: int, w):
     return (fp8(rows, k), a_scale), w, out
 
 
+def write_rows(path: str, rows: list[dict], **more) -> None:
+    """The run's rows as JSON, with the GPU's name (and any other fields given)."""
+    with open(path, "w") as handle:
+        json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows, **more}, handle, indent=2)
+
+
 def timed(fn, repeats: int = 20) -> float:
     for _ in range(3):
         fn()
@@ -117,8 +123,7 @@ def main() -> None:
         del built, ws
         torch.cuda.empty_cache()
     if args.out:
-        with open(args.out, "w") as handle:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows_out}, handle, indent=2)
+        write_rows(args.out, rows_out)
 
 
 if __name__ == "__main__":
