@@ -79,6 +79,13 @@ class MoELayer(nn.Module):
             buffer = torch.zeros(shape, dtype=buffer_dtype, device=device)
             self.register_buffer(name, buffer, persistent=False)
 
+    def __setstate__(self, state: dict) -> None:
+        """A copy (copy.deepcopy, torch.load, pickle) is a layer of its own: its own key in
+        _LAYERS, so that the custom op runs the copy's weights, not the original's."""
+        super().__setstate__(state)
+        self.op_id = next(_IDS)
+        _LAYERS[self.op_id] = self
+
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Route each token to its top-2 experts and return the weighted sum plus the shared experts."""
