@@ -57,3 +57,15 @@ def test_a_loop_of_links_is_named_as_one(layer, tmp_path):
     with pytest.raises(ValueError, match="a link to nothing") as raised:
         layer.load_weights(first)
     assert "the layer is unchanged" in str(raised.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+@pytest.mark.parametrize(
+    "move", [lambda m: m.cuda(), lambda m: m.to("cuda")], ids=[".cuda()", ".to('cuda')"]
+)
+def test_a_move_to_cuda_without_cuda_is_one_clear_error(layer, x, move):
+    """torch raised its AssertionError 'Torch not compiled with CUDA enabled'."""
+    before = layer(x)
+    with pytest.raises(ValueError, match="tiny_cpu: cannot move the layer: .*it is unchanged"):
+        move(layer)
+    assert next(layer.parameters()).device.type == "cpu" and torch.equal(layer(x), before)

@@ -272,10 +272,15 @@ class MoELayer(nn.Module):
         model.half()): the tensors move, and keep the dtypes the layer was built for, which its
         kernels take (on the layer itself, a conversion to another dtype is refused)."""
         tensors = itertools.chain(self.parameters(), self.buffers())
-        target = {
-            (t.dtype, t.device): fn(torch.empty(0, dtype=t.dtype, device=t.device))
-            for t in tensors
-        }
+        try:  # .cuda() on a CPU-only torch raises an AssertionError: before any tensor moves
+            target = {
+                (t.dtype, t.device): fn(torch.empty(0, dtype=t.dtype, device=t.device))
+                for t in tensors
+            }
+        except (RuntimeError, AssertionError) as error:
+            raise ValueError(
+                f"{NAME}: cannot move the layer: {error}; it is unchanged"
+            ) from None
 
         def keep_dtype(tensor: torch.Tensor) -> torch.Tensor:
             moved = target.get((tensor.dtype, tensor.device))
