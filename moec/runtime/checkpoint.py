@@ -236,6 +236,8 @@ def _read_pairs(pairs, wanted, problems, found):
 def _read_path(path: Path, wanted, problems, found, allow_pickle, progress):
     if path.is_dir():
         yield from _read_folder(path, wanted, problems, found, allow_pickle, progress)
+    elif path.is_symlink() and not path.exists():
+        problems.append(f"{path}: a link to nothing (a broken link or a loop of links)")
     elif not path.exists():
         problems.append(f"{path}: no such file or folder")
     elif not path.is_file():  # before opening: opening a fifo waits for a writer

@@ -71,6 +71,13 @@ class MoELayer(nn.Module):
             tensor = torch.empty(shape, dtype=param_dtype, device=device)
             self.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
 
+    def __setstate__(self, state: dict) -> None:
+        """A copy (copy.deepcopy, torch.load, pickle) is a layer of its own: its own key in
+        _LAYERS, so that the custom op runs the copy's weights, not the original's."""
+        super().__setstate__(state)
+        self.op_id = next(_IDS)
+        _LAYERS[self.op_id] = self
+
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Route each token to its top-4 experts and return the weighted sum plus the shared experts."""
@@ -265,10 +272,15 @@ class MoELayer(nn.Module):
         model.half()): the tensors move, and keep the dtypes the layer was built for, which its
         kernels take (on the layer itself, a conversion to another dtype is refused)."""
         tensors = itertools.chain(self.parameters(), self.buffers())
-        target = {
-            (t.dtype, t.device): fn(torch.empty(0, dtype=t.dtype, device=t.device))
-            for t in tensors
-        }
+        try:  # .cuda() on a CPU-only torch raises an AssertionError: before any tensor moves
+            target = {
+                (t.dtype, t.device): fn(torch.empty(0, dtype=t.dtype, device=t.device))
+                for t in tensors
+            }
+        except (RuntimeError, AssertionError) as error:
+            raise ValueError(
+                f"{NAME}: cannot move the layer: {error}; it is unchanged"
+            ) from None
 
         def keep_dtype(tensor: torch.Tensor) -> torch.Tensor:
             moved = target.get((tensor.dtype, tensor.device))
