@@ -18,7 +18,7 @@ from pathlib import Path
 
 from moec import __version__
 from moec.counts import whole_numbers
-from moec.errors import MoecError, os_error, problem
+from moec.errors import MoecError, os_error, problem, shown_path
 from moec.spec import cpu
 from moec.spec.models import Parallel
 from moec.vocab import ReplicaChoice
@@ -279,7 +279,13 @@ def _refuse_inside_a_build(args: argparse.Namespace) -> None:
     inside = package_holding(Path(os.path.abspath(out)).parent)
     if inside is not None:
         raise MoecError(
-            [problem("-o", f"is inside {inside}, a package moec built", "an -o outside it")],
+            [
+                problem(
+                    "-o",
+                    f"is inside {shown_path(inside)}, a package moec built",
+                    "an -o outside it",
+                )
+            ],
             out,
             kind="usage",
         )
