@@ -1,6 +1,7 @@
 """A third hostile corpus, the commands: a file name with a newline or a terminal escape quoted
-in a message keeps the problem on one line. Each is exit 2 with one line per problem naming the
-key, no traceback."""
+in a message keeps the problem on one line, and a problem of a table only --set wrote, or of a
+--set that cannot be applied, is told as the --set's, not the file's. Each is exit 2 with one
+line per problem naming the key, no traceback."""
 
 from __future__ import annotations
 
@@ -45,3 +46,65 @@ def test_an_output_inside_a_package_in_a_folder_with_a_newline_is_one_line(tmp_p
     err = refused(capsys, "explain", TINY, "-o", folder / "tiny_cpu" / "plan.txt")
     assert "two\\x0alines" in err and "a package moec built" in err
     assert snapshot(folder) == before
+
+
+# --- whose problem it is: the file's or the --set's ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec_text", "overrides", "expected"),
+    [
+        # [activation] is not in the file: --set activation.kind wrote it, and its missing keys
+        (
+            None,
+            ["activation.kind=situ"],
+            [
+                "tiny-cpu.toml (--set): activation.beta: is required",
+                "tiny-cpu.toml (--set): activation.linear_beta: is required",
+            ],
+        ),
+        (
+            None,
+            ["activation.swiglu_limit=3.0"],
+            ["tiny-cpu.toml (--set): activation.kind: is required to choose the activation"],
+        ),
+        # a file with no [model]: the table --set wrote lacks keys; the file lacks its name
+        (
+            "",
+            ["model.hidden_size=256"],
+            [
+                "spec.toml (--set): model.moe_intermediate_size: is required",
+                "spec.toml (--set): model.n_routed_experts: is required",
+                "spec.toml (--set): model.num_experts_per_tok: is required",
+                "spec.toml: name: is required",
+            ],
+        ),
+        # a --set into a value an earlier --set made: the --set cannot be applied
+        (
+            None,
+            ["model=1", "model.hidden_size=256"],
+            ["tiny-cpu.toml (--set): model.hidden_size = 256: model is not a table"],
+        ),
+        (
+            None,
+            ["quant.scheme.n=128"],
+            ["tiny-cpu.toml (--set): quant.scheme.n = 128: scheme is not a table"],
+        ),
+    ],
+    ids=["situ kind", "clamp limit", "model of no file", "set into a set", "set into a file's"],
+)
+def test_a_problem_of_what_only_set_wrote_is_the_sets(
+    spec_text, overrides, expected, tmp_path, capsys
+):
+    spec = TINY
+    if spec_text is not None:
+        spec = tmp_path / "spec.toml"
+        spec.write_text(spec_text)
+    argv = ["validate", spec]
+    for item in overrides:
+        argv += ["--set", item]
+    err = refused(capsys, *argv, lines=len(expected))
+    told = [line.removeprefix(f"{spec.parent}/") for line in err.strip().splitlines()]
+    assert len(told) == len(expected)
+    for line, start in zip(told, expected, strict=True):
+        assert line.startswith(start), (line, start)

@@ -268,10 +268,12 @@ def _read_placement(
 def _from_set(path: str, set_paths: set[str], lines: dict[str, int]) -> bool:
     """Whether the value at `path` came from --set: a set key, a value inside one, or a table
     that only --set wrote."""
+    parts = path.split(".")
+    tables = {".".join(parts[:n]) for n in range(1, len(parts) + 1)} - set(lines)
     for key in set_paths:
         if path == key or path.startswith(key + "."):
             return True
-        if key.startswith(path + ".") and path not in lines:
+        if any(key.startswith(table + ".") for table in tables):  # in a table only --set wrote
             return True
     return False
 
@@ -355,11 +357,8 @@ def apply_overrides(raw: dict[str, Any], overrides, source: str) -> tuple[dict[s
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise MoecError(
-                    [problem(key, f"{part} is not a table", "a key inside a table", value=value)],
-                    source,
-                    kind="usage",
-                )
+                found = problem(key, f"{part} is not a table", "a key inside a table", value=value)
+                raise MoecError([found.located(None, "--set")], source, kind="usage")
             node = child
         node[parts[-1]] = value
         paths.add(key)
