@@ -1,7 +1,8 @@
 """A third hostile corpus, the commands: a file name with a newline or a terminal escape quoted
 in a message keeps the problem on one line, and a problem of a table only --set wrote, or of a
 --set that cannot be applied, is told as the --set's, not the file's. Each is exit 2 with one
-line per problem naming the key, no traceback."""
+line per problem naming the key, no traceback; and a NIC bandwidth too small for the cost model
+to price is refused by name."""
 
 from __future__ import annotations
 
@@ -108,3 +109,24 @@ def test_a_problem_of_what_only_set_wrote_is_the_sets(
     assert len(told) == len(expected)
     for line, start in zip(told, expected, strict=True):
         assert line.startswith(start), (line, start)
+
+
+# --- a bandwidth too small to price ---------------------------------------------------------
+
+EP2 = EXAMPLES / "deepseek-v3-ep2-all2all.toml"
+
+
+@pytest.mark.parametrize("value", ["1e-300", "5e-324", "0.0009"])
+def test_a_nic_bandwidth_below_a_megabyte_per_second_is_refused(value, capsys):
+    err = refused(
+        capsys,
+        "explain",
+        EP2,
+        "--cpu",
+        "--set",
+        "parallel.nodes=2",
+        "--set",
+        f"parallel.nic_bandwidth_gbs={value}",
+        lines=None,
+    )
+    assert "parallel.nic_bandwidth_gbs" in err and "greater than or equal to 0.001" in err
