@@ -7,6 +7,7 @@ to price is refused by name."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from clihelp import cli, refused, snapshot
@@ -130,3 +131,20 @@ def test_a_nic_bandwidth_below_a_megabyte_per_second_is_refused(value, capsys):
         lines=None,
     )
     assert "parallel.nic_bandwidth_gbs" in err and "greater than or equal to 0.001" in err
+
+
+# --- the cost table at the largest token count ----------------------------------------------
+
+STAGE_ROW = re.compile(r" {4}\w+ +[0-9.]+ k?[MGTP]?B +[0-9.]+ k?[MGTPE]?F +[0-9]+\.[0-9]{4}")
+"""A row of the cost table: stage, bytes, FLOPs, floor ms, each column apart from the next."""
+
+
+def test_the_cost_table_at_the_largest_token_count_keeps_its_columns(capsys):
+    code, out, err = cli(
+        capsys, "explain", EXAMPLES / "deepseek-v3-fp8.toml", "--cpu", "--tokens", "2147483647"
+    )
+    assert code == 0, err
+    table = out[out.index("    stage ") :].splitlines()[1:]
+    rows = [line for line in table if line.strip()]
+    assert rows and all(STAGE_ROW.fullmatch(row) for row in rows), rows
+    assert "1.32 PB, 1.71 EF," in out  # in the largest units, not 1322105.34 GB, 1710241.96 TF
