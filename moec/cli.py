@@ -408,6 +408,7 @@ def _init(args: argparse.Namespace) -> int:
 
     if args.out == "-":  # the usual name of standard output
         args.out = None
+    _refuse_two_names(args.name, args.overrides)
     text = spec_from_hf(
         args.from_hf, args.name, args.overrides, args.out, layer_type=args.layer_type
     )
@@ -417,6 +418,24 @@ def _init(args: argparse.Namespace) -> int:
     else:
         print(text, end="")
     return 0
+
+
+def _refuse_two_names(name: str | None, overrides: list[str]) -> None:
+    """init's --name and a --set name=... both name the package: one would be dropped."""
+    named = [item for item in overrides if item.partition("=")[0].strip() == "name"]
+    if name is not None and named:
+        raise MoecError(
+            [
+                problem(
+                    "--name",
+                    f"names the package, and so does --set {named[-1]}",
+                    "one of them",
+                    value=name,
+                )
+            ],
+            "moec init",
+            kind="usage",
+        )
 
 
 def _schema(args: argparse.Namespace) -> int:

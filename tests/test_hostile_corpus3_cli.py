@@ -148,3 +148,24 @@ def test_the_cost_table_at_the_largest_token_count_keeps_its_columns(capsys):
     rows = [line for line in table if line.strip()]
     assert rows and all(STAGE_ROW.fullmatch(row) for row in rows), rows
     assert "1.32 PB, 1.71 EF," in out  # in the largest units, not 1322105.34 GB, 1710241.96 TF
+
+
+# --- moec init: the package named twice ---------------------------------------------------
+
+CONFIG = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 256,
+    "moe_intermediate_size": 128,
+    "n_routed_experts": 16,
+    "num_experts_per_tok": 4,
+}
+
+
+@pytest.mark.parametrize("named", ['name="from_set"', "name=from_set", " name = from_set"])
+def test_init_refuses_a_name_given_by_name_and_by_set(named, tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    out = tmp_path / "spec.toml"
+    argv = ["init", "--from-hf", config, "--name", "from_name", "--set", named, "-o", out]
+    refused(capsys, *argv, fragments=('--name = "from_name": names the package', "--set"))
+    assert not out.exists()
