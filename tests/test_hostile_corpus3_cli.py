@@ -169,3 +169,16 @@ def test_init_refuses_a_name_given_by_name_and_by_set(named, tmp_path, capsys):
     argv = ["init", "--from-hf", config, "--name", "from_name", "--set", named, "-o", out]
     refused(capsys, *argv, fragments=('--name = "from_name": names the package', "--set"))
     assert not out.exists()
+
+
+# --- a preset that is no preset --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "preset", ['"DeepSeek-V3"', '"deepseek-v4"', '["deepseek-v3"]', "3", '""', "{}"]
+)
+def test_a_preset_that_is_no_preset_is_one_problem(preset, tmp_path, capsys):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'name = "a"\n\n[model]\npreset = {preset}\n')
+    err = refused(capsys, "validate", spec)  # not also "hidden_size: is required", and 3 more
+    assert f"{spec}:4: model.preset = " in err

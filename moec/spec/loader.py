@@ -430,7 +430,7 @@ def _placement_items(items: list[Any], raw: dict[str, Any]) -> list[Any]:
 
 def _from_validation(error: ValidationError, raw: dict[str, Any]) -> list[Problem]:
     found = []
-    for item in _placement_items(list(error.errors()), raw):
+    for item in _without_preset_keys(_placement_items(list(error.errors()), raw), raw):
         loc = [str(part) for part in item["loc"]]
         if len(loc) >= 2 and loc[0] == "activation" and loc[1] in _ACTIVATION_KINDS:
             kind = loc.pop(1)
@@ -495,6 +495,15 @@ def _unknown_key(loc: list[str], value: Any, kind: str | None) -> Problem:
     where = f"[{'.'.join(table)}]" if table else "the top level"
     hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(known)}"
     return problem(path, f"unknown key in {where}", hint, value=value)
+
+
+def _without_preset_keys(items: list[Any], raw: dict[str, Any]) -> list[Any]:
+    """A model.preset that is no preset is one problem, not also one per model key that the
+    preset meant would have set ("hidden_size is required, or set model.preset")."""
+    model = raw.get("model")
+    if not isinstance(model, dict) or "preset" not in model:
+        return items
+    return [item for item in items if not (item["type"] == "missing" and item["loc"][0] == "model")]
 
 
 def _required_hint(loc: list[str]) -> str:
