@@ -18,7 +18,7 @@ from pathlib import Path
 
 from moec import __version__
 from moec.counts import whole_numbers
-from moec.errors import MoecError, os_error, problem
+from moec.errors import MoecError, os_error, problem, shown_path
 from moec.spec import cpu
 from moec.spec.models import Parallel
 from moec.vocab import ReplicaChoice
@@ -279,7 +279,13 @@ def _refuse_inside_a_build(args: argparse.Namespace) -> None:
     inside = package_holding(Path(os.path.abspath(out)).parent)
     if inside is not None:
         raise MoecError(
-            [problem("-o", f"is inside {inside}, a package moec built", "an -o outside it")],
+            [
+                problem(
+                    "-o",
+                    f"is inside {shown_path(inside)}, a package moec built",
+                    "an -o outside it",
+                )
+            ],
             out,
             kind="usage",
         )
@@ -402,6 +408,7 @@ def _init(args: argparse.Namespace) -> int:
 
     if args.out == "-":  # the usual name of standard output
         args.out = None
+    _refuse_two_names(args.name, args.overrides)
     text = spec_from_hf(
         args.from_hf, args.name, args.overrides, args.out, layer_type=args.layer_type
     )
@@ -411,6 +418,24 @@ def _init(args: argparse.Namespace) -> int:
     else:
         print(text, end="")
     return 0
+
+
+def _refuse_two_names(name: str | None, overrides: list[str]) -> None:
+    """init's --name and a --set name=... both name the package: one would be dropped."""
+    named = [item for item in overrides if item.partition("=")[0].strip() == "name"]
+    if name is not None and named:
+        raise MoecError(
+            [
+                problem(
+                    "--name",
+                    f"names the package, and so does --set {named[-1]}",
+                    "one of them",
+                    value=name,
+                )
+            ],
+            "moec init",
+            kind="usage",
+        )
 
 
 def _schema(args: argparse.Namespace) -> int:

@@ -101,6 +101,13 @@ def _show(value: Any, depth: int = 0) -> str:
     return _cut(str(value))
 
 
+def shown_path(path: object) -> str:
+    """A path as a message quotes it: its control characters, the newline too, written as hex
+    escapes (a message keeps its newlines, and a file name with one would split the problem's
+    line in two)."""
+    return _printable(str(path))
+
+
 def _printable(text: str, keep_newlines: bool = False) -> str:
     """Text with its control characters (but the newline, with `keep_newlines`) written as hex
     escapes: a spec's key, a path or a message reaches the user's terminal, which would obey

@@ -183,8 +183,15 @@ def write(output: str | bytes, out: str | None) -> None:
 # --- text ---------------------------------------------------------------------------------
 
 
-_BYTES = ((1e9, "GB", 2), (1e6, "MB", 2), (1e3, "kB", 1))
-_FLOPS = ((1e12, "TF", 2), (1e9, "GF", 2), (1e6, "MF", 2), (1e3, "kF", 1))
+_BYTES = ((1e15, "PB", 2), (1e12, "TB", 2), (1e9, "GB", 2), (1e6, "MB", 2), (1e3, "kB", 1))
+_FLOPS = (
+    (1e18, "EF", 2),
+    (1e15, "PF", 2),
+    (1e12, "TF", 2),
+    (1e9, "GF", 2),
+    (1e6, "MF", 2),
+    (1e3, "kF", 1),
+)
 
 
 def _scaled(value: float, steps, plain: str) -> str:
@@ -296,15 +303,17 @@ def _cost_text(data: dict[str, Any]) -> list[str]:
             f"{row['floor_ms']:.4f} ms, peak {_mb(row['peak_bytes'])}, "
             f"{row['experts_hit']:.1f} experts hit"
         )
-        sent_head = f"{'NVLink':>12}{'network':>12}" if ranks > 1 else ""
-        lines.append(f"    {'stage':<28}{'bytes':>12}{'FLOPs':>12}{sent_head}{'floor ms':>12}")
-        for stage in row["stages"]:
+        sent_head = f" {'NVLink':>11} {'network':>11}" if ranks > 1 else ""
+        lines.append(f"    {'stage':<28} {'bytes':>11} {'FLOPs':>11}{sent_head} {'floor ms':>11}")
+        for stage in row["stages"]:  # a space before each column: a wide figure never joins two
             sent = (
-                f"{_mb(stage['link_bytes']):>12}{_mb(stage['nic_bytes']):>12}" if ranks > 1 else ""
+                f" {_mb(stage['link_bytes']):>11} {_mb(stage['nic_bytes']):>11}"
+                if ranks > 1
+                else ""
             )
             lines.append(
-                f"    {stage['stage']:<28}{_mb(stage['bytes']):>12}{_flops(stage['flops']):>12}"
-                f"{sent}{stage['floor_ms']:>12.4f}"
+                f"    {stage['stage']:<28} {_mb(stage['bytes']):>11} {_flops(stage['flops']):>11}"
+                f"{sent} {stage['floor_ms']:>11.4f}"
             )
     return lines
 

@@ -236,7 +236,7 @@ SPEC_FILES = {
         "parallel.nodes = 2147483647: does not divide the 1 ranks",
     ),
     "nic bandwidth on one node": (
-        _spec(TEXT, "[target]", "[parallel]\nnic_bandwidth_gbs = 5e-324\n[target]"),
+        _spec(TEXT, "[target]", "[parallel]\nnic_bandwidth_gbs = 0.001\n[target]"),
         "has no effect with nodes = 1",
     ),
 }

@@ -268,10 +268,12 @@ def _read_placement(
 def _from_set(path: str, set_paths: set[str], lines: dict[str, int]) -> bool:
     """Whether the value at `path` came from --set: a set key, a value inside one, or a table
     that only --set wrote."""
+    parts = path.split(".")
+    tables = {".".join(parts[:n]) for n in range(1, len(parts) + 1)} - set(lines)
     for key in set_paths:
         if path == key or path.startswith(key + "."):
             return True
-        if key.startswith(path + ".") and path not in lines:
+        if any(key.startswith(table + ".") for table in tables):  # in a table only --set wrote
             return True
     return False
 
@@ -355,11 +357,8 @@ def apply_overrides(raw: dict[str, Any], overrides, source: str) -> tuple[dict[s
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise MoecError(
-                    [problem(key, f"{part} is not a table", "a key inside a table", value=value)],
-                    source,
-                    kind="usage",
-                )
+                found = problem(key, f"{part} is not a table", "a key inside a table", value=value)
+                raise MoecError([found.located(None, "--set")], source, kind="usage")
             node = child
         node[parts[-1]] = value
         paths.add(key)
@@ -431,7 +430,7 @@ def _placement_items(items: list[Any], raw: dict[str, Any]) -> list[Any]:
 
 def _from_validation(error: ValidationError, raw: dict[str, Any]) -> list[Problem]:
     found = []
-    for item in _placement_items(list(error.errors()), raw):
+    for item in _without_preset_keys(_placement_items(list(error.errors()), raw), raw):
         loc = [str(part) for part in item["loc"]]
         if len(loc) >= 2 and loc[0] == "activation" and loc[1] in _ACTIVATION_KINDS:
             kind = loc.pop(1)
@@ -496,6 +495,15 @@ def _unknown_key(loc: list[str], value: Any, kind: str | None) -> Problem:
     where = f"[{'.'.join(table)}]" if table else "the top level"
     hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(known)}"
     return problem(path, f"unknown key in {where}", hint, value=value)
+
+
+def _without_preset_keys(items: list[Any], raw: dict[str, Any]) -> list[Any]:
+    """A model.preset that is no preset is one problem, not also one per model key that the
+    preset meant would have set ("hidden_size is required, or set model.preset")."""
+    model = raw.get("model")
+    if not isinstance(model, dict) or "preset" not in model:
+        return items
+    return [item for item in items if not (item["type"] == "missing" and item["loc"][0] == "model")]
 
 
 def _required_hint(loc: list[str]) -> str:

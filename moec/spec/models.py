@@ -95,6 +95,9 @@ MAX_INT = 2**31 - 1
 them), and a TOML integer beyond 64 bits is reported with its key instead of reaching code."""
 MAX_FLOAT = 1e6
 """Largest value of a float key (scaling factors, clamp limits, GiB, GB/s)."""
+MIN_BANDWIDTH = 1e-3
+"""Smallest bandwidth a key takes, GB/s (1 MB/s, as `moec explain --bandwidth`): below it the
+cost model prices a message in numbers of hundreds of digits."""
 
 Preset = Literal["deepseek-v3", "deepseek-r1", "deepseek-v2", "deepseek-v2-lite", "kimi-k2"]
 QuantScheme = SchemeName
@@ -102,6 +105,7 @@ Arch = ArchName
 PositiveInt = Annotated[int, Field(gt=0, le=MAX_INT)]
 Count = Annotated[int, Field(ge=0, le=MAX_INT)]
 PositiveFloat = Annotated[float, Field(gt=0, le=MAX_FLOAT)]
+Bandwidth = Annotated[float, Field(ge=MIN_BANDWIDTH, le=MAX_FLOAT)]
 
 
 class Table(BaseModel):
@@ -259,7 +263,7 @@ class Parallel(Table):
     nodes: PositiveInt = 1
     """Nodes the tp_size * ep_size ranks span, evenly: ranks of one node talk over NVLink,
     ranks of different nodes over the NIC (the cost model uses both)."""
-    nic_bandwidth_gbs: PositiveFloat | None = None
+    nic_bandwidth_gbs: Bandwidth | None = None
     """One-way network bandwidth per GPU between nodes, GB/s; default the device table's."""
     redundant_experts: Count = 0
     """Physical experts beyond the n_routed_experts logical ones: replicas of hot experts (as

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from moec.errors import Problem, problem
+from moec.errors import Problem, problem, shown_path
 
 FORMAT = "moec-placement"
 """The `format` of a placement file."""
@@ -71,21 +71,22 @@ def read(path: Path) -> tuple[list[list[int]] | None, Problem | None]:
     from moec.spec.loader import RepeatedKey, read_user_json
 
     hint = f'a JSON file written by `moec eplb` ({{"format": "{FORMAT}", ...}}), or "even"'
+    name = shown_path(path)
     try:
         data = read_user_json(path)
     except RepeatedKey as error:
-        message = f"{path}: names the key {json.dumps(error.key)} twice (which one is meant?)"
+        message = f"{name}: names the key {json.dumps(error.key)} twice (which one is meant?)"
         return None, problem(KEY, message, hint, value=str(path))
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or str(error)
-        return None, problem(KEY, f"cannot read {path}: {reason}", hint, value=str(path))
+        return None, problem(KEY, f"cannot read {name}: {reason}", hint, value=str(path))
     except ValueError as error:
-        return None, problem(KEY, f"{path} is not JSON: {error}", hint, value=str(path))
+        return None, problem(KEY, f"{name} is not JSON: {error}", hint, value=str(path))
     except RecursionError:
-        return None, problem(KEY, f"{path}: JSON nested too deeply", hint, value=str(path))
+        return None, problem(KEY, f"{name}: JSON nested too deeply", hint, value=str(path))
     found = shape_problem(data)
     if found:
-        return None, problem(KEY, f"{path}: {found}", hint, value=str(path))
+        return None, problem(KEY, f"{name}: {found}", hint, value=str(path))
     return [list(rank) for rank in data["physical_to_logical"]], None
 
 
