@@ -66,6 +66,21 @@ def _v3(model: str, prefix: str, block: str = "MoE", extra: tuple[Fixed, ...] = 
     return Block(module, f"{prefix}{block}", f"{prefix}TopkRouter", (*_V3_LIKE, *extra))
 
 
+def _top_k(model: str, prefix: str, extra: tuple[Fixed, ...] = ()) -> Block:
+    """A softmax top-k block without a shared expert (Mixtral's, Qwen3-MoE's, OLMoE's)."""
+    fixed = (
+        _SOFTMAX,
+        _GREEDY,
+        *_UNGROUPED[:2],
+        Fixed("router.routed_scaling_factor", 1.0, "never scales the top-k weights"),
+        _NO_SHARED,
+        *extra,
+    )
+    return Block(
+        f"{model}.modeling_{model}", f"{prefix}SparseMoeBlock", f"{prefix}TopKRouter", fixed
+    )
+
+
 BLOCKS = (
     Block("deepseek_v3.modeling_deepseek_v3", "DeepseekV3MoE", "DeepseekV3TopkRouter", _V3_LIKE),
     Block("deepseek_v2.modeling_deepseek_v2", "DeepseekV2Moe", "DeepseekV2TopkRouter", _V2_LIKE),
@@ -144,6 +159,9 @@ BLOCKS = (
             Fixed("model.n_shared_experts", 1, "holds one shared expert of intermediate_size"),
         ),
     ),
+    _top_k("mixtral", "Mixtral", (_RENORMALIZED,)),
+    _top_k("qwen3_moe", "Qwen3Moe"),
+    _top_k("olmoe", "Olmoe"),
     Block(
         "minimax_m2.modeling_minimax_m2",
         "MiniMaxM2SparseMoeBlock",

@@ -73,6 +73,11 @@ _BOTH_NAMES = {  # Sarvam: transformers reads DeepSeek's names and the released 
     "n_routed_experts": ("n_routed_experts", "num_experts"),
     "n_shared_experts": ("n_shared_experts", "num_shared_experts"),
 }
+_TOP_K_ONLY = dict.fromkeys(
+    ("scoring_func", "topk_method", "n_group", "topk_group", "routed_scaling_factor"), ()
+)
+"""The routing keys of a plain softmax top-k router (Mixtral, Qwen3-MoE, OLMoE): none."""
+_SOFTMAX_TOP_K = {**_TOP_K_ONLY, "n_shared_experts": ()}
 FAMILIES = {
     "deepseek_v2": _V2,
     "deepseek_v3": _V3,
@@ -169,6 +174,38 @@ FAMILIES = {
             "num_experts_per_tok": ("moe_topk",),
             "moe_intermediate_size": ("intermediate_size",),
             "n_shared_experts": (),
+        },
+    ),
+    # softmax over all experts, then the top-k (renormalized: always for Mixtral, as
+    # norm_topk_prob says for Qwen3-MoE and OLMoE), no shared expert
+    "mixtral": Family(
+        "softmax",
+        "greedy",
+        True,
+        0,
+        keys={
+            **_SOFTMAX_TOP_K,
+            "n_routed_experts": ("num_local_experts", "num_experts"),
+            "moe_intermediate_size": ("intermediate_size",),
+            "norm_topk_prob": (),
+        },
+    ),
+    "qwen3_moe": Family(
+        "softmax",
+        "greedy",
+        False,
+        0,
+        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_local_experts", "num_experts")},
+    ),
+    "olmoe": Family(
+        "softmax",
+        "greedy",
+        False,
+        0,
+        keys={
+            **_SOFTMAX_TOP_K,
+            "n_routed_experts": ("num_experts", "num_local_experts"),
+            "moe_intermediate_size": ("intermediate_size",),
         },
     ),
 }
