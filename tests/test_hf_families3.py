@@ -1,0 +1,184 @@
+"""The softmax top-k MoE model types of transformers (Mixtral, Qwen3-MoE, OLMoE) end to end
+against transformers' own block, and the other MoE model types refused by name, each with the
+reason (they fell through to "is not a DeepSeek-family MoE config", or patch_model's "has no
+DeepSeek MoE block").
+
+Each tiny random model is saved with `save_pretrained` (every MoE tensor random, as in
+tests/hf_oracle.py); `moec init --from-hf` reads its config.json, the layer's `load_weights`
+its safetensors (Mixtral's under block_sparse_moe.experts.<e>.w1/w2/w3, as transformers writes
+them), and `patch_model` replaces every MoE block of the model loaded back.
+
+Tolerances, float32 (u = 2**-24), as in test_hf_more_families.py: one block, 2u (H + I + K +
+S) of its largest output; logits, 2u N of the largest logit (`summed_terms`).
+"""
+
+from __future__ import annotations
+
+import hf_oracle
+import pytest
+import torch
+from test_hf_more_families import _checkpoint, summed_terms
+from test_integration_families import _block_bound
+
+import moec
+from moec.errors import MoecError
+from moec.integrations.transformers import patch_model
+from moec.spec import load_spec
+
+U32 = 2.0**-24
+TORCH = "experts.gemm_backend=torch"
+_DIMS = dict(
+    vocab_size=64,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    num_experts_per_tok=2,
+)
+
+
+def _mixtral():
+    from transformers import MixtralConfig
+
+    return MixtralConfig(**_DIMS, intermediate_size=32, num_local_experts=8)
+
+
+def _qwen3_moe():
+    """Renormalized (norm_topk_prob), layer 0 dense (mlp_only_layers)."""
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        **_DIMS,
+        head_dim=32,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_experts=8,
+        norm_topk_prob=True,
+        mlp_only_layers=[0],
+    )
+
+
+def _olmoe():
+    """The top-k weights left unnormalized (norm_topk_prob false, OLMoE's default)."""
+    from transformers import OlmoeConfig
+
+    return OlmoeConfig(**_DIMS, intermediate_size=32, num_experts=8)
+
+
+MODELS = {"mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "olmoe": _olmoe}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def saved(request, tmp_path_factory):
+    return hf_oracle.saved_folder(tmp_path_factory, request.param, MODELS[request.param]())
+
+
+def _load(folder):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def test_init_load_weights_and_patch_model_give_transformers(saved, cache_dir):
+    """init on config.json, load_weights from model.safetensors: one block as transformers';
+    patch_model on the whole model: logits within the float32 bound, the same greedy tokens."""
+    reference = _load(saved)
+    spec = hf_oracle.init_spec(saved, "--set", TORCH)
+    dims = load_spec(spec).spec.model
+    names = hf_oracle.moe_names(reference)
+    source, prefix = _checkpoint(saved, names[0])
+    layer = moec.load(spec, cache_dir=cache_dir).MoELayer(device="cpu").load_weights(source, prefix)
+    x = torch.randn(11, dims.hidden_size, generator=torch.Generator().manual_seed(1))
+    expected = hf_oracle.oracle(reference.get_submodule(names[0]), x)
+    error = (layer(x) - expected).abs().max().item()
+    assert error <= _block_bound(dims) * expected.abs().max().item()
+
+    model = _load(saved)
+    patch_model(model, overrides=[TORCH], cache_dir=cache_dir)
+    assert {type(model.get_submodule(name)).__name__ for name in names} == {"MoecMoE"}
+    tokens = hf_oracle.tokens(3)
+    with torch.no_grad():
+        expected, logits = reference(input_ids=tokens).logits, model(input_ids=tokens).logits
+    bound = 2 * U32 * summed_terms(model, dims, names[0], tokens.shape[1])
+    assert (logits - expected).abs().max().item() <= bound * expected.abs().max().item()
+    kwargs = dict(attention_mask=torch.ones_like(tokens), max_new_tokens=3, do_sample=False)
+    assert torch.equal(model.generate(tokens, **kwargs), reference.generate(tokens, **kwargs))
+
+
+def test_keys_a_top_k_router_does_not_read_are_not_followed(tmp_path, capsys):
+    """Mixtral always renormalizes and has no shared expert or groups: DeepSeek's keys in its
+    config.json (which transformers' MixtralTopKRouter never reads) change nothing."""
+    from test_spec_hf import init, write_config
+
+    config = {
+        "model_type": "mixtral",
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": False,
+        "n_shared_experts": 2,
+        "n_group": 4,
+        "scoring_func": "sigmoid",
+    }
+    spec_path = tmp_path / "spec.toml"
+    code, _, err = init(
+        capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path)
+    )
+    assert (code, err) == (0, "")
+    spec = load_spec(spec_path).spec
+    assert (spec.model.n_routed_experts, spec.model.moe_intermediate_size) == (8, 32)
+    assert spec.model.n_shared_experts == 0
+    assert (spec.router.scoring_func, spec.router.topk_method) == ("softmax", "greedy")
+    assert (spec.router.norm_topk_prob, spec.router.n_group) == (True, 1)
+
+
+REFUSED = {
+    "qwen2_moe": "shared_expert_gate",
+    "qwen3_next": "shared_expert_gate",
+    "qwen3_5_moe": "shared_expert_gate",
+    "llama4_text": "sigmoid of the router logit",
+    "gpt_oss": "swiglu_alpha",
+    "phimoe": "sparsemixer",
+    "dbrx": "moe_normalize_expert_weights",
+    "jetmoe": "JetMoeMoA",
+    "switch_transformers": "expert_capacity",
+    "minicpm5_moe": "MiniCPM5MoeMoE",
+    "granitemoe": "GraniteMoeMoE",
+    "jamba": "JambaSparseMoeBlock",
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_other_moe_model_types_are_refused_by_name(model_type, tmp_path, capsys):
+    from test_spec_hf import init, write_config
+
+    config = {"model_type": model_type, "hidden_size": 64, "num_experts_per_tok": 2}
+    config_path = write_config(tmp_path, config)
+    code, out, err = init(capsys, "--from-hf", str(config_path))
+    assert (code, out) == (2, "")
+    assert "Traceback" not in err and "DeepSeek-family" not in err
+    assert f"model_type = {model_type!r}".replace("'", '"') in err
+    assert f"an MoE moec does not compute: {model_type} " in err
+    assert REFUSED[model_type] in err
+
+
+def test_patch_model_names_why_a_qwen2_moe_is_refused():
+    """A Qwen2-MoE's block is not replaced: the error says why, before anything changes."""
+    from transformers import AutoModelForCausalLM, Qwen2MoeConfig
+
+    config = Qwen2MoeConfig(
+        **_DIMS,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_experts=8,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with pytest.raises(MoecError, match="qwen2_moe.*shared_expert_gate"):
+        patch_model(model)
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[name], after[name]) for name in before)
