@@ -13,7 +13,7 @@ so) unless the caller asks to follow the config.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from moec.errors import MoecError, problem
@@ -42,6 +42,17 @@ class Block:
     router: str
     """The router class, as messages name it."""
     fixed: tuple[Fixed, ...] = field(default=())
+    clamps: bool = False
+    """Whether its experts clamp their SwiGLU at the config's swiglu_limit (DeepSeek-V4's,
+    GLM-5-Next's); every other block ignores the key."""
+
+    @property
+    def computes(self) -> tuple[Fixed, ...]:
+        """Every key the block fixes: `fixed`, and the plain SwiGLU of one that never clamps."""
+        return self.fixed if self.clamps else (*self.fixed, _NO_CLAMP)
+
+
+_NO_CLAMP = Fixed("activation.kind", "silu", "never clamps its SwiGLU (it reads no swiglu_limit)")
 
 
 _SIGMOID = Fixed("router.scoring_func", "sigmoid", "always scores with a sigmoid")
@@ -99,13 +110,14 @@ BLOCKS = (
             Fixed("router.norm_topk_prob", True, "always renormalizes the top-k weights"),
             Fixed("model.n_shared_experts", 1, "holds one shared expert of moe_intermediate_size"),
         ),
+        clamps=True,
     ),
     _v3("dots1", "Dots1"),
     _v3("glm4_moe_lite", "Glm4MoeLite"),
     _v3("glm_moe_dsa", "GlmMoeDsa"),
     _v3("solar_open", "SolarOpen"),
     _v3("glm4v_moe", "Glm4vMoeText"),
-    _v3("glm5_next", "Glm5NextText"),
+    replace(_v3("glm5_next", "Glm5NextText"), clamps=True),
     _v3("kimi_linear", "KimiLinear"),
     _v3("bailing_hybrid", "BailingHybrid"),
     _v3("exaone_moe", "ExaoneMoe", "SparseMoEBlock"),
@@ -189,12 +201,13 @@ def ignored_keys(block: Block, raw: dict[str, Any]) -> list[tuple[Fixed, Any]]:
     the block computes otherwise."""
     found = []
     hashed = raw["router"]["topk_method"] == "hash"  # V4's hash_moe layer: the table chooses
-    for fixed in block.fixed:
+    for fixed in block.computes:
         if hashed and fixed.path == "router.topk_method":
             continue
         table, key = fixed.path.split(".")
-        if raw[table][key] != fixed.value:
-            found.append((fixed, raw[table][key]))
+        value = raw.get(table, {"kind": "silu"})[key]  # no activation table: silu
+        if value != fixed.value:
+            found.append((fixed, value))
     return found
 
 
@@ -204,6 +217,13 @@ def follow_block(block: Block, raw: dict[str, Any]) -> list[str]:
     notes = []
     for fixed, config_value in ignored_keys(block, raw):
         table, key = fixed.path.split(".")
+        if fixed is _NO_CLAMP:  # silu: no activation table
+            limit = raw.pop(table)["swiglu_limit"]
+            notes.append(
+                f"swiglu_limit = {_literal(limit)} in the config, but {block.name} "
+                f"{fixed.does} (silu)"
+            )
+            continue
         raw[table][key] = fixed.value
         notes.append(
             f"{key} = {_literal(config_value)} in the config, but {block.router} {fixed.does} "

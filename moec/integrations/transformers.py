@@ -428,7 +428,8 @@ def check_spec_fits(
     ]
     activation = expected.get("activation", {"kind": "silu"})
     if spec["activation"] != activation:
-        found.append(_differs("activation.kind", spec["activation"]["kind"], activation["kind"]))
+        kind = spec["activation"]["kind"]
+        found.append(_differs("activation.kind", kind, activation["kind"], follow, ignored))
     found += _runtime_problems(spec, dtype, device)
     if found:
         raise MoecError(loaded.located(found), loaded.source)
@@ -437,7 +438,7 @@ def check_spec_fits(
 def _differs(path: str, have, want, follow: Block | None = None, ignored=None) -> Problem:
     key = path.split(".")[-1]
     if follow is not None and ignored and path in ignored:
-        fixed = next(f for f in follow.fixed if f.path == path)
+        fixed = next(f for f in follow.computes if f.path == path)
         return problem(
             path,
             f"does not match the model: config.json has {key} = {json.dumps(ignored[path])}, "
