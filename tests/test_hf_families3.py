@@ -182,3 +182,50 @@ def test_patch_model_names_why_a_qwen2_moe_is_refused():
     after = model.state_dict()
     assert before.keys() == after.keys()
     assert all(torch.equal(before[name], after[name]) for name in before)
+
+
+def test_patch_model_follows_a_block_that_ignores_swiglu_limit(tmp_path, cache_dir):
+    """A DeepSeek-V3 config.json that carries swiglu_limit: transformers' DeepseekV3MoE never
+    clamps, so the patched model does not either (it clamped, logits half off), and says so."""
+    from transformers import AutoModelForCausalLM
+
+    from moec.integrations.transformers import RouterKeysIgnored
+
+    config = hf_oracle.deepseek_v3()
+    config.swiglu_limit = 1.0  # inside the pre-activations' range: a clamp would act
+    hf_oracle.save_model(config, tmp_path)
+    reference, model = (
+        AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval() for _ in "ab"
+    )
+    with pytest.warns(RouterKeysIgnored, match="swiglu_limit = 1.0 in the config, but "):
+        patch_model(model, overrides=[TORCH], cache_dir=cache_dir)
+    tokens = hf_oracle.tokens(3)
+    with torch.no_grad():
+        expected, logits = reference(input_ids=tokens).logits, model(input_ids=tokens).logits
+    dims = load_spec(hf_oracle.init_spec(tmp_path, "--set", TORCH)).spec.model
+    first = hf_oracle.moe_names(reference)[0]
+    bound = 2 * U32 * summed_terms(model, dims, first, tokens.shape[1])
+    assert (logits - expected).abs().max().item() <= bound * expected.abs().max().item()
+
+
+@pytest.mark.parametrize("key", ["expert_swiglu_limit_list", "share_expert_swiglu_limit_list"])
+def test_per_layer_swiglu_limits_are_refused_by_name(key, tmp_path, capsys):
+    """Ling's (bailing_hybrid) per-layer clamps were dropped: the layer computed silu."""
+    from test_spec_hf import init, write_config
+
+    config = {
+        "model_type": "bailing_hybrid",
+        "hidden_size": 64,
+        "moe_intermediate_size": 32,
+        "num_experts": 8,
+        "num_experts_per_token": 2,
+        "num_expert_group": 1,
+        "topk_group": 1,
+        key: [0, 7.0],
+    }
+    code, out, err = init(capsys, "--from-hf", str(write_config(tmp_path, config)))
+    assert (code, out) == (2, "") and "Traceback" not in err
+    assert f"{key} = [0, 7.0]: clamps the SwiGLU with a limit per layer" in err
+    zeros = {**config, key: [0, 0.0]}
+    code, _, err = init(capsys, "--from-hf", str(write_config(tmp_path, zeros)))
+    assert (code, err) == (0, "")

@@ -232,11 +232,42 @@ KEY_CHECKS = {
 """model_type -> the keys checked (the MoE keys' reader: text_config for a wrapper)."""
 
 
+LAYER_LIMITS = {
+    "bailing_hybrid": (
+        "expert_swiglu_limit_list",
+        "share_expert_swiglu_limit_list",
+        "swiglu_limits",
+        "swiglu_limits_shared",
+    ),
+}
+"""model_type -> its keys of per-layer SwiGLU limits (0: no clamp), the names transformers
+reads (its attribute_map's included)."""
+
+
 def check_keys(reader: ConfigReader, model_type: str) -> None:
-    """Record a problem for each key of KEY_CHECKS[model_type] the config sets otherwise."""
+    """Record a problem for each key of KEY_CHECKS[model_type] the config sets otherwise, and
+    for each per-layer SwiGLU limit (LAYER_LIMITS) that clamps."""
     for check in KEY_CHECKS.get(model_type, ()):
         value = reader.config.get(check.key)
         if value is not None and not any(
             value == allowed and type(value) is type(allowed) for allowed in check.allowed
         ):
             reader.report(check.key, value, check.why, check.hint)
+    for key in LAYER_LIMITS.get(model_type, ()):
+        limits = reader.config.get(key)
+        if limits is not None and not _all_zero(limits):
+            reader.report(
+                key,
+                limits,
+                "clamps the SwiGLU with a limit per layer (0: none), and a moec spec has no "
+                "per-layer limits",
+                "a list of 0 (no clamp), or leave it out",
+            )
+
+
+def _all_zero(limits: object) -> bool:
+    """Whether `limits` is a list of zeros (numbers, not booleans)."""
+    return isinstance(limits, list) and all(
+        isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit == 0
+        for limit in limits
+    )
