@@ -202,10 +202,19 @@ def test_patch_model_follows_a_block_that_ignores_swiglu_limit(tmp_path, cache_d
     tokens = hf_oracle.tokens(3)
     with torch.no_grad():
         expected, logits = reference(input_ids=tokens).logits, model(input_ids=tokens).logits
-    dims = load_spec(hf_oracle.init_spec(tmp_path, "--set", TORCH)).spec.model
+    spec = hf_oracle.init_spec(tmp_path, "--set", TORCH)  # follows the config: clamped
     first = hf_oracle.moe_names(reference)[0]
-    bound = 2 * U32 * summed_terms(model, dims, first, tokens.shape[1])
+    bound = 2 * U32 * summed_terms(model, load_spec(spec).spec.model, first, tokens.shape[1])
     assert (logits - expected).abs().max().item() <= bound * expected.abs().max().item()
+
+    fresh = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    message = (
+        r'activation.kind = "silu_clamped": does not match the model: config.json has '
+        r"swiglu_limit = 1.0, but transformers' DeepseekV3MoE ignores it and never clamps"
+    )
+    with pytest.raises(MoecError, match=message):
+        patch_model(fresh, spec, cache_dir=cache_dir)
+    assert type(fresh.get_submodule(first)).__name__ == "DeepseekV3MoE"  # left unchanged
 
 
 @pytest.mark.parametrize("key", ["expert_swiglu_limit_list", "share_expert_swiglu_limit_list"])

@@ -412,11 +412,7 @@ def check_spec_fits(
     transformers block computes where it ignores the config); dtype and device against the
     weights."""
     expected = _config_spec_data(config, layer_type)
-    ignored = (
-        {}
-        if follow is None
-        else {f.path: value for f, value in hf_blocks.ignored_keys(follow, expected)}
-    )
+    ignored = {} if follow is None else _ignored_keys(follow, expected)
     if follow is not None:
         hf_blocks.follow_block(follow, expected)
     spec = loaded.normalized
@@ -435,14 +431,28 @@ def check_spec_fits(
         raise MoecError(loaded.located(found), loaded.source)
 
 
+def _ignored_keys(follow: Block, expected: dict) -> dict[str, tuple[str, Any]]:
+    """{spec key the block fixes: (the config's key, its value)} where the config says
+    otherwise (a clamp: the config's swiglu_limit)."""
+    ignored = {}
+    for fixed, value in hf_blocks.ignored_keys(follow, expected):
+        table, key = fixed.path.split(".")
+        if table == "activation":
+            key, value = "swiglu_limit", expected["activation"]["swiglu_limit"]
+        ignored[fixed.path] = (key, value)
+    return ignored
+
+
 def _differs(path: str, have, want, follow: Block | None = None, ignored=None) -> Problem:
     key = path.split(".")[-1]
     if follow is not None and ignored and path in ignored:
         fixed = next(f for f in follow.computes if f.path == path)
+        config_key, config_value = ignored[path]
+        holder = follow.name if path.startswith("activation.") else follow.router
         return problem(
             path,
-            f"does not match the model: config.json has {key} = {json.dumps(ignored[path])}, "
-            f"but transformers' {follow.router} ignores it and {fixed.does}",
+            f"does not match the model: config.json has {config_key} = "
+            f"{json.dumps(config_value)}, but transformers' {holder} ignores it and {fixed.does}",
             f'{key} = {json.dumps(want)}, or patch_model(..., router_keys="config") to follow '
             "the config instead",
             value=have,
