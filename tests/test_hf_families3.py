@@ -1,6 +1,6 @@
-"""The softmax top-k MoE model types of transformers (Mixtral, Qwen3-MoE, OLMoE) end to end
-against transformers' own block, and the other MoE model types refused by name, each with the
-reason (they fell through to "is not a DeepSeek-family MoE config", or patch_model's "has no
+"""The softmax top-k MoE model types of transformers (Mixtral, Qwen3-MoE, OLMoE) and two more
+copies of DeepSeek-V3's block (MiniCPM-5, Beam) end to end against transformers' own block, and
+the other MoE model types refused by name, each with the reason (they fell through to "is not a DeepSeek-family MoE config", or patch_model's "has no
 DeepSeek MoE block").
 
 Each tiny random model is saved with `save_pretrained` (every MoE tensor random, as in
@@ -66,7 +66,35 @@ def _olmoe():
     return OlmoeConfig(**_DIMS, intermediate_size=32, num_experts=8)
 
 
-MODELS = {"mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "olmoe": _olmoe}
+_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_V3_COPY = dict(**_DIMS, **_IDS, head_dim=32, intermediate_size=96, moe_intermediate_size=32)
+
+
+def _minicpm5_moe():
+    """DeepSeek-V3's block: grouped noaux_tc, one shared expert, layer 0 dense."""
+    from transformers import MiniCPM5MoeConfig
+
+    return MiniCPM5MoeConfig(
+        **_V3_COPY, n_routed_experts=8, n_group=4, topk_group=2, first_k_dense_replace=1
+    )
+
+
+def _beam():
+    """DeepSeek-V3's router without a shared expert, the experts' sum scaled (2.5)."""
+    from transformers import BeamConfig
+
+    return BeamConfig(
+        **_V3_COPY, num_experts=8, n_group=4, topk_group=2, mlp_layer_types=["dense", "sparse"]
+    )
+
+
+MODELS = {
+    "mixtral": _mixtral,
+    "qwen3_moe": _qwen3_moe,
+    "olmoe": _olmoe,
+    "minicpm5_moe": _minicpm5_moe,
+    "beam": _beam,
+}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
@@ -144,7 +172,7 @@ REFUSED = {
     "dbrx": "moe_normalize_expert_weights",
     "jetmoe": "JetMoeMoA",
     "switch_transformers": "expert_capacity",
-    "minicpm5_moe": "MiniCPM5MoeMoE",
+    "lfm2_moe": "Lfm2MoeSparseMoeBlock",
     "granitemoe": "GraniteMoeMoE",
     "jamba": "JambaSparseMoeBlock",
 }

@@ -171,6 +171,8 @@ BLOCKS = (
             Fixed("model.n_shared_experts", 1, "holds one shared expert of intermediate_size"),
         ),
     ),
+    _v3("minicpm5_moe", "MiniCPM5Moe"),
+    Block("beam.modeling_beam", "BeamMoE", "BeamTopKRouter", (*_V3_LIKE, _NO_SHARED)),
     _top_k("mixtral", "Mixtral", (_RENORMALIZED,)),
     _top_k("qwen3_moe", "Qwen3Moe"),
     _top_k("olmoe", "Olmoe"),

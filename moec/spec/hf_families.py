@@ -176,6 +176,26 @@ FAMILIES = {
             "n_shared_experts": (),
         },
     ),
+    # DeepSeek-V3's MoE block under other names: MiniCPM-5's with its defaults, Beam's without
+    # a shared expert (it scales the experts' sum, not their weights: the same sum)
+    "minicpm5_moe": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        1,
+        3.66,
+        keys={"n_routed_experts": ("n_routed_experts", "num_local_experts")},
+    ),
+    "beam": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        0,
+        2.5,
+        n_group=8,
+        topk_group=4,
+        keys={"n_routed_experts": ("num_experts",), "n_shared_experts": ()},
+    ),
     # softmax over all experts, then the top-k (renormalized: always for Mixtral, as
     # norm_topk_prob says for Qwen3-MoE and OLMoE), no shared expert
     "mixtral": Family(

@@ -53,7 +53,6 @@ _UNCHECKED = (
 UNCHECKED_BLOCKS = {
     "aria": "AriaTextMoELayer",
     "aria_text": "AriaTextMoELayer",
-    "beam": "BeamMoE",
     "cohere2_moe": "Cohere2MoeSparseMoeBlock",
     "diffusion_gemma": "DiffusionGemmaTextRouter",
     "diffusion_gemma_text": "DiffusionGemmaTextRouter",
@@ -80,7 +79,6 @@ UNCHECKED_BLOCKS = {
     "lara_mini": "LaraMiniSparseMoeBlock",
     "lfm2_moe": "Lfm2MoeSparseMoeBlock",
     "mellum": "MellumSparseMoeBlock",
-    "minicpm5_moe": "MiniCPM5MoeMoE",
     "minimax": "MiniMaxSparseMoeBlock",
     "minimax_m3_vl": "MiniMaxM3VLSparseMoeBlock",
     "minimax_m3_vl_text": "MiniMaxM3VLSparseMoeBlock",
