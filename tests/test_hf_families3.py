@@ -266,3 +266,16 @@ def test_per_layer_swiglu_limits_are_refused_by_name(key, tmp_path, capsys):
     zeros = {**config, key: [0, 0.0]}
     code, _, err = init(capsys, "--from-hf", str(write_config(tmp_path, zeros)))
     assert (code, err) == (0, "")
+
+
+def test_a_model_asked_for_its_router_logits_is_refused_unchanged():
+    """OLMoE with output_router_logits: after patching, transformers' auxiliary loss failed on
+    the empty tuple of router logits (IndexError); now patch_model refuses first, by name."""
+    from transformers import AutoModelForCausalLM, OlmoeConfig
+
+    config = OlmoeConfig(**_DIMS, intermediate_size=32, num_experts=8, output_router_logits=True)
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(MoecError, match=r"model.config.output_router_logits = true: asks for"):
+        patch_model(model)
+    names = hf_oracle.moe_names(model)
+    assert {type(model.get_submodule(name)).__name__ for name in names} == {"OlmoeSparseMoeBlock"}

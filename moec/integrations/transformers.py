@@ -130,6 +130,7 @@ def patch_model(
     # The text config (Kimi-K2.5: its DeepSeek-V3 text model's). nn.Module types an attribute
     # it does not declare as Tensor | Module; a transformers model's config is a PretrainedConfig.
     config = model.config.get_text_config()  # type: ignore[union-attr, operator]
+    _check_no_router_logits(model.config, config)
     first = next(iter(groups.values()))[0]
     dtype, device = _expert_weights_format(model.get_submodule(first), first)
     follow = block if router_keys == "transformers" else None
@@ -148,6 +149,25 @@ def patch_model(
                 raise _partly_patched(error, replaced) from None
             replaced.append(name)
     return model
+
+
+def _check_no_router_logits(*configs) -> None:
+    """MoecError when a config asks the model to return its router logits: moec's layer
+    records none, and transformers' auxiliary loss over them would fail on an empty tuple."""
+    for config in configs:
+        if getattr(config, "output_router_logits", False) is True:
+            raise MoecError(
+                [
+                    problem(
+                        "model.config.output_router_logits",
+                        "asks for the router logits of every MoE block, which moec's layer does "
+                        "not record (patch_model is for inference)",
+                        "model.config.output_router_logits = False before patch_model",
+                        value=True,
+                    )
+                ],
+                kind="usage",
+            )
 
 
 def _partly_patched(error: MoecError, replaced: list[str]) -> MoecError:
