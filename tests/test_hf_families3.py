@@ -14,6 +14,8 @@ S) of its largest output; logits, 2u N of the largest logit (`summed_terms`).
 
 from __future__ import annotations
 
+import re
+
 import hf_oracle
 import pytest
 import torch
@@ -279,3 +281,44 @@ def test_a_model_asked_for_its_router_logits_is_refused_unchanged():
         patch_model(model)
     names = hf_oracle.moe_names(model)
     assert {type(model.get_submodule(name)).__name__ for name in names} == {"OlmoeSparseMoeBlock"}
+
+
+_NO_TEXT_MOE = re.compile(
+    r".*_(vision|vision_model|vision_encoder|audio|audio_encoder|encoder)"
+    r"|granite_docling(_text)?|qwen3_omni_moe_talker_code_predictor|vitpose_backbone"
+)
+"""Model types that share a modeling file with an MoE and hold no text MoE layer: vision and
+audio encoders (Dots3-Note's and ViTPose's MoE are image encoders'), Granite-Docling (its
+"router" picks a connector path) and Qwen3-Omni's code predictor (a dense MLP)."""
+_MOE_CLASS = re.compile(
+    r"^class \w*(Router|SparseMoeBlock|SparseMoEBlock|MoE|Moe|MoELayer)\(", re.M
+)
+
+
+def test_every_moe_model_type_of_transformers_is_computed_or_refused_by_name():
+    """Each model type whose modeling file defines an MoE block or router is one init computes
+    (hf_families) or refuses with the reason (hf_refused); none falls through to "is not a
+    DeepSeek-family MoE config"."""
+    from pathlib import Path
+
+    import transformers
+    from transformers.models.auto.configuration_auto import (
+        CONFIG_MAPPING_NAMES,
+        model_type_to_module_name,
+    )
+
+    from moec.spec import hf_families, hf_refused
+
+    models = Path(transformers.__file__).parent / "models"
+    with_moe = [
+        model_type
+        for model_type in sorted(CONFIG_MAPPING_NAMES)
+        if not _NO_TEXT_MOE.fullmatch(model_type)
+        and any(
+            _MOE_CLASS.search(path.read_text())
+            for path in (models / model_type_to_module_name(model_type)).glob("modeling_*.py")
+        )
+    ]
+    named = set(hf_families.KNOWN_TYPES) | set(hf_refused.REFUSED_TYPES)
+    assert "qwen2_moe" in with_moe and "deepseek_v3" in with_moe
+    assert [model_type for model_type in with_moe if model_type not in named] == []
