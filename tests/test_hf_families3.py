@@ -322,3 +322,19 @@ def test_every_moe_model_type_of_transformers_is_computed_or_refused_by_name():
     named = set(hf_families.KNOWN_TYPES) | set(hf_refused.REFUSED_TYPES)
     assert "qwen2_moe" in with_moe and "deepseek_v3" in with_moe
     assert [model_type for model_type in with_moe if model_type not in named] == []
+
+
+def test_a_clamp_at_zero_is_refused_where_transformers_clamps_at_zero():
+    """DeepSeek-V4 with swiglu_limit 0: transformers' block clamps at 0 (its experts output 0),
+    moec read 0 as no clamp and the patched model computed otherwise; now refused by name."""
+    from transformers import AutoModelForCausalLM
+
+    config = hf_oracle.deepseek_v4()
+    config.swiglu_limit = 0.0
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(MoecError, match=r"model.config.swiglu_limit = 0.0: makes transformers'"):
+        patch_model(model)
+    names = hf_oracle.moe_names(model)
+    assert {type(model.get_submodule(name)).__name__ for name in names} == {
+        "DeepseekV4SparseMoeBlock"
+    }

@@ -134,6 +134,8 @@ def patch_model(
     first = next(iter(groups.values()))[0]
     dtype, device = _expert_weights_format(model.get_submodule(first), first)
     follow = block if router_keys == "transformers" else None
+    if follow is not None:
+        _check_clamp_limit(follow, config)
     specs = hf_blocks.spec_per_layer_type(spec, groups)
     loaded = {}  # every spec checked before any is built
     for kind in groups:
@@ -149,6 +151,24 @@ def patch_model(
                 raise _partly_patched(error, replaced) from None
             replaced.append(name)
     return model
+
+
+def _check_clamp_limit(block: Block, config) -> None:
+    """MoecError for a block that clamps at a swiglu_limit of 0 (every expert's SwiGLU then
+    outputs 0), which moec, as DeepSeek's code, reads as no clamp."""
+    if block.clamps and getattr(config, "swiglu_limit", None) == 0:
+        raise MoecError(
+            [
+                problem(
+                    "model.config.swiglu_limit",
+                    f"makes transformers' {block.name} clamp its experts' SwiGLU at 0, so that "
+                    "they output 0; moec reads 0 as no clamp, as DeepSeek's code does",
+                    'a positive swiglu_limit, or router_keys="config" for no clamp',
+                    value=config.swiglu_limit,
+                )
+            ],
+            kind="usage",
+        )
 
 
 def _check_no_router_logits(*configs) -> None:
