@@ -13,7 +13,7 @@ so) unless the caller asks to follow the config.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from moec.errors import MoecError, problem
@@ -42,6 +42,17 @@ class Block:
     router: str
     """The router class, as messages name it."""
     fixed: tuple[Fixed, ...] = field(default=())
+    clamps: bool = False
+    """Whether its experts clamp their SwiGLU at the config's swiglu_limit (DeepSeek-V4's,
+    GLM-5-Next's); every other block ignores the key."""
+
+    @property
+    def computes(self) -> tuple[Fixed, ...]:
+        """Every key the block fixes: `fixed`, and the plain SwiGLU of one that never clamps."""
+        return self.fixed if self.clamps else (*self.fixed, _NO_CLAMP)
+
+
+_NO_CLAMP = Fixed("activation.kind", "silu", "never clamps its SwiGLU (it reads no swiglu_limit)")
 
 
 _SIGMOID = Fixed("router.scoring_func", "sigmoid", "always scores with a sigmoid")
@@ -66,6 +77,21 @@ def _v3(model: str, prefix: str, block: str = "MoE", extra: tuple[Fixed, ...] = 
     return Block(module, f"{prefix}{block}", f"{prefix}TopkRouter", (*_V3_LIKE, *extra))
 
 
+def _top_k(model: str, prefix: str, extra: tuple[Fixed, ...] = ()) -> Block:
+    """A softmax top-k block without a shared expert (Mixtral's, Qwen3-MoE's, OLMoE's)."""
+    fixed = (
+        _SOFTMAX,
+        _GREEDY,
+        *_UNGROUPED[:2],
+        Fixed("router.routed_scaling_factor", 1.0, "never scales the top-k weights"),
+        _NO_SHARED,
+        *extra,
+    )
+    return Block(
+        f"{model}.modeling_{model}", f"{prefix}SparseMoeBlock", f"{prefix}TopKRouter", fixed
+    )
+
+
 BLOCKS = (
     Block("deepseek_v3.modeling_deepseek_v3", "DeepseekV3MoE", "DeepseekV3TopkRouter", _V3_LIKE),
     Block("deepseek_v2.modeling_deepseek_v2", "DeepseekV2Moe", "DeepseekV2TopkRouter", _V2_LIKE),
@@ -84,13 +110,14 @@ BLOCKS = (
             Fixed("router.norm_topk_prob", True, "always renormalizes the top-k weights"),
             Fixed("model.n_shared_experts", 1, "holds one shared expert of moe_intermediate_size"),
         ),
+        clamps=True,
     ),
     _v3("dots1", "Dots1"),
     _v3("glm4_moe_lite", "Glm4MoeLite"),
     _v3("glm_moe_dsa", "GlmMoeDsa"),
     _v3("solar_open", "SolarOpen"),
     _v3("glm4v_moe", "Glm4vMoeText"),
-    _v3("glm5_next", "Glm5NextText"),
+    replace(_v3("glm5_next", "Glm5NextText"), clamps=True),
     _v3("kimi_linear", "KimiLinear"),
     _v3("bailing_hybrid", "BailingHybrid"),
     _v3("exaone_moe", "ExaoneMoe", "SparseMoEBlock"),
@@ -144,6 +171,11 @@ BLOCKS = (
             Fixed("model.n_shared_experts", 1, "holds one shared expert of intermediate_size"),
         ),
     ),
+    _v3("minicpm5_moe", "MiniCPM5Moe"),
+    Block("beam.modeling_beam", "BeamMoE", "BeamTopKRouter", (*_V3_LIKE, _NO_SHARED)),
+    _top_k("mixtral", "Mixtral", (_RENORMALIZED,)),
+    _top_k("qwen3_moe", "Qwen3Moe"),
+    _top_k("olmoe", "Olmoe"),
     Block(
         "minimax_m2.modeling_minimax_m2",
         "MiniMaxM2SparseMoeBlock",
@@ -171,12 +203,13 @@ def ignored_keys(block: Block, raw: dict[str, Any]) -> list[tuple[Fixed, Any]]:
     the block computes otherwise."""
     found = []
     hashed = raw["router"]["topk_method"] == "hash"  # V4's hash_moe layer: the table chooses
-    for fixed in block.fixed:
+    for fixed in block.computes:
         if hashed and fixed.path == "router.topk_method":
             continue
         table, key = fixed.path.split(".")
-        if raw[table][key] != fixed.value:
-            found.append((fixed, raw[table][key]))
+        value = raw.get(table, {"kind": "silu"})[key]  # no activation table: silu
+        if value != fixed.value:
+            found.append((fixed, value))
     return found
 
 
@@ -186,6 +219,13 @@ def follow_block(block: Block, raw: dict[str, Any]) -> list[str]:
     notes = []
     for fixed, config_value in ignored_keys(block, raw):
         table, key = fixed.path.split(".")
+        if fixed is _NO_CLAMP:  # silu: no activation table
+            limit = raw.pop(table)["swiglu_limit"]
+            notes.append(
+                f"swiglu_limit = {_literal(limit)} in the config, but {block.name} "
+                f"{fixed.does} (silu)"
+            )
+            continue
         raw[table][key] = fixed.value
         notes.append(
             f"{key} = {_literal(config_value)} in the config, but {block.router} {fixed.does} "

@@ -8,7 +8,8 @@
 Kimi-K2.5 and Sarvam; `DeepseekV2Moe`, `DeepseekV32MoE`, `Glm4MoeMoE`, DeepSeek-V4's routed
 `DeepseekV4SparseMoeBlock`, and the copies of them in dots1, GLM-4.7-Flash, GLM-5, Solar-Open,
 GLM-4.5V / 4.6V, GLM-5-Next, Kimi-Linear, Ling, EXAONE-MoE, MiMo-V2-Flash, DeepSeek-OCR-2,
-AFMoE, MiniMax-M2, Hunyuan, HY-V3, A.X-K2, Mistral-4, Mistral-Large-4 and Unlimited-OCR:
+AFMoE, MiniMax-M2, Hunyuan, HY-V3, A.X-K2, Mistral-4, Mistral-Large-4 and Unlimited-OCR,
+and the softmax top-k blocks of Mixtral, Qwen3-MoE and OLMoE:
 hf_blocks.BLOCKS) with a `MoecMoE`. The spec is built once; each block's weights (transformers' own state-dict names) go into that block's
 own `MoELayer`, quantized on load when the spec asks for fp8, and the transformers block is
 dropped at once: the model never holds two copies of more than one layer's experts.
@@ -129,9 +130,12 @@ def patch_model(
     # The text config (Kimi-K2.5: its DeepSeek-V3 text model's). nn.Module types an attribute
     # it does not declare as Tensor | Module; a transformers model's config is a PretrainedConfig.
     config = model.config.get_text_config()  # type: ignore[union-attr, operator]
+    _check_no_router_logits(model.config, config)
     first = next(iter(groups.values()))[0]
     dtype, device = _expert_weights_format(model.get_submodule(first), first)
     follow = block if router_keys == "transformers" else None
+    if follow is not None:
+        _check_clamp_limit(follow, config)
     specs = hf_blocks.spec_per_layer_type(spec, groups)
     loaded = {}  # every spec checked before any is built
     for kind in groups:
@@ -147,6 +151,43 @@ def patch_model(
                 raise _partly_patched(error, replaced) from None
             replaced.append(name)
     return model
+
+
+def _check_clamp_limit(block: Block, config) -> None:
+    """MoecError for a block that clamps at a swiglu_limit of 0 (every expert's SwiGLU then
+    outputs 0), which moec, as DeepSeek's code, reads as no clamp."""
+    if block.clamps and getattr(config, "swiglu_limit", None) == 0:
+        raise MoecError(
+            [
+                problem(
+                    "model.config.swiglu_limit",
+                    f"makes transformers' {block.name} clamp its experts' SwiGLU at 0, so that "
+                    "they output 0; moec reads 0 as no clamp, as DeepSeek's code does",
+                    'a positive swiglu_limit, or router_keys="config" for no clamp',
+                    value=config.swiglu_limit,
+                )
+            ],
+            kind="usage",
+        )
+
+
+def _check_no_router_logits(*configs) -> None:
+    """MoecError when a config asks the model to return its router logits: moec's layer
+    records none, and transformers' auxiliary loss over them would fail on an empty tuple."""
+    for config in configs:
+        if getattr(config, "output_router_logits", False) is True:
+            raise MoecError(
+                [
+                    problem(
+                        "model.config.output_router_logits",
+                        "asks for the router logits of every MoE block, which moec's layer does "
+                        "not record (patch_model is for inference)",
+                        "model.config.output_router_logits = False before patch_model",
+                        value=True,
+                    )
+                ],
+                kind="usage",
+            )
 
 
 def _partly_patched(error: MoecError, replaced: list[str]) -> MoecError:
@@ -411,11 +452,7 @@ def check_spec_fits(
     transformers block computes where it ignores the config); dtype and device against the
     weights."""
     expected = _config_spec_data(config, layer_type)
-    ignored = (
-        {}
-        if follow is None
-        else {f.path: value for f, value in hf_blocks.ignored_keys(follow, expected)}
-    )
+    ignored = {} if follow is None else _ignored_keys(follow, expected)
     if follow is not None:
         hf_blocks.follow_block(follow, expected)
     spec = loaded.normalized
@@ -427,20 +464,35 @@ def check_spec_fits(
     ]
     activation = expected.get("activation", {"kind": "silu"})
     if spec["activation"] != activation:
-        found.append(_differs("activation.kind", spec["activation"]["kind"], activation["kind"]))
+        kind = spec["activation"]["kind"]
+        found.append(_differs("activation.kind", kind, activation["kind"], follow, ignored))
     found += _runtime_problems(spec, dtype, device)
     if found:
         raise MoecError(loaded.located(found), loaded.source)
 
 
+def _ignored_keys(follow: Block, expected: dict) -> dict[str, tuple[str, Any]]:
+    """{spec key the block fixes: (the config's key, its value)} where the config says
+    otherwise (a clamp: the config's swiglu_limit)."""
+    ignored = {}
+    for fixed, value in hf_blocks.ignored_keys(follow, expected):
+        table, key = fixed.path.split(".")
+        if table == "activation":
+            key, value = "swiglu_limit", expected["activation"]["swiglu_limit"]
+        ignored[fixed.path] = (key, value)
+    return ignored
+
+
 def _differs(path: str, have, want, follow: Block | None = None, ignored=None) -> Problem:
     key = path.split(".")[-1]
     if follow is not None and ignored and path in ignored:
-        fixed = next(f for f in follow.fixed if f.path == path)
+        fixed = next(f for f in follow.computes if f.path == path)
+        config_key, config_value = ignored[path]
+        holder = follow.name if path.startswith("activation.") else follow.router
         return problem(
             path,
-            f"does not match the model: config.json has {key} = {json.dumps(ignored[path])}, "
-            f"but transformers' {follow.router} ignores it and {fixed.does}",
+            f"does not match the model: config.json has {config_key} = "
+            f"{json.dumps(config_value)}, but transformers' {holder} ignores it and {fixed.does}",
             f'{key} = {json.dumps(want)}, or patch_model(..., router_keys="config") to follow '
             "the config instead",
             value=have,

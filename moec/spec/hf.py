@@ -1,6 +1,7 @@
 """`moec init --from-hf`: a spec from a HF `config.json` of a DeepSeek-style MoE model
 (DeepSeek-V2, V2-Lite, V3/R1, V3.2, V4, Kimi-K2, Kimi-K2.5, GLM-4.5 and the other model types of
-hf_families.FAMILIES and WRAPPERS; those of hf_refused.REFUSED_TYPES are refused by name).
+hf_families.FAMILIES and WRAPPERS, softmax top-k ones such as Mixtral, Qwen3-MoE and OLMoE
+among them; those of hf_refused.REFUSED_TYPES are refused by name).
 
 The spec is written as TOML with the HF keys it came from, then checked like any other spec,
 so an imported config that moec cannot run is reported the same way.
@@ -216,22 +217,28 @@ def _model_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
 
 
 def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
-    """The router keys; a key left out (or null) takes the default of its model type."""
-    defaults = {"scoring_func": family.scoring_func, "topk_method": family.topk_method}
+    """The router keys; a key left out (or null), or one the model type has none of (Mixtral:
+    every routing key), takes the default of its model type."""
     router: dict[str, Any] = {}
-    for key, default in defaults.items():  # "" stays, for the spec's rules to report
-        value = reader.text(family.key(reader, key), f"router.{key}")
-        router[key] = default if value is None else value
-    for name, fallback in (("n_group", family.n_group), ("topk_group", family.topk_group)):
-        count = reader.integer(family.key(reader, name), f"router.{name}")
-        router[name] = fallback if count is None else count
-    norm = reader.boolean(family.key(reader, "norm_topk_prob"), "router.norm_topk_prob")
+    for key in ("scoring_func", "topk_method"):  # "" stays, for the spec's rules to report
+        value = _family_value(reader, family, key, reader.text)
+        router[key] = getattr(family, key) if value is None else value
+    for key in ("n_group", "topk_group"):
+        count = _family_value(reader, family, key, reader.integer)
+        router[key] = getattr(family, key) if count is None else count
+    norm = _family_value(reader, family, "norm_topk_prob", reader.boolean)
     router["norm_topk_prob"] = family.norm_topk_prob if norm is None else norm
-    scaling = reader.number(
-        family.key(reader, "routed_scaling_factor"), "router.routed_scaling_factor"
-    )
+    scaling = _family_value(reader, family, "routed_scaling_factor", reader.number)
     router["routed_scaling_factor"] = family.routed_scaling_factor if scaling is None else scaling
     return router
+
+
+def _family_value(reader: ConfigReader, family: Family, key: str, read) -> Any:
+    """The value of DeepSeek's router key `key` under the family's name of it, read by `read`
+    (a ConfigReader method); None when left out, or when the model type has no such key."""
+    if not family.reads(key):
+        return None
+    return read(family.key(reader, key), f"router.{key}")
 
 
 def _activation_from(reader: ConfigReader, family: Family) -> dict[str, Any] | None:

@@ -73,6 +73,11 @@ _BOTH_NAMES = {  # Sarvam: transformers reads DeepSeek's names and the released 
     "n_routed_experts": ("n_routed_experts", "num_experts"),
     "n_shared_experts": ("n_shared_experts", "num_shared_experts"),
 }
+_TOP_K_ONLY = dict.fromkeys(
+    ("scoring_func", "topk_method", "n_group", "topk_group", "routed_scaling_factor"), ()
+)
+"""The routing keys of a plain softmax top-k router (Mixtral, Qwen3-MoE, OLMoE): none."""
+_SOFTMAX_TOP_K = {**_TOP_K_ONLY, "n_shared_experts": ()}
 FAMILIES = {
     "deepseek_v2": _V2,
     "deepseek_v3": _V3,
@@ -169,6 +174,58 @@ FAMILIES = {
             "num_experts_per_tok": ("moe_topk",),
             "moe_intermediate_size": ("intermediate_size",),
             "n_shared_experts": (),
+        },
+    ),
+    # DeepSeek-V3's MoE block under other names: MiniCPM-5's with its defaults, Beam's without
+    # a shared expert (it scales the experts' sum, not their weights: the same sum)
+    "minicpm5_moe": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        1,
+        3.66,
+        keys={"n_routed_experts": ("n_routed_experts", "num_local_experts")},
+    ),
+    "beam": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        0,
+        2.5,
+        n_group=8,
+        topk_group=4,
+        keys={"n_routed_experts": ("num_experts",), "n_shared_experts": ()},
+    ),
+    # softmax over all experts, then the top-k (renormalized: always for Mixtral, as
+    # norm_topk_prob says for Qwen3-MoE and OLMoE), no shared expert
+    "mixtral": Family(
+        "softmax",
+        "greedy",
+        True,
+        0,
+        keys={
+            **_SOFTMAX_TOP_K,
+            "n_routed_experts": ("num_local_experts", "num_experts"),
+            "moe_intermediate_size": ("intermediate_size",),
+            "norm_topk_prob": (),
+        },
+    ),
+    "qwen3_moe": Family(
+        "softmax",
+        "greedy",
+        False,
+        0,
+        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_local_experts", "num_experts")},
+    ),
+    "olmoe": Family(
+        "softmax",
+        "greedy",
+        False,
+        0,
+        keys={
+            **_SOFTMAX_TOP_K,
+            "n_routed_experts": ("num_experts", "num_local_experts"),
+            "moe_intermediate_size": ("intermediate_size",),
         },
     ),
 }

@@ -3,7 +3,9 @@ a supported one compute what moec's layer cannot (each refused naming its key, n
 
 A type is refused where transformers' MoE block does math moec's spec cannot say: a different
 router (softmax scores with a correction bias, clamped renormalization), zero-computation
-experts, a clamp after the activation, per-layer limits, or no MoE layer at all.
+experts, a clamp after the activation, per-layer limits, a gated shared expert, tokens dropped
+past a capacity, or no MoE layer at all; and, by the name of its block, each other MoE of
+transformers that moec has not been checked against.
 """
 
 from __future__ import annotations
@@ -31,6 +33,66 @@ _DOTS3 = (
     "sizes its shared experts apart from the routed ones (shared_experts_intermediate_size); "
     "moec's are n_shared_experts x moe_intermediate_size wide"
 )
+_GATED_SHARED = (
+    "gates its shared expert by a sigmoid of a per-token linear map (shared_expert_gate) and "
+    "sizes it apart (shared_expert_intermediate_size); moec's shared experts are ungated, "
+    "n_shared_experts x moe_intermediate_size wide"
+)
+_LLAMA4 = (
+    "scales each token's input to its expert by the sigmoid of the router logit (before the "
+    "expert's SwiGLU, not after it, as moec weights the outputs)"
+)
+_ENCODER_DECODER = (
+    "is an encoder-decoder whose routers drop the tokens past each expert's capacity "
+    "(expert_capacity); moec's layer computes every token"
+)
+_UNCHECKED = (
+    "has an MoE block moec has not been checked against transformers' own ({block}), so "
+    "init does not guess what it computes"
+)
+UNCHECKED_BLOCKS = {
+    "aria": "AriaTextMoELayer",
+    "aria_text": "AriaTextMoELayer",
+    "cohere2_moe": "Cohere2MoeSparseMoeBlock",
+    "diffusion_gemma": "DiffusionGemmaTextRouter",
+    "diffusion_gemma_text": "DiffusionGemmaTextRouter",
+    "ergo": "ErgoMoE",
+    "ernie4_5_vl_moe": "Ernie4_5_VLMoeMoeBlock",
+    "ernie4_5_vl_moe_text": "Ernie4_5_VLMoeMoeBlock",
+    "flex_olmo": "FlexOlmoSparseMoeBlock",
+    "flint": "FlintSparseMoeBlock",
+    "gemma4": "Gemma4TextRouter",
+    "gemma4_text": "Gemma4TextRouter",
+    "granitemoe": "GraniteMoeMoE",
+    "granitemoe_swa": "GraniteMoeSWAMoE",
+    "granitemoehybrid": "GraniteMoeHybridMoE",
+    "granitemoeshared": "GraniteMoeSharedMoE",
+    "hy_v4_vl_text": "HYV4VLMoE",
+    "inkling_mm_model": "InklingMoE",
+    "inkling_text": "InklingMoE",
+    "inkling2": "Inkling2SparseMoeBlock",
+    "inkling2_text": "Inkling2SparseMoeBlock",
+    "inkling2_loop": "Inkling2LoopSparseMoeBlock",
+    "inkling2_loop_text": "Inkling2LoopSparseMoeBlock",
+    "jamba": "JambaSparseMoeBlock",
+    "kolibri1_1": "Kolibri1_1SparseMoeBlock",
+    "lara_mini": "LaraMiniSparseMoeBlock",
+    "lfm2_moe": "Lfm2MoeSparseMoeBlock",
+    "mellum": "MellumSparseMoeBlock",
+    "minimax": "MiniMaxSparseMoeBlock",
+    "minimax_m3_vl": "MiniMaxM3VLSparseMoeBlock",
+    "minimax_m3_vl_text": "MiniMaxM3VLSparseMoeBlock",
+    "nemotron_h": "NemotronHMoE",
+    "openai_privacy_filter": "OpenAIPrivacyFilterTopKRouter",
+    "qwen3_omni_moe": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
+    "qwen3_omni_moe_thinker": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
+    "qwen3_omni_moe_text": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
+    "qwen3_omni_moe_talker_text": "Qwen3OmniMoeTalkerTextSparseMoeBlock",
+    "qwen3_vl_moe": "Qwen3VLMoeTextSparseMoeBlock",
+    "qwen3_vl_moe_text": "Qwen3VLMoeTextSparseMoeBlock",
+    "zaya": "ZayaSparseMoeBlock",
+}
+"""The other MoE model types of transformers 5.24-5.25, refused until each is checked."""
 REFUSED_TYPES = {
     "longcat_flash": (
         "routes tokens to zero-computation (identity) experts (zero_expert_num) beside its FFN "
@@ -59,6 +121,31 @@ REFUSED_TYPES = {
     ),
     "dots3_note_text": _DOTS3,
     "dots3_note": _DOTS3,
+    "qwen2_moe": _GATED_SHARED,
+    "qwen3_next": _GATED_SHARED,
+    "qwen3_5_moe": _GATED_SHARED,
+    "qwen3_5_moe_text": _GATED_SHARED,
+    "qwen4_exp": _GATED_SHARED,
+    "qwen4_exp_text": _GATED_SHARED,
+    "llama4": _LLAMA4,
+    "llama4_text": _LLAMA4,
+    "gpt_oss": (
+        "gives its router and its experts biases and computes its SwiGLU as "
+        "gate * sigmoid(swiglu_alpha * gate) * (up + 1), clamped"
+    ),
+    "phimoe": (
+        "chooses its experts with sparsemixer (a threshold-masked softmax per choice), not a "
+        "top-k of one softmax"
+    ),
+    "dbrx": (
+        "renormalizes the top-k weights by their p-norm (ffn_config.moe_normalize_expert_weights), "
+        "its MoE keys in ffn_config"
+    ),
+    "jetmoe": "also routes its attention heads through experts (JetMoeMoA)",
+    "doge": "mixes product-key-selected single-neuron experts with a dense MLP (DogeCDMoE)",
+    "switch_transformers": _ENCODER_DECODER,
+    "nllb-moe": _ENCODER_DECODER,
+    **{name: _UNCHECKED.format(block=block) for name, block in UNCHECKED_BLOCKS.items()},
 }
 """model_type -> why moec cannot compute its MoE layers (in words, after the model type)."""
 
@@ -143,11 +230,42 @@ KEY_CHECKS = {
 """model_type -> the keys checked (the MoE keys' reader: text_config for a wrapper)."""
 
 
+LAYER_LIMITS = {
+    "bailing_hybrid": (
+        "expert_swiglu_limit_list",
+        "share_expert_swiglu_limit_list",
+        "swiglu_limits",
+        "swiglu_limits_shared",
+    ),
+}
+"""model_type -> its keys of per-layer SwiGLU limits (0: no clamp), the names transformers
+reads (its attribute_map's included)."""
+
+
 def check_keys(reader: ConfigReader, model_type: str) -> None:
-    """Record a problem for each key of KEY_CHECKS[model_type] the config sets otherwise."""
+    """Record a problem for each key of KEY_CHECKS[model_type] the config sets otherwise, and
+    for each per-layer SwiGLU limit (LAYER_LIMITS) that clamps."""
     for check in KEY_CHECKS.get(model_type, ()):
         value = reader.config.get(check.key)
         if value is not None and not any(
             value == allowed and type(value) is type(allowed) for allowed in check.allowed
         ):
             reader.report(check.key, value, check.why, check.hint)
+    for key in LAYER_LIMITS.get(model_type, ()):
+        limits = reader.config.get(key)
+        if limits is not None and not _all_zero(limits):
+            reader.report(
+                key,
+                limits,
+                "clamps the SwiGLU with a limit per layer (0: none), and a moec spec has no "
+                "per-layer limits",
+                "a list of 0 (no clamp), or leave it out",
+            )
+
+
+def _all_zero(limits: object) -> bool:
+    """Whether `limits` is a list of zeros (numbers, not booleans)."""
+    return isinstance(limits, list) and all(
+        isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit == 0
+        for limit in limits
+    )
