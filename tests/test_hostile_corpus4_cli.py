@@ -1,6 +1,7 @@
 """A fourth hostile corpus, the commands: `moec tune --tokens` past the spec's
 target.max_num_tokens (or zero, twice, not a number, thousands of digits) is refused before the
-GPU is looked for and before any measuring. Each is exit 2, one line, nothing written."""
+GPU is looked for and before any measuring; JSON nested too deep for the parser is a message,
+not a traceback. Each is exit 2, one line, nothing written."""
 
 from __future__ import annotations
 
@@ -145,3 +146,14 @@ def test_tokens_up_to_the_bound_are_measured_sorted(monkeypatch, tmp_path, capsy
     code, out, err = cli(capsys, "tune", V3, *BOUND, "--tokens", "256, 1,16")
     assert code == 0, err
     assert measured == [(1, 16, 256)]
+
+
+# --- JSON nested too deep for the parser: a tuned table -----------------------------------
+
+
+def test_a_tuned_table_nested_too_deep_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MOEC_TUNING_DIR", str(tmp_path))
+    table = tmp_path / "nvidia-h200.json"
+    table.write_text("[" * 100_000)
+    err = refused(capsys, "explain", V3)
+    assert f"the tuned table {table} cannot be read: JSON nested too deeply to read" in err

@@ -80,10 +80,10 @@ def read(path: Path) -> tuple[list[list[int]] | None, Problem | None]:
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         return None, problem(KEY, f"cannot read {name}: {reason}", hint, value=str(path))
-    except ValueError as error:
+    except json.JSONDecodeError as error:
         return None, problem(KEY, f"{name} is not JSON: {error}", hint, value=str(path))
-    except RecursionError:
-        return None, problem(KEY, f"{name}: JSON nested too deeply", hint, value=str(path))
+    except ValueError as error:  # not a regular file, a BOM, too deep, a number too long
+        return None, problem(KEY, f"{name}: {error}", hint, value=str(path))
     found = shape_problem(data)
     if found:
         return None, problem(KEY, f"{name}: {found}", hint, value=str(path))
