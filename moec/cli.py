@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             _refuse_empty(args)
+            _refuse_standard_output(args)
             _refuse_inside_a_build(args)
             code = _COMMANDS[args.command](args)
             sys.stdout.flush()  # here, not at exit, where a failure is only "Exception ignored"
@@ -265,6 +266,25 @@ def _refuse_empty(args: argparse.Namespace) -> None:
                 f"moec {args.command}",
                 kind="usage",
             )
+
+
+_FILE_ONLY = {
+    "eplb": ("its placement", "a placement file's path"),
+    "tune": ("its table", "a table file's path, or leave -o out for this GPU's table"),
+}
+"""Commands whose -o is a file only: "-", standard output to explain, init and schema, would
+otherwise make a file named "-"."""
+
+
+def _refuse_standard_output(args: argparse.Namespace) -> None:
+    if args.command in _FILE_ONLY and getattr(args, "out", None) == "-":
+        what, hint = _FILE_ONLY[args.command]
+        raise MoecError(
+            [problem("-o", f"is standard output, and moec {args.command} writes {what} to a file",
+                     hint, value="-")],
+            f"moec {args.command}",
+            kind="usage",
+        )  # fmt: skip
 
 
 def _refuse_inside_a_build(args: argparse.Namespace) -> None:
@@ -366,7 +386,7 @@ def _build(args: argparse.Namespace) -> int:
     from moec.codegen import build
 
     result = build(args.spec, args.out, args.overrides)
-    print(f"{result.package_dir}: {result.summary}")
+    print(f"{shown_path(result.package_dir)}: {result.summary}")
     return 0
 
 
@@ -414,7 +434,7 @@ def _init(args: argparse.Namespace) -> int:
     )
     if args.out:
         write_text(Path(args.out), text, written_by_init)
-        print(f"wrote {args.out}")
+        print(f"wrote {shown_path(args.out)}")
     else:
         print(text, end="")
     return 0
@@ -448,7 +468,7 @@ def _schema(args: argparse.Namespace) -> int:
         return 0
     out = Path(args.out) if args.out else schema_path()
     write_text(out, schema_text(), is_moec_schema, make_parents=True)
-    print(f"wrote {out}")
+    print(f"wrote {shown_path(out)}")
     return 0
 
 

@@ -23,16 +23,18 @@ the same for either choice; its file records the choice its imbalance figures ar
 from __future__ import annotations
 
 import json
+from collections import Counter
+from itertools import chain
 from pathlib import Path
 
-from moec.errors import MoecError, problem
+from moec.errors import MoecError, problem, shown_path
 from moec.spec import placement as placements
 from moec.vocab import ReplicaChoice
 
 LOAD_FORMAT = "moec-load"
 MAX_PHYSICAL = 4096
-"""The most physical experts a placement holds (DeepSeek-V3 with EPLB: 288); the balancing is
-pure Python, quadratic in them (4096: about a second)."""
+"""The most physical experts a placement holds (DeepSeek-V3 with EPLB: 288); the balancing and
+its figures are pure Python, quadratic in them (4096 on 4096 ranks: a few seconds)."""
 MAX_TOKENS = 2**53
 """The largest token count a load may hold: counts up to it add exactly in a float."""
 
@@ -101,14 +103,19 @@ def rank_rows(placement: list[list[int]], load: list[float]) -> list[float]:
     return [sum(load[e] / counts[e] for e in rank) for rank in placement]
 
 
-def static_rank_rows(choice: list[list[int]], per_rank: int, load: list[float]) -> list[float]:
-    """Expected rows of each rank under the static replica choice: rank r sends its tokens of
-    expert e, an equal share of its load, to the replica choice[r][e] (physical id p on rank
-    p // per_rank), so a replica no rank chooses takes none."""
-    rows = [0.0] * len(choice)
-    for row in choice:
-        for e, physical in enumerate(row):
-            rows[physical // per_rank] += load[e] / len(choice)
+def static_rank_rows(
+    choice: list[list[int]], placement: list[list[int]], load: list[float]
+) -> list[float]:
+    """Expected rows of each rank of `placement` under the static replica choice: rank r sends
+    its tokens of expert e, an equal share of its load, to the replica choice[r][e] (physical
+    id p on rank p // its experts per rank), so a replica no rank chooses takes none. Counted
+    per physical expert (each holds one logical expert): ranks x experts choices are counted
+    at C speed, not added one by one (4096 ranks of one expert each: 16M choices)."""
+    per_rank, share = len(placement[0]), [v / len(choice) for v in load]
+    logical = [e for rank in placement for e in rank]
+    rows = [0.0] * len(placement)
+    for physical, times in sorted(Counter(chain.from_iterable(choice)).items()):
+        rows[physical // per_rank] += times * share[logical[physical]]
     return rows
 
 
@@ -124,7 +131,7 @@ def expected_rows(
     from moec.plan.placement import static_choice
 
     choice = static_choice(placement, len(load), nodes)
-    return static_rank_rows(choice, len(placement[0]), load)
+    return static_rank_rows(choice, placement, load)
 
 
 def imbalance(rows: list[float]) -> float:
@@ -135,50 +142,107 @@ def imbalance(rows: list[float]) -> float:
 
 def read_load(path: Path) -> list[float]:
     """The load in a file the layer's `write_expert_load` wrote ({"format": "moec-load",
-    "load": [tokens per logical expert]}); MoecError naming the file otherwise."""
+    "load": [tokens per logical expert]}); MoecError naming the file, and the key or the entry
+    that is wrong, otherwise."""
     from moec.spec.loader import read_user_json
 
-    hint = f'a JSON file {{"format": "{LOAD_FORMAT}", "load": [...]}} (write_expert_load)'
     try:
         data = read_user_json(path)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
-        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
-        raise MoecError([problem("", f"cannot read the load: {reason}", hint)], str(path)) from None
-    load = data.get("load") if isinstance(data, dict) else None
-    if (
-        not isinstance(data, dict)
-        or data.get("format") != LOAD_FORMAT
-        or not isinstance(load, list)
-        or not load
-        or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= MAX_TOKENS
-            for v in load
+    except OSError as error:
+        raise _load_error(path, f"cannot read the load: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        where = f"{error.reason} at byte {error.start}"
+        raise _load_error(path, f"cannot read the load: not UTF-8 text: {where}") from None
+    except json.JSONDecodeError as error:
+        raise _load_error(path, f"cannot read the load: not JSON: {error}") from None
+    except ValueError as error:  # a key twice, a BOM, too deep, a number too long, no file
+        raise _load_error(path, f"cannot read the load: {error}") from None
+    if not isinstance(data, dict):
+        raise _load_error(path, f"is not a load file: a JSON {_json_kind(data)}, not an object")
+    if data.get("format") != LOAD_FORMAT:
+        said = (
+            'has no "format"'
+            if "format" not in data
+            else f'says "format": {_shown(data["format"])}'
         )
-    ):
-        raise MoecError(
-            [problem("", "is not a load file of token counts from 0 to 2**53", hint)], str(path)
-        )
-    if len(load) > MAX_PHYSICAL:
-        raise MoecError(
-            [
-                problem(
-                    "",
-                    f"holds {len(load)} experts, more than a placement takes",
-                    f"at most {MAX_PHYSICAL}",
-                )
-            ],
-            str(path),
-        )
+        raise _load_error(path, f"is not a load file: it {said}")
+    load = data.get("load")
+    if not isinstance(load, list) or not load:
+        wrong = "is empty" if load == [] else "is missing" if load is None else "is not a list"
+        raise _load_error(path, f'is not a load file: its "load" {wrong}', COUNTS_HINT)
+    for index, count in enumerate(load):
+        if not is_token_count(count):
+            bad = sum(not is_token_count(v) for v in load)
+            more = f", nor are {bad - 1} more of its {len(load)}" if bad > 1 else ""
+            raise MoecError(
+                [problem(f"load[{index}]", f"is not a load file's token count{more}",
+                         COUNTS_HINT, value=_AsWritten(count))],
+                str(path),
+            )  # fmt: skip
     return [float(v) for v in load]
+
+
+COUNTS_HINT = (
+    f"token counts from 0 to 2**53, one per logical expert, as write_expert_load writes: "
+    f'{{"format": "{LOAD_FORMAT}", "load": [...]}}'
+)
+
+
+def is_token_count(value: object) -> bool:
+    """A load's entry: a number (not a boolean) from 0 to MAX_TOKENS; NaN is none."""
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS
+    )
+
+
+class _AsWritten:
+    """A load's entry as a message shows it: JSON's null, NaN and Infinity as the file writes
+    them (not Python's None, nan, inf), the rest as moec's messages show any value."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return _shown(self.value)
+
+
+def _shown(value: object) -> str:
+    """A value of the file as a message quotes it (JSON, cut short)."""
+    try:
+        text = json.dumps(value)
+    except RecursionError:  # nested almost as deep as the parser went
+        return "[...]"
+    return text if len(text) <= 60 else text[:56] + "..."
+
+
+def _json_kind(value: object) -> str:
+    names = {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _load_error(path: Path, message: str, hint: str = "") -> MoecError:
+    hint = hint or f'a JSON file {{"format": "{LOAD_FORMAT}", "load": [...]}} (write_expert_load)'
+    return MoecError([problem("", message, hint)], str(path))
+
+
+PHYSICAL_BOUND = f"at most {MAX_PHYSICAL} physical experts, the load's experts plus --redundant"
+"""What `moec eplb` accepts of the physical experts, as its messages say it."""
 
 
 def check_shape(experts: int, physical: int, groups: int, nodes: int, ranks: int) -> list:
     """Problems of the counts (command-line argument names)."""
     found = []
+    if experts > MAX_PHYSICAL:
+        found.append(
+            problem("LOAD", f"holds {experts} experts, more than a placement holds",
+                    PHYSICAL_BOUND)
+        )  # fmt: skip
+        return found
     if physical > MAX_PHYSICAL:
         found.append(
-            problem("--redundant", f"makes {physical} physical experts",
-                    f"at most {MAX_PHYSICAL} with the load's {experts}", value=physical - experts)
+            problem("--redundant", f"makes {physical} physical experts with the load's {experts}",
+                    f"{PHYSICAL_BOUND}; with this load --redundant at most {MAX_PHYSICAL - experts}",
+                    value=physical - experts)
         )  # fmt: skip
         return found
     if physical % ranks:
@@ -187,11 +251,15 @@ def check_shape(experts: int, physical: int, groups: int, nodes: int, ranks: int
                     "a divisor of the experts plus --redundant", value=ranks)
         )  # fmt: skip
     if ranks % nodes:
-        found.append(problem("--nodes", f"does not divide --ranks {ranks}", "", value=nodes))
+        found.append(
+            problem("--nodes", f"does not divide --ranks {ranks}", "a divisor of --ranks",
+                    value=nodes)
+        )  # fmt: skip
     if experts % groups:
         found.append(
-            problem("--groups", f"does not divide the load's {experts} experts", "", value=groups)
-        )
+            problem("--groups", f"does not divide the load's {experts} experts",
+                    "a divisor of the load's experts (router.n_group)", value=groups)
+        )  # fmt: skip
     return found
 
 
@@ -211,17 +279,16 @@ def baseline(experts: int, redundant: int, ranks: int) -> list[list[int]]:
 
 
 def check_choice(replica_choice: str, redundant: int) -> list:
-    """Problems of --replica-choice (the spec's parallel.replica_choice and its rule)."""
+    """Problems of --replica-choice: a choice parallel.replica_choice takes, under the spec's
+    rule (moec.spec.placement.replica_choice_problem)."""
     names = [choice.value for choice in ReplicaChoice]
     if replica_choice not in names:
         hint = " or ".join(names) + ", as parallel.replica_choice takes"
         return [problem("--replica-choice", "is not a replica choice", hint, value=replica_choice)]
-    if replica_choice != ReplicaChoice.static and not redundant:
-        return [
-            problem("--replica-choice", "chooses among replicas, and --redundant 0 makes none",
-                    "leave it out, or set --redundant", value=replica_choice)
-        ]  # fmt: skip
-    return []
+    found = placements.replica_choice_problem(
+        replica_choice, redundant, "--replica-choice", "--redundant", "--redundant 0"
+    )
+    return [found] if found is not None else []
 
 
 def document(
@@ -249,10 +316,12 @@ def command(
     """`moec eplb`: read the load, balance, write the placement file; the report to print."""
     from moec.codegen.write import write_text
 
+    found = check_choice(replica_choice, redundant)  # before the load: it needs none
+    if found:
+        raise MoecError(found, "moec eplb", kind="usage")
     load = read_load(Path(load_file))
     physical = len(load) + redundant
     found = check_shape(len(load), physical, groups, nodes, ranks)
-    found += check_choice(replica_choice, redundant)
     if found:
         raise MoecError(found, "moec eplb", kind="usage")
     placement = rebalance(load, physical, groups, nodes, ranks)
@@ -278,7 +347,7 @@ def command(
         f"imbalance (max / mean rows per rank, {replica_choice} replica choice): {before:.3f} "
         f"even, {after:.3f} balanced",
         *(f"  rank {r}: {rows[r]:.1f} rows, experts {placement[r]}" for r in range(ranks)),
-        f"wrote {out} ({settings})",
+        f"wrote {shown_path(out)} ({settings})",
     ]
     return "\n".join(lines) + "\n"
 

@@ -84,6 +84,42 @@ def test_imbalance_under_each_replica_choice():
     assert expected_rows(placement, load, "random", 1) == [70, 60, 60, 60]
 
 
+def _static_reference(placement, load, nodes):
+    """The static choice and its rows the plain way, every (rank, expert) in turn: the rank's
+    own replica, else one on its node, else any, spread by rank; rank r sends load / ranks."""
+    ranks, per_rank = len(placement), len(placement[0])
+    per_node = max(1, ranks // nodes)
+    flat = [e for rank in placement for e in rank]
+    choice, rows = [], [0.0] * ranks
+    for rank in range(ranks):
+        row = []
+        for e in range(len(load)):
+            candidates = [p for p, logical in enumerate(flat) if logical == e]
+            own = [p for p in candidates if p // per_rank == rank]
+            node = [p for p in candidates if p // per_rank // per_node == rank // per_node]
+            pool = own or node or candidates
+            row.append(pool[rank % len(pool)])
+            rows[row[-1] // per_rank] += load[e] / ranks
+        choice.append(row)
+    return choice, rows
+
+
+@pytest.mark.parametrize(("ranks", "nodes", "redundant"), [(4, 1, 4), (8, 2, 8), (12, 3, 0)])
+def test_static_figures_are_the_plain_ones(ranks, nodes, redundant):
+    """static_choice (per expert, one column of choices) and static_rank_rows (counted per
+    physical expert) give what choosing and adding rank by rank gives."""
+    from moec.eplb import static_rank_rows
+    from moec.plan.placement import static_choice
+
+    load = [float((e * 37) % 23 + (50 if e % 5 == 0 else 0)) for e in range(24)]
+    for placement in (rebalance(load, 24 + redundant, 1, nodes, ranks),
+                      baseline(24, redundant, ranks)):  # fmt: skip
+        choice, rows = _static_reference(placement, load, nodes)
+        assert static_choice(placement, 24, nodes) == choice
+        assert static_rank_rows(choice, placement, load) == pytest.approx(rows, rel=1e-12)
+        assert expected_rows(placement, load, "static", nodes) == pytest.approx(rows, rel=1e-12)
+
+
 def test_command_reports_the_replica_choice(tmp_path, capsys):
     """The figures of test_imbalance_under_each_replica_choice, printed and recorded."""
     load = tmp_path / "load.json"

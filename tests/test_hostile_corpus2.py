@@ -395,7 +395,7 @@ PLACEMENT_FILES = {
     ),
     "a number of 10000 digits": (
         '{"format": "moec-placement", "physical_to_logical": [[' + "9" * 10_000 + "]]}",
-        "is not JSON",
+        "holds an integer of 10000 digits, too long to read",
     ),
     "a key twice": (
         '{"format": "moec-placement", "physical_to_logical": [[0]], "physical_to_logical": '

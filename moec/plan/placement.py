@@ -33,16 +33,22 @@ def static_choice(placement: Placement, experts: int, nodes: int) -> list[list[i
     all; among several, spread by rank."""
     ranks, per_rank = len(placement), len(placement[0])
     per_node = max(1, ranks // nodes)
-    table = []
-    for rank in range(ranks):
-        row = []
-        for candidates in replicas(placement, experts):
-            own = [p for p in candidates if p // per_rank == rank]
-            node = [p for p in candidates if p // per_rank // per_node == rank // per_node]
-            pool = own or node or candidates
-            row.append(pool[rank % len(pool)])
-        table.append(row)
-    return table
+    columns = []  # per logical expert, every rank's choice
+    for candidates in replicas(placement, experts):
+        if len(candidates) == 1:  # most experts: every rank sends to the one replica
+            columns.append([candidates[0]] * ranks)
+            continue
+        own: dict[int, list[int]] = {}
+        node: dict[int, list[int]] = {}
+        for p in candidates:
+            own.setdefault(p // per_rank, []).append(p)
+            node.setdefault(p // per_rank // per_node, []).append(p)
+        column = []
+        for rank in range(ranks):
+            pool = own.get(rank) or node.get(rank // per_node) or candidates
+            column.append(pool[rank % len(pool)])
+        columns.append(column)
+    return [list(row) for row in zip(*columns, strict=True)] if columns else [[] for _ in placement]
 
 
 def replica_table(placement: Placement, experts: int) -> tuple[list[list[int]], list[int]]:

@@ -106,8 +106,27 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def read_user_json(path: Path) -> Any:
     """The JSON value of a user's input file, read as read_user_text reads it; besides its
-    errors, json's ValueError, RecursionError, or RepeatedKey (a ValueError) for a key twice."""
-    return json.loads(read_user_text(path), object_pairs_hook=unique_keys)
+    errors, a ValueError that says what is wrong in plain words: json's own (not JSON), a
+    RepeatedKey for a key twice, or one for a leading byte order mark, nesting too deep for
+    the parser, or a number too long to read."""
+    text = read_user_text(path)
+    if text.startswith("\ufeff"):  # json's message would tell the user to decode "utf-8-sig"
+        raise ValueError("starts with a UTF-8 byte order mark (BOM): save it as UTF-8 without one")
+    try:
+        return json.loads(text, object_pairs_hook=unique_keys, parse_int=_json_int)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
+
+
+MAX_JSON_DIGITS = 100
+"""Digits of the longest integer a user's JSON file may write (int() refuses 4300, with a
+message about sys.set_int_max_str_digits; no count moec reads has more than 20)."""
+
+
+def _json_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_DIGITS:
+        raise ValueError(f"holds an integer of {len(text.lstrip('-'))} digits, too long to read")
+    return int(text)
 
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedSpec:

@@ -60,6 +60,22 @@ def problems(placement: list[list[int]], experts: int, redundant: int, ranks: in
     return found
 
 
+def replica_choice_problem(
+    choice: str, redundant: int, key: str, redundant_key: str, zero: str
+) -> Problem | None:
+    """The rule of a replica choice, as the spec (parallel.replica_choice) and `moec eplb
+    --replica-choice` state it: any choice but static chooses among an expert's replicas, so it
+    needs redundant experts (`redundant_key`, which `zero` writes as 0)."""
+    if choice == "static" or redundant:
+        return None
+    return problem(
+        key,
+        f"chooses among replicas, and {zero} makes none",
+        f"leave it out, or set {redundant_key}",
+        value=choice,
+    )
+
+
 def _ids(ids: list[int]) -> str:
     shown = ", ".join(map(str, ids[:8]))
     return shown + (f" (and {len(ids) - 8} more)" if len(ids) > 8 else "")
@@ -80,10 +96,10 @@ def read(path: Path) -> tuple[list[list[int]] | None, Problem | None]:
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         return None, problem(KEY, f"cannot read {name}: {reason}", hint, value=str(path))
-    except ValueError as error:
+    except json.JSONDecodeError as error:
         return None, problem(KEY, f"{name} is not JSON: {error}", hint, value=str(path))
-    except RecursionError:
-        return None, problem(KEY, f"{name}: JSON nested too deeply", hint, value=str(path))
+    except ValueError as error:  # not a regular file, a BOM, too deep, a number too long
+        return None, problem(KEY, f"{name}: {error}", hint, value=str(path))
     found = shape_problem(data)
     if found:
         return None, problem(KEY, f"{name}: {found}", hint, value=str(path))

@@ -695,13 +695,15 @@ def _replicas_fused(spec: Spec) -> Iterator[Problem]:
             'placement = "even"',
             value="fused",
         )
-    if parallel.replica_choice != "static" and not parallel.redundant_experts:
-        yield problem(
-            "parallel.replica_choice",
-            "chooses among replicas, and redundant_experts = 0 makes none",
-            "remove it, or set parallel.redundant_experts",
-            value=parallel.replica_choice,
-        )
+    found = placement.replica_choice_problem(
+        parallel.replica_choice,
+        parallel.redundant_experts,
+        "parallel.replica_choice",
+        "parallel.redundant_experts",
+        "redundant_experts = 0",
+    )
+    if found is not None:
+        yield found
 
 
 def placed(spec: Spec) -> bool:

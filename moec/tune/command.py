@@ -8,6 +8,8 @@ nvidia-h100-80gb-hbm3), merged with the other layers' entries already there, or 
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
@@ -15,13 +17,13 @@ import torch
 
 import moec
 from moec.codegen.write import refuse_unless_moec_file, write_bytes
-from moec.counts import whole_numbers
 from moec.errors import MoecError, problem
 from moec.plan import plan_loaded
 from moec.plan.environment import read_table, shown, user_tuning_dir
 from moec.plan.layer import Layer
 from moec.plan.tables import gpu_name, is_tuned_table, target_gpu
 from moec.spec import LoadedSpec, load_spec
+from moec.spec.models import MAX_INT
 from moec.spec.rules import arch_number
 from moec.tune.measure import Timer
 from moec.tune.progress import Progress
@@ -89,24 +91,65 @@ def build_note(written: Path, gpu: str, layer: Layer) -> str:
 
 
 def _token_list(text: str | None, max_tokens: int) -> list[int]:
-    """The bucket limits: --tokens, else DEFAULT_TOKENS up to max_num_tokens."""
+    """The bucket limits: --tokens, else DEFAULT_TOKENS up to max_num_tokens. Checked before
+    the GPU is (a wrong --tokens is told on any machine), and before the minutes of measuring:
+    each a whole number from 1 to the spec's target.max_num_tokens (the layer's buffers end
+    there), each once, at most MAX_BUCKETS of them."""
     if text is None:
         return [t for t in DEFAULT_TOKENS if t <= max_tokens] or [max_tokens]
-    tokens = sorted(set(whole_numbers(text) or []))
-    if not tokens or tokens[0] < 1:
-        raise MoecError(
-            [
-                problem(
-                    "--tokens",
-                    "expects positive token counts",
-                    "e.g. --tokens 1,64,4096",
-                    value=text,
-                )
-            ],
-            "moec tune",
-            kind="usage",
+    accepted = f"up to {MAX_BUCKETS} whole numbers from 1 to {max_tokens}, separated by commas"
+    example = ",".join(str(t) for t in DEFAULT_TOKENS if t <= max_tokens)
+    parts = [part.strip() for part in text.split(",")]
+    wrong = next((part for part in parts if not _DIGITS.fullmatch(part)), None)
+    if wrong is not None:
+        what = "names no token count" if not wrong else f"{_quoted(wrong)} is not a whole number"
+        raise _tokens_error(text, what, f"{accepted}, e.g. --tokens {example}")
+    # a count of more digits than any bound is not converted (int() refuses 4300 digits)
+    tokens = [int(part) if len(part) <= 19 else MAX_INT + 1 for part in parts]
+    if 0 in tokens:
+        raise _tokens_error(
+            text, "0 is not a bucket limit: a bucket holds at least 1 token", accepted
         )
-    return tokens
+    above = next((i for i, t in enumerate(tokens) if t > max_tokens), None)
+    if above is not None:
+        larger = (
+            f" or by --set target.max_num_tokens={tokens[above]}"
+            if tokens[above] <= MAX_INT
+            else ""
+        )
+        raise _tokens_error(
+            text,
+            f"{_quoted(parts[above])} is more than the spec's target.max_num_tokens = {max_tokens}",
+            f"token counts up to {max_tokens}, or a larger target.max_num_tokens in the spec's "
+            f"[target]{larger}",
+        )
+    twice = sorted(t for t, n in Counter(tokens).items() if n > 1)
+    if twice:
+        raise _tokens_error(text, f"names {twice[0]} twice", f"each bucket limit once: {accepted}")
+    if len(tokens) > MAX_BUCKETS:
+        raise _tokens_error(text, f"names {len(tokens)} buckets", accepted)
+    return sorted(tokens)
+
+
+MAX_BUCKETS = 64
+"""Most bucket limits one --tokens names (each bucket is minutes of measuring)."""
+_DIGITS = re.compile(r"[0-9]+")  # ASCII digits only, as moec.counts reads a count
+
+
+def _quoted(part: str) -> str:
+    """A part of --tokens as a message quotes it: a number plain, anything else as JSON; a long
+    one by its length."""
+    if len(part) > 20:
+        return (
+            f"a number of {len(part)} digits"
+            if _DIGITS.fullmatch(part)
+            else f"a part of {len(part)} characters"
+        )
+    return part if _DIGITS.fullmatch(part) else json.dumps(part)
+
+
+def _tokens_error(text: str, message: str, hint: str) -> MoecError:
+    return MoecError([problem("--tokens", message, hint, value=text)], "moec tune", kind="usage")
 
 
 def _local_gpu(loaded: LoadedSpec) -> str:
