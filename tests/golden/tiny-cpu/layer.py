@@ -25,6 +25,9 @@ DTYPE = torch.bfloat16
 HIDDEN = 256
 WORLD_SIZE = 1  # one rank
 MAX_SEED = 2**32 - 1  # the largest seed random_ takes (as `moec run --seed`)
+# dtypes of the layer's tensors that pickle.dumps cannot carry (it writes torch's legacy
+# storages, which have no class for float8 to rebuild them from): a copy carries their bytes
+PICKLED_AS_BYTES = (torch.float8_e4m3fn,)
 
 _LAYERS: "weakref.WeakValueDictionary[int, MoELayer]" = weakref.WeakValueDictionary()
 _IDS = itertools.count()
@@ -71,9 +74,32 @@ class MoELayer(nn.Module):
             tensor = torch.empty(shape, dtype=param_dtype, device=device)
             self.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
 
+    def __getstate__(self) -> dict:
+        """What a copy (copy.deepcopy, torch.save, pickle) carries: the module's state, with
+        each tensor of PICKLED_AS_BYTES as a uint8 view of its bytes (a view copies nothing)."""
+        state = super().__getstate__()
+        as_bytes = {}
+        for kind in ("_parameters", "_buffers"):
+            # a dict of the copy's own: the layer's stays as it is
+            tensors = state[kind] = state[kind].copy()
+            for name, tensor in tensors.items():
+                if tensor is not None and tensor.dtype in PICKLED_AS_BYTES:
+                    as_bytes[kind, name] = (tensor.dtype, tensor.requires_grad)
+                    tensors[name] = tensor.detach().view(torch.uint8)
+        state["pickled_as_bytes"] = as_bytes
+        return state
+
     def __setstate__(self, state: dict) -> None:
         """A copy (copy.deepcopy, torch.load, pickle) is a layer of its own: its own key in
         _LAYERS, so that the custom op runs the copy's weights, not the original's."""
+        # the tensors __getstate__ carried as bytes, as their dtypes again (none in a layer
+        # saved by an earlier build)
+        as_bytes = state.pop("pickled_as_bytes", {})
+        for (kind, name), (dtype, requires_grad) in as_bytes.items():
+            tensor = state[kind][name].view(dtype)
+            if kind == "_parameters":
+                tensor = nn.Parameter(tensor, requires_grad)
+            state[kind][name] = tensor
         super().__setstate__(state)
         self.op_id = next(_IDS)
         _LAYERS[self.op_id] = self
