@@ -1,17 +1,25 @@
 """A fourth hostile corpus, the generated package (examples/tiny-cpu.toml and its schemes):
 pickle.dumps of a layer (torch's legacy storages, which pickle writes, could not rebuild float8,
-and a CUDA stream cannot be pickled at all)."""
+and a CUDA stream cannot be pickled at all); `python -m <package>.check` with hostile
+arguments, a reader that goes away, a full disk, Ctrl-C and a layer that does not fit."""
 
 from __future__ import annotations
 
 import copy
+import importlib
+import os
 import pickle
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import EXAMPLES
 from torch import nn
+
+from moec.codegen import build
 
 TINY = EXAMPLES / "tiny-cpu.toml"  # 16 experts, fp8 block weights from a bf16 checkpoint
 HIDDEN = 256
@@ -117,3 +125,148 @@ def test_a_layer_that_ran_its_side_stream_copies(load_layer, x, make_copy):
     twin = make_copy(layer)
     assert twin.side_stream.stream is None and layer.side_stream.stream is lock
     assert torch.equal(twin(x), layer(x))
+
+
+# --- python -m <package>.check ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def check(package):
+    return importlib.import_module(f"{package.__name__}.check")
+
+
+HOSTILE_ARGUMENTS = {  # argv -> what the one message names
+    "an unknown option": (["--bogus"], "unrecognized arguments: --bogus"),
+    "an unknown short option": (["-x"], "unrecognized arguments: -x"),
+    "a word": (["extra"], "unrecognized arguments: extra"),
+    "no value": (["--tokens"], "argument --tokens: expected one argument"),
+    "zero tokens": (["--tokens", "0"], "expects positive token counts"),
+    "negative tokens": (["--tokens", "-1"], "expects positive token counts"),
+    "tokens in e-notation": (["--tokens", "1e3"], "'1e3'"),
+    "an empty count": (["--tokens", "1,,2"], "'1,,2'"),
+    "other scripts' digits": (["--tokens", "\u0661"], "expects positive token counts"),
+    "tokens over max_num_tokens": (
+        ["--tokens", "1,257"],
+        "--tokens 257 is more than target.max_num_tokens = 256",
+    ),
+    "a huge token count": (["--tokens", "9" * 30], f"--tokens {'9' * 30} is more than"),
+    "65 token counts": (["--tokens", ",".join(["1"] * 65)], "(at most 64)"),
+    "a path for tokens": (["--tokens", "/etc/passwd"], "'/etc/passwd'"),
+    "a negative seed": (["--seed", "-1"], "--seed must be a whole number from 0 to 4294967295"),
+    "a seed over 2**32 - 1": (["--seed", str(2**32)], f"got {2**32}"),
+    "a word for a seed": (["--seed", "x"], "expects a whole number, e.g. 0: 'x'"),
+    "zero repeats": (["--repeats", "0"], "expects a positive count: '0'"),
+    "negative repeats": (["--repeats", "-3"], "expects a positive count: '-3'"),
+    "too many repeats": (["--repeats", "10001"], "--repeats must be at most 10000"),
+    "huge repeats": (["--repeats", "9" * 30], "--repeats must be at most 10000"),
+    "a device torch names otherwise": (["--device", "gpu"], "invalid choice: 'gpu'"),
+    "a device index": (["--device", "cuda:0"], "invalid choice: 'cuda:0'"),
+    "a capital device": (["--device", "CUDA"], "invalid choice: 'CUDA'"),
+    "a path for a device": (["--device", "/dev/null"], "invalid choice: '/dev/null'"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_ARGUMENTS)
+def test_a_hostile_argument_is_one_message(check, capsys, case):
+    argv, fragment = HOSTILE_ARGUMENTS[case]
+    with pytest.raises(SystemExit) as raised:
+        check.main(argv)
+    captured = capsys.readouterr()
+    assert raised.value.code == 2 and captured.out == ""
+    assert "Traceback" not in captured.err
+    message = captured.err.splitlines()[-1]
+    assert message.startswith("python -m tiny_cpu.check: error: ") and fragment in message
+
+
+def test_ctrl_c_stops_the_check_with_130(package, check, monkeypatch, capsys):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(package.stages, "gemm_down", interrupted)
+    try:  # an interrupt that escapes would stop pytest itself
+        code = check.main(["--tokens", "1", "--repeats", "1"])
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt escaped"
+    assert code == 130
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_layer_that_does_not_fit_is_one_message(package, check, monkeypatch, capsys):
+    def out_of_memory(self, seed=0):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 11.00 GiB")
+
+    monkeypatch.setattr(package.MoELayer, "random_", out_of_memory)
+    assert check.main(["--tokens", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "tiny_cpu.check: the layer does not fit on cpu: CUDA out of memory. Tried to allocate "
+        "11.00 GiB\n"
+    )
+
+
+def test_a_layer_that_fails_while_timed_fails_the_check(package, check, monkeypatch, capsys):
+    """The checked run passes; the timed run raises: a failed T, not a traceback."""
+    gemm_down, calls = package.stages.gemm_down, []
+
+    def second_call_fails(*args):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("illegal memory access")
+        return gemm_down(*args)
+
+    monkeypatch.setattr(package.stages, "gemm_down", second_call_fails)
+    assert check.main(["--tokens", "2", "--repeats", "1"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "FAILED: T=2: raised RuntimeError: illegal memory access"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """tiny-cpu built into a folder, for the check run as a user runs it."""
+    folder = tmp_path_factory.mktemp("built")
+    build(TINY, folder)
+    return folder
+
+
+def _run_check(folder: Path, *args: str, stdout=subprocess.PIPE, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "tiny_cpu.check", "--tokens", "1", "--repeats", "1", *args],
+        cwd=folder,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+def test_a_reader_that_went_away_ends_the_check_quietly(built):
+    """`python -m tiny_cpu.check | head -1`: was a BrokenPipeError traceback; now exit 141,
+    as a Unix tool killed by SIGPIPE, and no message."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = _run_check(built, stdout=write)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_a_full_disk_is_one_message(built):
+    """`python -m tiny_cpu.check > file` on a full disk: was an OSError traceback."""
+    with open("/dev/full", "w") as full:
+        done = _run_check(built, stdout=full)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "tiny_cpu.check: cannot write to standard output: No space left on device\n"
+    )
+
+
+def test_cuda_asked_for_where_there_is_none_is_one_message(built):
+    """As a user runs it, on a machine whose CUDA devices are hidden (or absent)."""
+    done = _run_check(built, "--device", "cuda", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("tiny_cpu.check: --device cuda: no CUDA device here")
+    assert len(done.stderr.splitlines()) == 1
