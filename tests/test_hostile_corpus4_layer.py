@@ -1,7 +1,8 @@
 """A fourth hostile corpus, the generated package (examples/tiny-cpu.toml and its schemes):
 pickle.dumps of a layer (torch's legacy storages, which pickle writes, could not rebuild float8,
 and a CUDA stream cannot be pickled at all); `python -m <package>.check` with hostile
-arguments, a reader that goes away, a full disk, Ctrl-C and a layer that does not fit."""
+arguments, a reader that goes away, a full disk, Ctrl-C and a layer that does not fit; and the
+layer's moves, state dicts and parameters on more than one device."""
 
 from __future__ import annotations
 
@@ -270,3 +271,86 @@ def test_cuda_asked_for_where_there_is_none_is_one_message(built):
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.startswith("tiny_cpu.check: --device cuda: no CUDA device here")
     assert len(done.stderr.splitlines()) == 1
+
+
+# --- moves, state dicts, devices ----------------------------------------------------------
+
+BAD_MOVES = {
+    "an unknown device": (
+        lambda m: m.to("nonsense"),
+        ValueError,
+        ".to('nonsense'): Expected one of",
+    ),
+    "a dtype by name": (
+        lambda m: m.to(dtype="float16"),
+        TypeError,
+        ".to(dtype='float16') takes a device (e.g. 'cuda'), a torch.dtype or a tensor",
+    ),
+    "type(None)": (lambda m: m.type(None), TypeError, ".type(None) takes a torch.dtype"),
+    "an unknown type": (lambda m: m.type("nonsense"), TypeError, ".type('nonsense') takes"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_MOVES)
+def test_a_bad_move_is_one_message_and_moves_nothing(layer, x, case):
+    """.to('nonsense') and .to(dtype='float16') raised torch's parser errors (the second a
+    list of signatures), .type(None) an AttributeError about a str."""
+    move, error, fragment = BAD_MOVES[case]
+    before = layer(x)
+    with pytest.raises(error) as raised:
+        move(layer)
+    message = str(raised.value)
+    assert message.startswith("tiny_cpu: ") and fragment in message
+    assert message.endswith("it is unchanged") and "\n" not in message
+    assert layer.w13.device.type == "cpu" and torch.equal(layer(x), before)
+
+
+def test_a_layer_moved_to_meta_refuses_to_run(layer, x):
+    """.to('meta') kept weights_set: the forward ran into torch's NotImplementedError for
+    nonzero on meta tensors."""
+    moved = copy.deepcopy(layer).to("meta")
+    with pytest.raises(ValueError, match="tiny_cpu: forward: the layer is on the meta device"):
+        moved(x.to("meta"))
+
+
+def test_a_parameter_left_on_meta_refuses_to_run(layer, x):
+    """The forward compared x's device with the first parameter's only."""
+    partial = copy.deepcopy(layer)
+    partial.w2 = nn.Parameter(torch.empty_like(partial.w2, device="meta"), requires_grad=False)
+    with pytest.raises(ValueError, match="forward: the layer is on the meta device"):
+        partial(x)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_parameters_on_two_devices_are_named(layer, x):
+    """load_state_dict(assign=True) of a tensor elsewhere leaves the layer on two devices; the
+    forward failed inside torch ('Expected all tensors to be on the same device')."""
+    split = copy.deepcopy(layer)
+    split.load_state_dict({"w2": layer.w2.detach().cuda()}, strict=False, assign=True)
+    with pytest.raises(ValueError, match="the layer's parameters are on cpu and cuda:0"):
+        split(x)
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (lambda d: d.update({1: torch.zeros(1)}), "the names are strings, got 1 (int)"),
+        (lambda d: d.update({1: torch.zeros(1), "w9": 0}), "got 1 (int)"),
+        (lambda d: d.update(gate_bias=d["gate_bias"].numpy()), "gate_bias is ndarray, not a"),
+    ],
+    ids=["an int name", "an int name beside a str one", "a numpy array"],
+)
+def test_a_non_strict_state_dict_of_odd_names_or_values_is_one_error(
+    package, layer, change, fragment
+):
+    """strict=False with an int name raised AttributeError ('int' object has no attribute
+    'startswith') after copying what matched; a numpy array was 'float32, the layer's
+    torch.float32'."""
+    target = package.MoELayer().random_(2)
+    before = {name: _bytes(tensor).clone() for name, tensor in target.state_dict().items()}
+    state = dict(layer.state_dict())
+    change(state)
+    with pytest.raises(TypeError, match="the layer is unchanged") as raised:
+        target.load_state_dict(state, strict=False)
+    assert fragment in str(raised.value)
+    assert all(torch.equal(before[k], _bytes(v)) for k, v in target.state_dict().items())
