@@ -141,7 +141,7 @@ BAD_STATES = {
     "a name missing and one unknown": (_renamed, ValueError, "missing w2; unexpected w2_extra"),
     "a shape": (_reshaped, ValueError, "w2_scale is [3], the layer's [16, 2, 1]"),
     "a dtype": (_float, TypeError, "w13 is torch.float32, the layer's torch.float8_e4m3fn"),
-    "not a tensor": (_number, TypeError, "gate_bias is float, the layer's torch.float32"),
+    "not a tensor": (_number, TypeError, "gate_bias is float, not a torch.Tensor"),
 }
 
 

@@ -201,9 +201,21 @@ def _layer_fields(plan: Plan, calls: list[str]) -> dict[str, Any]:
             else ""
         ),
         "vocab": layer.vocab,
+        "pickled_as_bytes": _pickled_as_bytes(plan),
         # Triton kernels built for a GPU: a CPU layer would fail in Triton's driver lookup
         "triton_needs_cuda": layer.device == "cuda" and "triton" in plan.requires,
     }
+
+
+def _pickled_as_bytes(plan: Plan) -> list[str]:
+    """The torch names of the dtypes of the layer's tensors that a pickled layer carries as
+    uint8 bytes (DType.pickled_as_bytes)."""
+    tensor_types = [
+        tensor_type
+        for stage in plan.order()
+        for tensor_type in (*stage.weights.values(), *stage.workspace.values())
+    ]
+    return sorted({t.dtype.torch for t in tensor_types if t.dtype.pickled_as_bytes})
 
 
 def _weight_format(fmt, dtype: str) -> str:

@@ -39,6 +39,12 @@ class DType(str, Enum):
     def short(self) -> str:
         return _SHORT[self]
 
+    @property
+    def pickled_as_bytes(self) -> bool:
+        """Whether a pickled layer carries a tensor of this dtype as uint8 bytes: pickle.dumps
+        writes torch's legacy storages, which have no class for float8 to rebuild it from."""
+        return self in _PICKLED_AS_BYTES
+
 
 _BYTES = {
     DType.float32: 4,
@@ -73,6 +79,7 @@ _SHORT = {
     DType.int32: "i32",
     DType.int64: "i64",
 }
+_PICKLED_AS_BYTES = frozenset({DType.e4m3})
 
 
 class Layout(str, Enum):

@@ -3,7 +3,8 @@
 
 Exit status: 0 when the output is within the bound at every T, 1 when it is not or the layer
 raises, 2 when the check cannot run here (no CUDA device, Triton kernels on a CPU without
-TRITON_INTERPRET=1, a layer of several ranks).
+TRITON_INTERPRET=1, a layer of several ranks, weights that do not fit) or cannot write its
+report; 141 when the reader of its report went away (`| head`), 130 on Ctrl-C.
 
 Bound, norm-wise (docs/numerics.md, "Comparing two fp8 layers"): layer and reference differ by
 fp32 summation order and one rounding of each output to the model dtype, 2**-7 for bfloat16
@@ -14,6 +15,7 @@ of 2**-2 * 2**-3, so 2**-5 + 2**-7.
 """
 
 import argparse
+import errno
 import os
 import re
 import sys
@@ -29,30 +31,85 @@ WARMUP = {"cuda": 3, "cpu": 0}
 """Runs before the timed ones, after the checked run (which compiles the kernels)."""
 REPEATS = {"cuda": 20, "cpu": 3}
 """Timed runs (their median is reported) unless --repeats says otherwise."""
+BROKEN_PIPE = 128 + 13
+"""Exit status when the reader of standard output went away: a Unix tool's, killed by SIGPIPE,
+and no message (as `moec`'s)."""
 
 
 def main(name: str, layer_class, plan: dict, torch_gated, argv=None) -> int:
-    """Run the check of package `name` (its MoELayer, PLAN and torch gated activation)."""
+    """Run the check of package `name` (its MoELayer, PLAN and torch gated activation). Its
+    report goes to standard output, line by line; when that fails the check stops: silently
+    with BROKEN_PIPE when the reader went away (`| head`), else with one message and exit 2.
+    Ctrl-C stops it with 130, as a shell's."""
     args = _arguments(name, plan).parse_args(argv)
     problem = cannot_run(args.device, plan)
     if problem:
         print(f"{name}.check: {problem}", file=sys.stderr)
         return 2
-    layer = layer_class(device=args.device).random_(args.seed)
+    try:
+        return check(name, layer_class, plan, torch_gated, args)
+    except KeyboardInterrupt:
+        return 130
+    except OutputLost as lost:
+        _discard(sys.stdout)  # what it still buffers: the exit's flush has nothing to fail
+        if lost.errno == errno.EPIPE:
+            return BROKEN_PIPE
+        print(f"{name}.check: cannot write to standard output: {lost.reason}", file=sys.stderr)
+        return 2
+
+
+def check(name: str, layer_class, plan: dict, torch_gated, args) -> int:
+    """Make the layer on random weights, check and time it at each T; the exit status."""
+    try:
+        layer = layer_class(device=args.device).random_(args.seed)
+    except torch.cuda.OutOfMemoryError as error:
+        reason = last_line(error)
+        print(f"{name}.check: the layer does not fit on {args.device}: {reason}", file=sys.stderr)
+        return 2
     bound, bound_text = bound_of(plan)
     for line in header(name, plan, args, bound_text):
-        print(line)
-    print(f"{'T':>6} {'error':>9} {'time ms':>10} {'floor ms':>10} {'x floor':>9}")
+        say(line)
+    say(f"{'T':>6} {'error':>9} {'time ms':>10} {'floor ms':>10} {'x floor':>9}")
     failures = []
     for tokens in args.tokens:
         failure = check_tokens(layer, plan, torch_gated, tokens, args, bound)
         if failure:
             failures.append(failure)
     if failures:
-        print("FAILED: " + "; ".join(failures))
+        say("FAILED: " + "; ".join(failures))
         return 1
-    print(f"ok: within {bound_text} of the reference at every T")
+    say(f"ok: within {bound_text} of the reference at every T")
     return 0
+
+
+class OutputLost(Exception):
+    """A write to standard output failed: its errno and the OS's reason."""
+
+    def __init__(self, number: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.errno, self.reason = number, reason
+
+
+def say(line: str) -> None:
+    """Print a line of the report, at once (a row of a long check shows when it is done); a
+    failed write is OutputLost."""
+    try:
+        print(line, flush=True)
+    except OSError as error:
+        raise OutputLost(error.errno, error.strerror or str(error)) from None
+
+
+def _discard(stream) -> None:
+    """Point the descriptor of `stream` at /dev/null (as Python's docs advise on a broken pipe):
+    what it still buffers is dropped at exit without a second error."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+    except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture): nothing to do
+        pass
 
 
 def needs_interpreter(device: str, plan: dict) -> bool:
@@ -139,21 +196,21 @@ def check_tokens(layer, plan, torch_gated, tokens: int, args, bound: float) -> s
     x = x.to(args.device, getattr(torch, dims["dtype"]))
     token_ids = reference.token_ids_for(plan, x, generator)  # a hash-routed layer's keys
     run = (lambda: layer(x)) if token_ids is None else (lambda: layer(x, token_ids))
+    repeats = args.repeats or REPEATS[args.device]
     try:
         out = run()
         expected = reference.forward(layer, x, plan, torch_gated, token_ids)
+        ms = median_ms(run, args.device, repeats, WARMUP[args.device])
     except Exception as error:  # noqa: BLE001  (any failure of the layer is a failed check)
         raised = f"{type(error).__name__}: {last_line(error)}"
-        print(f"{tokens:>6} {raised}")
+        say(f"{tokens:>6} {raised}")
         return f"T={tokens}: raised {raised}"
     gap = norm_error(out, expected)
-    repeats = args.repeats or REPEATS[args.device]
-    ms = median_ms(run, args.device, repeats, WARMUP[args.device])
     floors = {row["tokens"]: row["floor_ms"] for row in plan["cost"]}
     floor = floors.get(tokens)
     shown = f"{floor:>10.4f} {ms / floor:>9.3g}" if floor else f"{'-':>10} {'-':>9}"
     verdict = "ok" if gap <= bound else f"OVER the bound {bound:.2e}"
-    print(f"{tokens:>6} {gap:>9.2e} {ms:>10.3f} {shown}  {verdict}")
+    say(f"{tokens:>6} {gap:>9.2e} {ms:>10.3f} {shown}  {verdict}")
     return "" if gap <= bound else f"T={tokens}: error {gap:.3g} > {bound:.3g}"
 
 

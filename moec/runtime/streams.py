@@ -22,6 +22,11 @@ class SideStream:
     def __init__(self) -> None:
         self.stream: torch.cuda.Stream | None = None
 
+    def __getstate__(self) -> dict:
+        """A copy of the layer (copy.deepcopy, torch.save, pickle) makes its own stream on first
+        use: a CUDA stream cannot be pickled, and the copy's kernels are its own."""
+        return {"stream": None}
+
     @contextlib.contextmanager
     def beside(self, x: torch.Tensor):
         """Issue the block's kernels on the second stream, after the current stream's work."""

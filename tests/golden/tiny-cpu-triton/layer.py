@@ -26,6 +26,9 @@ DTYPE = torch.bfloat16
 HIDDEN = 256
 WORLD_SIZE = 1  # one rank
 MAX_SEED = 2**32 - 1  # the largest seed random_ takes (as `moec run --seed`)
+# dtypes of the layer's tensors that pickle.dumps cannot carry (it writes torch's legacy
+# storages, which have no class for float8 to rebuild them from): a copy carries their bytes
+PICKLED_AS_BYTES = (torch.float8_e4m3fn,)
 
 _LAYERS: "weakref.WeakValueDictionary[int, MoELayer]" = weakref.WeakValueDictionary()
 _IDS = itertools.count()
@@ -79,9 +82,32 @@ class MoELayer(nn.Module):
             buffer = torch.zeros(shape, dtype=buffer_dtype, device=device)
             self.register_buffer(name, buffer, persistent=False)
 
+    def __getstate__(self) -> dict:
+        """What a copy (copy.deepcopy, torch.save, pickle) carries: the module's state, with
+        each tensor of PICKLED_AS_BYTES as a uint8 view of its bytes (a view copies nothing)."""
+        state = super().__getstate__()
+        as_bytes = {}
+        for kind in ("_parameters", "_buffers"):
+            # a dict of the copy's own: the layer's stays as it is
+            tensors = state[kind] = state[kind].copy()
+            for name, tensor in tensors.items():
+                if tensor is not None and tensor.dtype in PICKLED_AS_BYTES:
+                    as_bytes[kind, name] = (tensor.dtype, tensor.requires_grad)
+                    tensors[name] = tensor.detach().view(torch.uint8)
+        state["pickled_as_bytes"] = as_bytes
+        return state
+
     def __setstate__(self, state: dict) -> None:
         """A copy (copy.deepcopy, torch.load, pickle) is a layer of its own: its own key in
         _LAYERS, so that the custom op runs the copy's weights, not the original's."""
+        # the tensors __getstate__ carried as bytes, as their dtypes again (none in a layer
+        # saved by an earlier build)
+        as_bytes = state.pop("pickled_as_bytes", {})
+        for (kind, name), (dtype, requires_grad) in as_bytes.items():
+            tensor = state[kind][name].view(dtype)
+            if kind == "_parameters":
+                tensor = nn.Parameter(tensor, requires_grad)
+            state[kind][name] = tensor
         super().__setstate__(state)
         self.op_id = next(_IDS)
         _LAYERS[self.op_id] = self
@@ -105,9 +131,16 @@ class MoELayer(nn.Module):
             raise ValueError(f"{NAME}: x must be [T, {HIDDEN}], got {list(x.shape)}")
         if x.dtype != DTYPE:
             raise ValueError(f"{NAME}: x must be {DTYPE}, got {x.dtype}")
-        weights_on = next(self.parameters()).device
-        if x.device != weights_on:
-            raise ValueError(f"{NAME}: x is on {x.device}, the weights on {weights_on}")
+        devices = sorted({str(tensor.device) for tensor in self.parameters()})
+        if "meta" in devices:
+            self._refuse_meta("forward")
+        if len(devices) > 1:  # a load_state_dict(..., assign=True) of tensors elsewhere
+            raise ValueError(
+                f"{NAME}: the layer's parameters are on {' and '.join(devices)}: move "
+                "it to one device with .to(device)"
+            )
+        if str(x.device) != devices[0]:
+            raise ValueError(f"{NAME}: x is on {x.device}, the weights on {devices[0]}")
         if torch.compiler.is_compiling():
             # torch.compile sees one opaque op, as serving engines treat an MoE layer: its
             # fake gives the output's shape; the graph and CUDA graphs capture around it.
@@ -194,7 +227,7 @@ class MoELayer(nn.Module):
         expected = self.state_dict()
         names = set(state_dict.keys())
         missing = sorted(set(expected) - names)
-        unexpected = sorted(names - set(expected))
+        unexpected = sorted(names - set(expected), key=str)  # a name may be no str
         if strict and (missing or unexpected):
             wrong = [
                 f"{what} {', '.join(map(str, keys[:4]))}{' ...' if len(keys) > 4 else ''}"
@@ -205,13 +238,23 @@ class MoELayer(nn.Module):
                 f"{NAME}: load_state_dict: {'; '.join(wrong)}; the layer is unchanged "
                 "(strict=False loads the names it has)"
             )
+        odd = next((name for name in unexpected if not isinstance(name, str)), None)
+        if odd is not None:  # (nn.Module's would fail on it after copying what matches)
+            raise TypeError(
+                f"{NAME}: load_state_dict: the names are strings, got {odd!r} "
+                f"({type(odd).__name__}); the layer is unchanged"
+            )
         for name in sorted(names & set(expected)):
             tensor, own = state_dict[name], expected[name]
-            if not isinstance(tensor, torch.Tensor) or tensor.dtype != own.dtype:
+            if not isinstance(tensor, torch.Tensor):
                 raise TypeError(
-                    f"{NAME}: load_state_dict: {name} is "
-                    f"{getattr(tensor, 'dtype', type(tensor).__name__)}, the layer's {own.dtype}; "
-                    "the layer is unchanged (load a checkpoint with load_weights)"
+                    f"{NAME}: load_state_dict: {name} is {type(tensor).__name__}, not a "
+                    "torch.Tensor; the layer is unchanged"
+                )
+            if tensor.dtype != own.dtype:
+                raise TypeError(
+                    f"{NAME}: load_state_dict: {name} is {tensor.dtype}, the layer's "
+                    f"{own.dtype}; the layer is unchanged (load a checkpoint with load_weights)"
                 )
             if tensor.shape != own.shape:
                 raise ValueError(
@@ -257,13 +300,29 @@ class MoELayer(nn.Module):
     def to(self, *args, **kwargs) -> "MoELayer":
         """Move the layer to another device; its dtypes are the build's (no conversion). Its
         own dtype (bfloat16, of x and the output) converts nothing."""
-        dtype = torch._C._nn._parse_to(*args, **kwargs)[1]
+        try:
+            dtype = torch._C._nn._parse_to(*args, **kwargs)[1]
+        except RuntimeError as error:  # a device torch does not know, or lacks
+            reason = str(error).splitlines()[0].rstrip(".")
+            call = _written(args, kwargs)
+            raise ValueError(f"{NAME}: {call}: {reason}; it is unchanged") from None
+        except TypeError:
+            raise TypeError(
+                f"{NAME}: {_written(args, kwargs)} takes a device (e.g. 'cuda'), a "
+                "torch.dtype or a tensor; it is unchanged"
+            ) from None
         if dtype is not None and dtype != DTYPE:
             self._keep_dtypes(dtype, f".to({dtype})")
         return super().to(*args, **kwargs)
 
     def type(self, dst_type) -> "MoELayer":
-        dtype = torch.empty(0).type(dst_type).dtype
+        try:  # (None gives the type's name, a str)
+            dtype = torch.empty(0).type(dst_type).dtype
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            raise TypeError(
+                f"{NAME}: .type({dst_type!r}) takes a torch.dtype or a tensor type such "
+                "as 'torch.FloatTensor'; it is unchanged"
+            ) from None
         self._keep_dtypes(dtype, f".type({dst_type})")
         return super().type(dst_type)
 
@@ -307,7 +366,7 @@ class MoELayer(nn.Module):
         return super().bfloat16()
 
     def _refuse_meta(self, call: str) -> None:
-        if next(self.parameters()).is_meta:
+        if any(tensor.is_meta for tensor in self.parameters()):
             raise ValueError(
                 f"{NAME}: {call}: the layer is on the meta device, which holds no values; "
                 "make it on cpu or cuda, or move it with .to_empty(device=...) first"
@@ -347,6 +406,12 @@ def moe_forward(
 @moe_forward.register_fake
 def _(x: torch.Tensor, params: list[torch.Tensor], layer: int) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+def _written(args: tuple, kwargs: dict) -> str:
+    """How a call of .to was written, for its message: .to('nonsense')."""
+    named = (f"{key}={value!r}" for key, value in kwargs.items())
+    return f".to({', '.join([*map(repr, args), *named])})"
 
 
 def _rank(group) -> int:

@@ -6,7 +6,8 @@
 
 Builds the layer on random weights, compares it with its torch reference (reference.py) within
 the scheme's bound, times it and prints each T beside the plan's floor (self_check.py). Exit
-status 0 when every T is within the bound, 1 when one is not, 2 when it cannot run here.
+status 0 when every T is within the bound, 1 when one is not, 2 when it cannot run here or
+cannot write its report (self_check.py gives every status).
 """
 
 import sys
