@@ -510,7 +510,8 @@ def _config_spec_data(config, layer_type: str = "moe") -> dict:
     """Spec data from a loaded model's (text) config, for DeepSeek-V4 of its `layer_type`
     layers."""
     kind = layer_type if config.model_type == "deepseek_v4" else None
-    return spec_data_from_config(config.to_dict(), layer_type=kind)
+    # the config's reading: the block's (follow_block) is applied on top, with its warning
+    return spec_data_from_config(config.to_dict(), layer_type=kind, clamp_as="config")
 
 
 def _runtime_problems(spec: dict, dtype: torch.dtype, device: torch.device) -> list[Problem]:

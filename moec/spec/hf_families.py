@@ -29,11 +29,18 @@ class Family:
     n_group: int = 1
     topk_group: int = 1
     swiglu_limit: float | None = None
-    """The clamp of a config that leaves `swiglu_limit` out (GLM-5-Next: 10); None: none."""
+    """The clamp of a config that leaves `swiglu_limit` out (DeepSeek-V4, GLM-5-Next: 10);
+    None: the model type's MoE block never clamps (it reads no swiglu_limit), whatever the
+    config says."""
     keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """DeepSeek's name of a key -> the names this model type's config takes for it (the
     names transformers reads, its `attribute_map` included); a key not here is DeepSeek's; no
     name: the model type has no such key (its MoE block fixes the value, the default)."""
+
+    @property
+    def clamps(self) -> bool:
+        """Whether the model type's MoE block clamps its SwiGLU at the config's swiglu_limit."""
+        return self.swiglu_limit is not None
 
     def reads(self, name: str) -> bool:
         """Whether this model type's config has a key for DeepSeek's `name`."""
