@@ -174,9 +174,7 @@ REFUSED = {
     "dbrx": "moe_normalize_expert_weights",
     "jetmoe": "JetMoeMoA",
     "switch_transformers": "expert_capacity",
-    "lfm2_moe": "Lfm2MoeSparseMoeBlock",
-    "granitemoe": "GraniteMoeMoE",
-    "jamba": "JambaSparseMoeBlock",
+    "qwen3_vl_moe": "Qwen3VLMoeTextSparseMoeBlock",  # lfm2_moe, granitemoe, jamba: computed
 }
 
 

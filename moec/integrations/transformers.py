@@ -9,7 +9,8 @@ Kimi-K2.5 and Sarvam; `DeepseekV2Moe`, `DeepseekV32MoE`, `Glm4MoeMoE`, DeepSeek-
 `DeepseekV4SparseMoeBlock`, and the copies of them in dots1, GLM-4.7-Flash, GLM-5, Solar-Open,
 GLM-4.5V / 4.6V, GLM-5-Next, Kimi-Linear, Ling, EXAONE-MoE, MiMo-V2-Flash, DeepSeek-OCR-2,
 AFMoE, MiniMax-M2, Hunyuan, HY-V3, A.X-K2, Mistral-4, Mistral-Large-4 and Unlimited-OCR,
-and the softmax top-k blocks of Mixtral, Qwen3-MoE and OLMoE:
+MiniCPM-5 and Beam, the softmax top-k blocks of Mixtral, MiniMax, Qwen3-MoE, OLMoE, FlexOlmo,
+Mellum, Jamba and the four Granite MoE models, and LFM2-MoE's sigmoid one:
 hf_blocks.BLOCKS) with a `MoecMoE`. The spec is built once; each block's weights (transformers' own state-dict names) go into that block's
 own `MoELayer`, quantized on load when the spec asks for fp8, and the transformers block is
 dropped at once: the model never holds two copies of more than one layer's experts.

@@ -1,7 +1,11 @@
 """`moec init --from-hf`: a spec from a HF `config.json` of a DeepSeek-style MoE model
 (DeepSeek-V2, V2-Lite, V3/R1, V3.2, V4, Kimi-K2, Kimi-K2.5, GLM-4.5 and the other model types of
-hf_families.FAMILIES and WRAPPERS, softmax top-k ones such as Mixtral, Qwen3-MoE and OLMoE
-among them; those of hf_refused.REFUSED_TYPES are refused by name).
+hf_families.FAMILIES and WRAPPERS, softmax top-k ones such as Mixtral, Qwen3-MoE, OLMoE, Jamba
+and Granite among them; those of hf_refused.REFUSED_TYPES are refused by name).
+
+The spec describes what the model type's transformers MoE block computes: a config key that
+the block never reads (a DeepSeek-V3 config's swiglu_limit), or one of a module beside the
+block (Granite's shared_mlp), is not followed, and a comment above the spec's keys says so.
 
 The spec is written as TOML with the HF keys it came from, then checked like any other spec,
 so an imported config that moec cannot run is reported the same way.
@@ -183,6 +187,8 @@ def spec_data_from_config(
     hf_refused.check_keys(reader, source.model_type)
     raw: dict[str, Any] = {"name": name or _name_from(outer)}
     raw.update(model=_model_from(reader, family), router=_router_from(reader, family))
+    if notes is not None:
+        notes.extend(_beside_notes(reader, family))
     if layer_type == "hash_moe":  # tid2eid[token_id] chooses: a table of vocab_size rows
         raw["router"]["topk_method"] = "hash"
         raw["model"]["vocab_size"] = reader.integer("vocab_size", "model.vocab_size", required=True)
@@ -239,7 +245,21 @@ def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
     router["norm_topk_prob"] = family.norm_topk_prob if norm is None else norm
     scaling = _family_value(reader, family, "routed_scaling_factor", reader.number)
     router["routed_scaling_factor"] = family.routed_scaling_factor if scaling is None else scaling
+    if family.bias_key is not None:  # a router without its correction bias: the plain top-k
+        if reader.boolean(family.bias_key, "router.topk_method") is False:
+            router["topk_method"] = "greedy"
     return router
+
+
+def _beside_notes(reader: ConfigReader, family: Family) -> list[str]:
+    """A sentence for each key of a module beside the MoE block that the config sets (not 0)."""
+    notes = []
+    for key, what in family.beside.items():
+        value = reader.config.get(key)
+        if value is not None and value != 0:
+            shown = f" = {value}" if type(value) is int and abs(value) < 10**18 else ""
+            notes.append(f"{reader.prefix}{key}{shown} {what}")
+    return notes
 
 
 def _family_value(reader: ConfigReader, family: Family, key: str, read) -> Any:
