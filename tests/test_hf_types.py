@@ -57,7 +57,12 @@ WRONG_TYPES = {
     "scoring number": ({"scoring_func": 1}, "scoring_func = 1: is a number, not a string"),
     "method list": ({"topk_method": ["noaux_tc"]}, "topk_method"),
     "hidden_act number": ({"hidden_act": 1}, "hidden_act = 1"),
-    "swiglu_limit string": ({"swiglu_limit": "10"}, 'swiglu_limit = "10"'),
+    # swiglu_limit is read where the model type's MoE block clamps (GLM-5-Next's, DeepSeek-V4's);
+    # transformers' DeepseekV3MoE never reads it, and init no longer does for deepseek_v3
+    "swiglu_limit string": (
+        {"model_type": "glm5_next_text", "swiglu_limit": "10"},
+        'swiglu_limit = "10"',
+    ),
     "dtype number": ({"torch_dtype": 16}, "torch_dtype = 16"),
     "dtype unknown": ({"torch_dtype": "float8_e4m3fn"}, 'torch_dtype = "float8_e4m3fn"'),
     "name_or_path number": ({"_name_or_path": 5}, "_name_or_path = 5"),
@@ -101,7 +106,10 @@ def test_a_value_of_the_wrong_type_names_its_key(case, tmp_path, capsys):
         ({"n_shared_experts": -1}, "model.n_shared_experts = -1"),
         ({"hidden_size": 2**70}, "model.hidden_size = 1180591620717411303424"),
         ({"routed_scaling_factor": 0}, "router.routed_scaling_factor = 0"),
-        ({"swiglu_limit": -3.0}, "activation.swiglu_limit = -3.0"),
+        (  # a model type whose block clamps (deepseek_v3's never reads swiglu_limit)
+            {"model_type": "glm5_next_text", "swiglu_limit": -3.0},
+            "activation.swiglu_limit = -3.0",
+        ),
         (
             {"quantization_config": {**FP8, "activation_scheme": "static"}},
             'quant.activation_scheme = "static"',  # kept as written, not dropped

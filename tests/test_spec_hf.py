@@ -206,11 +206,13 @@ def test_init_name_and_set(tmp_path, capsys):
 
 
 def test_init_swiglu_limit_becomes_silu_clamped(tmp_path, capsys):
-    config = {**DEEPSEEK_V3, "swiglu_limit": 10.0}
+    """Where the model type's MoE block clamps (GLM-5-Next's; DeepSeek-V3's never does, see
+    tests/test_hf_families4.py)."""
+    config = {**DEEPSEEK_V3, "model_type": "glm5_next_text", "swiglu_limit": 7.0}
     spec_path = tmp_path / "spec.toml"
     init(capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path))
     activation = load_spec(spec_path).spec.activation
-    assert (activation.kind, activation.swiglu_limit) == ("silu_clamped", 10.0)
+    assert (activation.kind, activation.swiglu_limit) == ("silu_clamped", 7.0)
 
 
 def test_init_per_tensor_fp8(tmp_path, capsys):
@@ -254,7 +256,7 @@ def test_init_per_tensor_fp8(tmp_path, capsys):
         ({"hidden_size": "7168"}, 'hidden_size = "7168": is a string, not an integer'),
         ({"routed_scaling_factor": -1.0}, "router.routed_scaling_factor = -1.0"),
         ({"routed_scaling_factor": 10**400}, "routed_scaling_factor = 1000"),  # over a float
-        ({"swiglu_limit": 10**400}, "swiglu_limit = 1000"),
+        ({"model_type": "glm5_next_text", "swiglu_limit": 10**400}, "swiglu_limit = 1000"),
         (
             {"quantization_config": {**FP8, "weight_block_size": [128, 128, 128]}},
             "quant.weight_block",

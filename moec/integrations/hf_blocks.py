@@ -60,7 +60,8 @@ _NOAUX = Fixed("router.topk_method", "noaux_tc", "always chooses as noaux_tc, wi
 _V3_LIKE = (_SIGMOID, _NOAUX)
 _SOFTMAX = Fixed("router.scoring_func", "softmax", "always scores with a softmax")
 _GREEDY = Fixed("router.topk_method", "greedy", "always chooses the top-k, without a bias")
-_V2_LIKE = (_SOFTMAX, Fixed("router.norm_topk_prob", False, "never renormalizes the top-k weights"))
+_NEVER_RENORMALIZES = "never renormalizes the top-k weights"
+_V2_LIKE = (_SOFTMAX, Fixed("router.norm_topk_prob", False, _NEVER_RENORMALIZES))
 _RENORMALIZED = Fixed("router.norm_topk_prob", True, "always renormalizes the top-k weights")
 _UNGROUPED = (
     Fixed("router.n_group", 1, "chooses among all experts, ungrouped"),
@@ -77,19 +78,17 @@ def _v3(model: str, prefix: str, block: str = "MoE", extra: tuple[Fixed, ...] = 
     return Block(module, f"{prefix}{block}", f"{prefix}TopkRouter", (*_V3_LIKE, *extra))
 
 
-def _top_k(model: str, prefix: str, extra: tuple[Fixed, ...] = ()) -> Block:
-    """A softmax top-k block without a shared expert (Mixtral's, Qwen3-MoE's, OLMoE's)."""
-    fixed = (
-        _SOFTMAX,
-        _GREEDY,
-        *_UNGROUPED[:2],
-        Fixed("router.routed_scaling_factor", 1.0, "never scales the top-k weights"),
-        _NO_SHARED,
-        *extra,
-    )
-    return Block(
-        f"{model}.modeling_{model}", f"{prefix}SparseMoeBlock", f"{prefix}TopKRouter", fixed
-    )
+_NEVER_SCALES = Fixed("router.routed_scaling_factor", 1.0, "never scales the top-k weights")
+
+
+def _top_k(
+    model: str, prefix: str, extra: tuple[Fixed, ...] = (), block: str = "SparseMoeBlock"
+) -> Block:
+    """A softmax top-k block without a shared expert (Mixtral's, Qwen3-MoE's, OLMoE's, and
+    Granite's, which takes the softmax of the top-k logits: the same weights)."""
+    fixed = (_SOFTMAX, _GREEDY, *_UNGROUPED[:2], _NEVER_SCALES, _NO_SHARED, *extra)
+    module = f"{model}.modeling_{model}"
+    return Block(module, f"{prefix}{block}", f"{prefix}TopKRouter", fixed)
 
 
 BLOCKS = (
@@ -176,6 +175,20 @@ BLOCKS = (
     _top_k("mixtral", "Mixtral", (_RENORMALIZED,)),
     _top_k("qwen3_moe", "Qwen3Moe"),
     _top_k("olmoe", "Olmoe"),
+    _top_k("minimax", "MiniMax", (_RENORMALIZED,)),
+    _top_k("flex_olmo", "FlexOlmo"),
+    _top_k("mellum", "Mellum"),
+    _top_k("jamba", "Jamba", (Fixed("router.norm_topk_prob", False, _NEVER_RENORMALIZES),)),
+    _top_k("granitemoe", "GraniteMoe", (_RENORMALIZED,), "MoE"),
+    _top_k("granitemoe_swa", "GraniteMoeSWA", (_RENORMALIZED,), "MoE"),
+    _top_k("granitemoeshared", "GraniteMoeShared", (_RENORMALIZED,), "MoE"),
+    _top_k("granitemoehybrid", "GraniteMoeHybrid", (_RENORMALIZED,), "MoE"),
+    Block(
+        "lfm2_moe.modeling_lfm2_moe",
+        "Lfm2MoeSparseMoeBlock",
+        "Lfm2MoeTopKRouter",
+        (_SIGMOID, *_UNGROUPED[:2], _NO_SHARED),
+    ),
     Block(
         "minimax_m2.modeling_minimax_m2",
         "MiniMaxM2SparseMoeBlock",
@@ -189,7 +202,9 @@ BLOCKS = (
     ),
 )
 """Every block patch_model replaces (Kimi-K2 and Kimi-K2.5 hold DeepseekV3MoE blocks, Sarvam's
-sarvam_mla DeepseekV3MoE ones and sarvam_moe Glm4MoeMoE ones; GLM-4.6V holds GLM-4.5V's)."""
+sarvam_mla DeepseekV3MoE ones and sarvam_moe Glm4MoeMoE ones; GLM-4.6V holds GLM-4.5V's).
+Granite's shared_mlp, Jamba's and GraniteMoeHybrid's Mamba layers sit beside the MoE blocks and
+stay transformers' own."""
 ROUTER_KEYS = ("transformers", "config")
 """patch_model's `router_keys`: follow what the transformers block computes, or the config."""
 

@@ -9,7 +9,8 @@ Kimi-K2.5 and Sarvam; `DeepseekV2Moe`, `DeepseekV32MoE`, `Glm4MoeMoE`, DeepSeek-
 `DeepseekV4SparseMoeBlock`, and the copies of them in dots1, GLM-4.7-Flash, GLM-5, Solar-Open,
 GLM-4.5V / 4.6V, GLM-5-Next, Kimi-Linear, Ling, EXAONE-MoE, MiMo-V2-Flash, DeepSeek-OCR-2,
 AFMoE, MiniMax-M2, Hunyuan, HY-V3, A.X-K2, Mistral-4, Mistral-Large-4 and Unlimited-OCR,
-and the softmax top-k blocks of Mixtral, Qwen3-MoE and OLMoE:
+MiniCPM-5 and Beam, the softmax top-k blocks of Mixtral, MiniMax, Qwen3-MoE, OLMoE, FlexOlmo,
+Mellum, Jamba and the four Granite MoE models, and LFM2-MoE's sigmoid one:
 hf_blocks.BLOCKS) with a `MoecMoE`. The spec is built once; each block's weights (transformers' own state-dict names) go into that block's
 own `MoELayer`, quantized on load when the spec asks for fp8, and the transformers block is
 dropped at once: the model never holds two copies of more than one layer's experts.
@@ -510,7 +511,8 @@ def _config_spec_data(config, layer_type: str = "moe") -> dict:
     """Spec data from a loaded model's (text) config, for DeepSeek-V4 of its `layer_type`
     layers."""
     kind = layer_type if config.model_type == "deepseek_v4" else None
-    return spec_data_from_config(config.to_dict(), layer_type=kind)
+    # the config's reading: the block's (follow_block) is applied on top, with its warning
+    return spec_data_from_config(config.to_dict(), layer_type=kind, clamp_as="config")
 
 
 def _runtime_problems(spec: dict, dtype: torch.dtype, device: torch.device) -> list[Problem]:

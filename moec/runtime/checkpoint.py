@@ -67,6 +67,7 @@ _UNPICKLE_ERRORS += (AttributeError, ImportError)
 LAYER_NAME = re.compile(
     r"(router\.)?gate\.(weight|e_score_correction_bias|expert_bias|bias|tid2eid)$"
     r"|gate\.wg\.weight$|(e_score_correction|expert)_bias$|(shared_)?experts\.|shared_mlp\."
+    r"|router\.(layer\.)?weight$|(input|output)_linear\.weight$"  # Granite's, Jamba's
 )
 """How the names of an MoE layer start after its prefix: what a read without `expected`
 looks for before it suggests another prefix."""

@@ -12,8 +12,11 @@ gate.bias for the correction bias, experts.{e}.{w1,w3,w2}.weight (gate, up, down
 shared_experts.{w1,w3,w2}.weight (+ .scale). A hash router's table: gate.tid2eid [V, K], the
 experts of each token id. Other DeepSeek-style checkpoints name the router and its bias
 otherwise: router.gate.weight and expert_bias (AFMoE), gate.expert_bias (Ling, Sarvam-MoE), the
-bias beside the gate as e_score_correction_bias (EXAONE-MoE, MiniMax-M2); Hunyuan's router
-gate.wg.weight and its shared expert shared_mlp.{gate,up,down}_proj.weight.
+bias beside the gate as e_score_correction_bias (EXAONE-MoE, MiniMax-M2, LFM2-MoE); Hunyuan's
+router gate.wg.weight and its shared expert shared_mlp.{gate,up,down}_proj.weight; Granite's
+router.weight (router.layer.weight in its checkpoints, Jamba's router.weight) and its fused
+experts input_linear.weight [E, 2I, H] and output_linear.weight [E, H, I] (transformers'
+experts.gate_up_proj and experts.down_proj under their checkpoint names).
 
 Every expert becomes w13 = [gate; up] [2I, H] and w2 = down [H, I] in its `WeightFormat`; with
 tensor parallelism each rank keeps 1/tp of every intermediate, with expert parallelism its own
@@ -36,8 +39,23 @@ _EXPERT = re.compile(rf"experts\.(\d+)\.{_PROJ}\.{_FIELD}")
 _SHARED = re.compile(rf"(?:shared_experts|shared_mlp)\.{_PROJ}\.{_FIELD}")
 _PROJECTIONS = {"w1": "gate", "w3": "up", "w2": "down"}
 """DeepSeek's names of the gated MLP's projections."""
-_GATE_NAMES = ("gate.weight", "router.gate.weight", "gate.wg.weight")
-"""The router weight's names: HF's and DeepSeek's, AFMoE's, Hunyuan's."""
+_GATE_NAMES = (
+    "gate.weight",
+    "router.gate.weight",
+    "gate.wg.weight",
+    "router.weight",
+    "router.layer.weight",
+)
+"""The router weight's names: HF's and DeepSeek's, AFMoE's, Hunyuan's, Granite's and Jamba's,
+Granite's checkpoints'."""
+_FUSED_NAMES = {
+    "experts.gate_up_proj": "experts.gate_up_proj",
+    "experts.down_proj": "experts.down_proj",
+    "input_linear.weight": "experts.gate_up_proj",
+    "output_linear.weight": "experts.down_proj",
+}
+"""The fused experts' names -> transformers' in-memory name of the same tensor (Granite's
+checkpoints store them as input_linear / output_linear)."""
 _BIAS_NAMES = (
     "gate.e_score_correction_bias",
     "gate.bias",
@@ -249,12 +267,11 @@ def _collect(tensors, prefix: str, logical: set[int], spec: LayerWeights):
                 put("bias", tensor, name)
             else:
                 problems.append(f"{prefix}{name}: unexpected (this router has no correction bias)")
-        elif name in ("experts.gate_up_proj", "experts.down_proj"):
+        elif name in _FUSED_NAMES:
             if tensor.dim() != 3 or tensor.shape[0] != spec.routed_experts:
                 inter, hidden = spec.intermediate, spec.hidden
-                rows, cols = (
-                    (2 * inter, hidden) if name.endswith("gate_up_proj") else (hidden, inter)
-                )
+                gate_up = _FUSED_NAMES[name].endswith("gate_up_proj")
+                rows, cols = (2 * inter, hidden) if gate_up else (hidden, inter)
                 problems.append(
                     f"{prefix}{name}: shape {list(tensor.shape)}, expected "
                     f"[{spec.routed_experts}, {rows}, {cols}] (a matrix of each routed expert)"
@@ -279,10 +296,11 @@ def _collect(tensors, prefix: str, logical: set[int], spec: LayerWeights):
 
 
 def _split_fused(put, name: str, fused: torch.Tensor, logical: set[int]) -> None:
-    """transformers' fused in-memory experts -> the gate / up / down weights of the experts
-    this rank holds (an id beyond the tensor is left missing, to be reported)."""
+    """transformers' fused in-memory experts (or Granite's checkpoint names of them) -> the
+    gate / up / down weights of the experts this rank holds (an id beyond the tensor is left
+    missing, to be reported)."""
     for expert in sorted(e for e in logical if e < fused.shape[0]):
-        if name.endswith("gate_up_proj"):
+        if _FUSED_NAMES[name].endswith("gate_up_proj"):
             half = fused.shape[1] // 2
             put(("expert", expert, "gate", "weight"), fused[expert, :half], f"{name}[{expert}]")
             put(("expert", expert, "up", "weight"), fused[expert, half:], f"{name}[{expert}]")

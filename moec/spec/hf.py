@@ -1,7 +1,11 @@
 """`moec init --from-hf`: a spec from a HF `config.json` of a DeepSeek-style MoE model
 (DeepSeek-V2, V2-Lite, V3/R1, V3.2, V4, Kimi-K2, Kimi-K2.5, GLM-4.5 and the other model types of
-hf_families.FAMILIES and WRAPPERS, softmax top-k ones such as Mixtral, Qwen3-MoE and OLMoE
-among them; those of hf_refused.REFUSED_TYPES are refused by name).
+hf_families.FAMILIES and WRAPPERS, softmax top-k ones such as Mixtral, Qwen3-MoE, OLMoE, Jamba
+and Granite among them; those of hf_refused.REFUSED_TYPES are refused by name).
+
+The spec describes what the model type's transformers MoE block computes: a config key that
+the block never reads (a DeepSeek-V3 config's swiglu_limit), or one of a module beside the
+block (Granite's shared_mlp), is not followed, and a comment above the spec's keys says so.
 
 The spec is written as TOML with the HF keys it came from, then checked like any other spec,
 so an imported config that moec cannot run is reported the same way.
@@ -46,8 +50,9 @@ def spec_from_hf(
     config_path = _config_file(Path(config_path))
     config = _read_json(config_path)
     set_keys = {item.partition("=")[0].strip() for item in overrides}
+    notes: list[str] = []  # config keys the spec does not follow, and why
     try:
-        raw = spec_data_from_config(config, name, set_keys, layer_type)
+        raw = spec_data_from_config(config, name, set_keys, layer_type, notes=notes)
     except MoecError as error:
         raise MoecError(error.problems, str(config_path), kind=error.kind) from None
     raw, set_paths = apply_overrides(raw, overrides, str(config_path))
@@ -57,7 +62,7 @@ def spec_from_hf(
         shipped_schema_path(),
         Path(schema_relative_to).resolve().parent if schema_relative_to else Path.cwd(),
     )
-    return _to_toml(raw, config_path.name, config.get("model_type", "?"), schema)
+    return _to_toml(raw, config_path.name, config.get("model_type", "?"), schema, notes)
 
 
 def written_by_init(data: bytes) -> bool:
@@ -127,13 +132,21 @@ def spec_data_from_config(
     name: str | None = None,
     set_keys: set[str] | frozenset = frozenset(),
     layer_type: str | None = None,
+    clamp_as: str = "block",
+    notes: list[str] | None = None,
 ) -> dict[str, Any]:
     """Spec data (as parsed from TOML) for a HF DeepSeek-family config dict.
 
     Every value is type-checked, naming its config key; values are copied as written, never
     coerced or repaired (ranges are the spec's to check, with the same key names). A key whose
     spec key `set_keys` (the --set keys) overrides is not checked. `layer_type` picks one of
-    DeepSeek-V4's MoE layer types; hash-routed layers are refused by key."""
+    DeepSeek-V4's MoE layer types; hash-routed layers are refused by key.
+
+    `clamp_as`: "block" (init's) clamps the SwiGLU where the model type's MoE block does
+    (Family.clamps: DeepSeek-V4's, GLM-5-Next's), so that a config's swiglu_limit that the
+    block never reads is not followed (one sentence saying so goes to `notes`); "config"
+    clamps at any swiglu_limit the config writes, as SGLang's runner does (patch_model's
+    reading, which then follows the block itself unless router_keys="config")."""
     if not isinstance(config, dict):
         raise MoecError(
             [problem("--from-hf", "is not a JSON object", "a HF config.json")], kind="usage"
@@ -174,11 +187,13 @@ def spec_data_from_config(
     hf_refused.check_keys(reader, source.model_type)
     raw: dict[str, Any] = {"name": name or _name_from(outer)}
     raw.update(model=_model_from(reader, family), router=_router_from(reader, family))
+    if notes is not None:
+        notes.extend(_beside_notes(reader, family))
     if layer_type == "hash_moe":  # tid2eid[token_id] chooses: a table of vocab_size rows
         raw["router"]["topk_method"] = "hash"
         raw["model"]["vocab_size"] = reader.integer("vocab_size", "model.vocab_size", required=True)
     raw["quant"] = _quant_from(hf_families.reader_of(source, "quantization_config"), reader)
-    activation = _activation_from(reader, family)
+    activation = _activation_from(reader, family, clamp_as, source.model_type, notes)
     if activation:
         raw["activation"] = activation
     dtype_holder = hf_families.reader_of(source, "torch_dtype", "dtype")
@@ -230,7 +245,21 @@ def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
     router["norm_topk_prob"] = family.norm_topk_prob if norm is None else norm
     scaling = _family_value(reader, family, "routed_scaling_factor", reader.number)
     router["routed_scaling_factor"] = family.routed_scaling_factor if scaling is None else scaling
+    if family.bias_key is not None:  # a router without its correction bias: the plain top-k
+        if reader.boolean(family.bias_key, "router.topk_method") is False:
+            router["topk_method"] = "greedy"
     return router
+
+
+def _beside_notes(reader: ConfigReader, family: Family) -> list[str]:
+    """A sentence for each key of a module beside the MoE block that the config sets (not 0)."""
+    notes = []
+    for key, what in family.beside.items():
+        value = reader.config.get(key)
+        if value is not None and value != 0:
+            shown = f" = {value}" if type(value) is int and abs(value) < 10**18 else ""
+            notes.append(f"{reader.prefix}{key}{shown} {what}")
+    return notes
 
 
 def _family_value(reader: ConfigReader, family: Family, key: str, read) -> Any:
@@ -241,17 +270,43 @@ def _family_value(reader: ConfigReader, family: Family, key: str, read) -> Any:
     return read(family.key(reader, key), f"router.{key}")
 
 
-def _activation_from(reader: ConfigReader, family: Family) -> dict[str, Any] | None:
-    """silu_clamped with a (non-zero) swiglu_limit (left out: the family's default), else None
-    (silu); another hidden_act is reported."""
-    limit = reader.number("swiglu_limit", "activation")
-    limit = family.swiglu_limit if limit is None else limit
+def _activation_from(
+    reader: ConfigReader,
+    family: Family,
+    clamp_as: str,
+    model_type: str,
+    notes: list[str] | None,
+) -> dict[str, Any] | None:
+    """silu_clamped with a (non-zero) swiglu_limit (left out: the family's default) where the
+    family's block clamps or `clamp_as` is "config", else None (silu); another hidden_act is
+    reported. A swiglu_limit the block never reads is a sentence in `notes`."""
     act = reader.text("hidden_act", "activation")
-    if limit:  # 0 is how configs say "no clamp"; a negative limit is the spec's to reject
-        return {"kind": "silu_clamped", "swiglu_limit": limit}
+    if family.clamps or clamp_as == "config":
+        limit = reader.number("swiglu_limit", "activation")
+        limit = family.swiglu_limit if limit is None else limit
+        if limit:  # 0 is how configs say "no clamp"; a negative limit is the spec's to reject
+            return {"kind": "silu_clamped", "swiglu_limit": limit}
+    elif notes is not None and not reader.overridden("activation"):
+        _note_unread_limit(reader, model_type, notes)
     if act not in (None, "silu") and not reader.overridden("activation"):
         reader.report("hidden_act", act, "is not a gated activation moec knows", '"silu"')
     return None
+
+
+def _note_unread_limit(reader: ConfigReader, model_type: str, notes: list[str]) -> None:
+    """A sentence in `notes` for a swiglu_limit (not 0) that the model type's block never
+    reads: transformers' and DeepSeek's own code compute silu, SGLang's runner clamps."""
+    limit = reader.config.get("swiglu_limit")
+    if limit is None or limit == 0:
+        return
+    number = isinstance(limit, (int, float)) and not isinstance(limit, bool)
+    shown = f" = {limit!r}" if number and abs(limit) < 1e300 else ""  # not nan, inf, 10**400
+    notes.append(
+        f"{reader.prefix}swiglu_limit{shown} is not followed: transformers' {model_type} MoE "
+        "block never clamps its SwiGLU (it reads no swiglu_limit), so this layer computes "
+        "silu; --set activation.kind=silu_clamped --set activation.swiglu_limit=... clamps, "
+        "as SGLang's runner does"
+    )
 
 
 def _quant_from(reader: ConfigReader, moe: ConfigReader) -> dict[str, Any]:
@@ -329,8 +384,13 @@ def _name_from(reader: ConfigReader) -> str:
     return name
 
 
-def _to_toml(raw: dict[str, Any], config_name: str, model_type: str, schema: str) -> str:
-    out = [f"name = {_value(raw['name'])}"]
+def _to_toml(
+    raw: dict[str, Any], config_name: str, model_type: str, schema: str, notes: list[str]
+) -> str:
+    """The spec's TOML text; each of `notes` (a config key the spec does not follow, and why)
+    a comment line above the keys."""
+    out = [f"# {note}." for note in notes]
+    out.append(f"name = {_value(raw['name'])}")
     out.extend(  # top-level keys other than name and the tables: from --set (description)
         f"{key} = {_value(value)}"
         for key, value in raw.items()

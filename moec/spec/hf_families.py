@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from moec.errors import problem
 from moec.spec.hf_values import ConfigReader
@@ -29,11 +29,24 @@ class Family:
     n_group: int = 1
     topk_group: int = 1
     swiglu_limit: float | None = None
-    """The clamp of a config that leaves `swiglu_limit` out (GLM-5-Next: 10); None: none."""
+    """The clamp of a config that leaves `swiglu_limit` out (DeepSeek-V4, GLM-5-Next: 10);
+    None: the model type's MoE block never clamps (it reads no swiglu_limit), whatever the
+    config says."""
     keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """DeepSeek's name of a key -> the names this model type's config takes for it (the
     names transformers reads, its `attribute_map` included); a key not here is DeepSeek's; no
     name: the model type has no such key (its MoE block fixes the value, the default)."""
+    bias_key: str | None = None
+    """The boolean key that says whether the router has a correction bias (LFM2-MoE's
+    use_expert_bias): false makes `topk_method` greedy, without one."""
+    beside: Mapping[str, str] = field(default_factory=dict)
+    """A config key of a module beside the MoE block, which the spec does not describe ->
+    what it is (Granite's shared_mlp), noted in the spec init writes when the config sets it."""
+
+    @property
+    def clamps(self) -> bool:
+        """Whether the model type's MoE block clamps its SwiGLU at the config's swiglu_limit."""
+        return self.swiglu_limit is not None
 
     def reads(self, name: str) -> bool:
         """Whether this model type's config has a key for DeepSeek's `name`."""
@@ -78,6 +91,32 @@ _TOP_K_ONLY = dict.fromkeys(
 )
 """The routing keys of a plain softmax top-k router (Mixtral, Qwen3-MoE, OLMoE): none."""
 _SOFTMAX_TOP_K = {**_TOP_K_ONLY, "n_shared_experts": ()}
+_MIXTRAL = Family(
+    "softmax",
+    "greedy",
+    True,
+    0,
+    keys={
+        **_SOFTMAX_TOP_K,
+        "n_routed_experts": ("num_local_experts", "num_experts"),
+        "moe_intermediate_size": ("intermediate_size",),
+        "norm_topk_prob": (),
+    },
+)
+"""Mixtral's block: softmax top-k, always renormalized, experts intermediate_size wide."""
+_GRANITE_SHARED = (
+    "is the width of the decoder layer's shared_mlp, which transformers adds beside the MoE "
+    "block this spec describes (patch_model leaves it transformers' own)"
+)
+_GRANITE = Family(
+    "softmax",
+    "greedy",
+    True,
+    0,
+    keys={**_MIXTRAL.keys, "n_routed_experts": ("num_local_experts",)},
+)
+"""Granite's block: the softmax of the top-k logits, which is the renormalized top-k of the
+softmax (Mixtral's), under Granite's names."""
 FAMILIES = {
     "deepseek_v2": _V2,
     "deepseek_v3": _V3,
@@ -198,18 +237,8 @@ FAMILIES = {
     ),
     # softmax over all experts, then the top-k (renormalized: always for Mixtral, as
     # norm_topk_prob says for Qwen3-MoE and OLMoE), no shared expert
-    "mixtral": Family(
-        "softmax",
-        "greedy",
-        True,
-        0,
-        keys={
-            **_SOFTMAX_TOP_K,
-            "n_routed_experts": ("num_local_experts", "num_experts"),
-            "moe_intermediate_size": ("intermediate_size",),
-            "norm_topk_prob": (),
-        },
-    ),
+    "mixtral": _MIXTRAL,
+    "minimax": _MIXTRAL,  # its block is Mixtral's (router_jitter_noise acts in training only)
     "qwen3_moe": Family(
         "softmax",
         "greedy",
@@ -226,6 +255,55 @@ FAMILIES = {
             **_SOFTMAX_TOP_K,
             "n_routed_experts": ("num_experts", "num_local_experts"),
             "moe_intermediate_size": ("intermediate_size",),
+        },
+    ),
+    # the top-k of the softmax, renormalized as norm_topk_prob says (FlexOlmo: OLMoE's
+    # block and default, Mellum: Qwen3-MoE's block, renormalized by default), or never (Jamba)
+    "flex_olmo": Family(
+        "softmax",
+        "greedy",
+        False,
+        0,
+        keys={
+            **_SOFTMAX_TOP_K,
+            "n_routed_experts": ("num_experts", "num_local_experts"),
+            "moe_intermediate_size": ("intermediate_size",),
+        },
+    ),
+    "mellum": Family(
+        "softmax",
+        "greedy",
+        True,
+        0,
+        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_local_experts", "num_experts")},
+    ),
+    "jamba": Family(
+        "softmax",
+        "greedy",
+        False,
+        0,
+        keys={
+            **_MIXTRAL.keys,
+            "n_routed_experts": ("num_experts", "num_local_experts"),
+            "norm_topk_prob": (),
+        },
+    ),
+    "granitemoe": _GRANITE,
+    "granitemoe_swa": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
+    "granitemoeshared": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
+    "granitemoehybrid": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
+    # sigmoid top-k, ungrouped, with the correction bias as use_expert_bias says (noaux_tc with
+    # one group, or greedy); renormalized by sum + 1e-6: refused (hf_refused), unless false
+    "lfm2_moe": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        0,
+        bias_key="use_expert_bias",
+        keys={
+            **dict.fromkeys(("scoring_func", "topk_method", "n_group", "topk_group"), ()),
+            "n_routed_experts": ("num_experts",),
+            "n_shared_experts": (),
         },
     ),
 }

@@ -2,10 +2,13 @@
 a supported one compute what moec's layer cannot (each refused naming its key, never dropped).
 
 A type is refused where transformers' MoE block does math moec's spec cannot say: a different
-router (softmax scores with a correction bias, clamped renormalization), zero-computation
-experts, a clamp after the activation, per-layer limits, a gated shared expert, tokens dropped
-past a capacity, or no MoE layer at all; and, by the name of its block, each other MoE of
-transformers that moec has not been checked against.
+router (softmax scores with a correction bias, clamped renormalization, a normalized input, a
+logit bias), zero-computation experts, a clamp after the activation, per-layer limits, a gated
+or router-weighted shared expert, a norm per expert, ungated experts, transposed expert
+weights, tokens dropped past a capacity, or no MoE layer at all; and, by the name of its block,
+each other MoE of transformers that moec has not been checked against. A key whose value
+changes the math (KEY_CHECKS), or leaves the model no MoE layer (NO_MOE_LAYERS), is refused by
+key.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from moec.errors import problem
 from moec.spec.hf_values import ConfigReader
 
 _SOFTMAX_BIAS = (
@@ -46,72 +50,66 @@ _ENCODER_DECODER = (
     "is an encoder-decoder whose routers drop the tokens past each expert's capacity "
     "(expert_capacity); moec's layer computes every token"
 )
+_KOLIBRI = (
+    "chooses experts on the router logits plus a correction bias, before the sigmoid; moec's "
+    "noaux_tc adds the bias to the sigmoid scores"
+)
+_ERNIE = (
+    f"{_SOFTMAX_BIAS} (moe_statics), and renormalizes the top-k weights by max(sum, moe_norm_min)"
+)
+_ERNIE_VL = f"routes text and image tokens to separate experts (text_moe, vision_moe), and {_ERNIE}"
+_ARIA = (
+    "stores its routed experts transposed (experts.gate_up_proj [E, H, 2I], experts.down_proj "
+    "[E, I, H]), a layout moec's load_weights does not read"
+)
+_GEMMA4 = (
+    "normalizes its router's input (an RMSNorm, then a learned scale) and multiplies each chosen "
+    "expert's weight by a learned per_expert_scale, which moec's router does not"
+)
+_INKLING = (
+    "weights its shared experts per token by router scores (shared_gammas: the chosen and the "
+    "shared experts' log-sigmoid logits normalized together), where moec's shared experts are "
+    "unweighted"
+)
 _UNCHECKED = (
     "has an MoE block moec has not been checked against transformers' own ({block}), so "
     "init does not guess what it computes"
 )
 UNCHECKED_BLOCKS = {
-    "aria": "AriaTextMoELayer",
-    "aria_text": "AriaTextMoELayer",
     "cohere2_moe": "Cohere2MoeSparseMoeBlock",
-    "diffusion_gemma": "DiffusionGemmaTextRouter",
-    "diffusion_gemma_text": "DiffusionGemmaTextRouter",
-    "ergo": "ErgoMoE",
-    "ernie4_5_vl_moe": "Ernie4_5_VLMoeMoeBlock",
-    "ernie4_5_vl_moe_text": "Ernie4_5_VLMoeMoeBlock",
-    "flex_olmo": "FlexOlmoSparseMoeBlock",
     "flint": "FlintSparseMoeBlock",
-    "gemma4": "Gemma4TextRouter",
-    "gemma4_text": "Gemma4TextRouter",
-    "granitemoe": "GraniteMoeMoE",
-    "granitemoe_swa": "GraniteMoeSWAMoE",
-    "granitemoehybrid": "GraniteMoeHybridMoE",
-    "granitemoeshared": "GraniteMoeSharedMoE",
-    "hy_v4_vl_text": "HYV4VLMoE",
-    "inkling_mm_model": "InklingMoE",
-    "inkling_text": "InklingMoE",
     "inkling2": "Inkling2SparseMoeBlock",
     "inkling2_text": "Inkling2SparseMoeBlock",
     "inkling2_loop": "Inkling2LoopSparseMoeBlock",
     "inkling2_loop_text": "Inkling2LoopSparseMoeBlock",
-    "jamba": "JambaSparseMoeBlock",
-    "kolibri1_1": "Kolibri1_1SparseMoeBlock",
     "lara_mini": "LaraMiniSparseMoeBlock",
-    "lfm2_moe": "Lfm2MoeSparseMoeBlock",
-    "mellum": "MellumSparseMoeBlock",
-    "minimax": "MiniMaxSparseMoeBlock",
     "minimax_m3_vl": "MiniMaxM3VLSparseMoeBlock",
     "minimax_m3_vl_text": "MiniMaxM3VLSparseMoeBlock",
-    "nemotron_h": "NemotronHMoE",
-    "openai_privacy_filter": "OpenAIPrivacyFilterTopKRouter",
     "qwen3_omni_moe": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
     "qwen3_omni_moe_thinker": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
     "qwen3_omni_moe_text": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
-    "qwen3_omni_moe_talker_text": "Qwen3OmniMoeTalkerTextSparseMoeBlock",
     "qwen3_vl_moe": "Qwen3VLMoeTextSparseMoeBlock",
     "qwen3_vl_moe_text": "Qwen3VLMoeTextSparseMoeBlock",
-    "zaya": "ZayaSparseMoeBlock",
 }
-"""The other MoE model types of transformers 5.24-5.25, refused until each is checked."""
+"""The other MoE model types of transformers 5.24-5.25, refused until each is checked (each
+block read, and computed or refused with its reason)."""
 REFUSED_TYPES = {
     "longcat_flash": (
         "routes tokens to zero-computation (identity) experts (zero_expert_num) beside its FFN "
         f"experts, and {_SOFTMAX_BIAS}"
     ),
-    "ernie4_5_moe": (
-        f"{_SOFTMAX_BIAS} (moe_statics), and renormalizes the top-k weights by "
-        "max(sum, moe_norm_min)"
-    ),
+    "ernie4_5_moe": _ERNIE,
+    "ernie4_5_vl_moe": _ERNIE_VL,
+    "ernie4_5_vl_moe_text": _ERNIE_VL,
     "step3p7": _STEP,
     "step3p5": _STEP,
     "youtu": "has no MoE layer: every layer is a dense MLP",
     "axk1": "normalizes the MoE block's output (post_mlp_layernorm), which moec's layer does not",
     "hy_v4": _HY_V4,
     "hy_v4_vl": _HY_V4,
-    "kolibri1": (
-        "chooses experts on the router logits plus a correction bias, before the sigmoid; moec's "
-        "noaux_tc adds the bias to the sigmoid scores"
-    ),
+    "hy_v4_vl_text": _HY_V4,
+    "kolibri1": _KOLIBRI,
+    "kolibri1_1": _KOLIBRI,
     "muse_spark_text": _MUSE,
     "muse_spark": _MUSE,
     "laguna": (
@@ -127,6 +125,31 @@ REFUSED_TYPES = {
     "qwen3_5_moe_text": _GATED_SHARED,
     "qwen4_exp": _GATED_SHARED,
     "qwen4_exp_text": _GATED_SHARED,
+    "qwen3_omni_moe_talker_text": _GATED_SHARED,
+    "aria": _ARIA,
+    "aria_text": _ARIA,
+    "ergo": (
+        "normalizes each routed expert's output by that expert's own RMSNorm (post_expert_norm) "
+        "before the weighted sum, which moec's experts do not"
+    ),
+    "gemma4": _GEMMA4,
+    "gemma4_text": _GEMMA4,
+    "diffusion_gemma": _GEMMA4,
+    "diffusion_gemma_text": _GEMMA4,
+    "inkling_mm_model": _INKLING,
+    "inkling_text": _INKLING,
+    "nemotron_h": (
+        "computes its experts as ungated MLPs, down(act(up(x))) with mlp_hidden_act (and may "
+        "project them to a latent width, moe_latent_size), where moec's are gated (SwiGLU)"
+    ),
+    "openai_privacy_filter": (
+        "adds a learned bias to its router logits (router.bias) before the top-k, which moec's "
+        "router has none of"
+    ),
+    "zaya": (
+        "routes through a router MLP whose state carries from layer to layer (router_states) "
+        "and may choose a skip expert that computes nothing"
+    ),
     "llama4": _LLAMA4,
     "llama4_text": _LLAMA4,
     "gpt_oss": (
@@ -163,9 +186,12 @@ class KeyCheck:
 
     key: str
     allowed: tuple[Any, ...]
-    """The values moec computes (absent and null are transformers' default, allowed)."""
+    """The values moec computes (absent and null are transformers' default: allowed, unless
+    `default` says otherwise)."""
     why: str
     hint: str
+    default: Any = None
+    """transformers' value of an absent key, where it is not one of `allowed` (None: it is)."""
 
 
 _MLP_BIAS = KeyCheck(
@@ -226,6 +252,17 @@ KEY_CHECKS = {
             "0, or leave it out",
         ),
     ),
+    "lfm2_moe": (
+        KeyCheck(
+            "norm_topk_prob",
+            (False,),
+            "renormalizes the top-k weights by their sum + 1e-6, where moec's norm_topk_prob "
+            "divides by the sum + 1e-20 (DeepSeek's): a relative difference of about 1e-6 / sum "
+            "in every weight, moec has no such epsilon",
+            "false",
+            default=True,
+        ),
+    ),
 }
 """model_type -> the keys checked (the MoE keys' reader: text_config for a wrapper)."""
 
@@ -247,10 +284,20 @@ def check_keys(reader: ConfigReader, model_type: str) -> None:
     for each per-layer SwiGLU limit (LAYER_LIMITS) that clamps."""
     for check in KEY_CHECKS.get(model_type, ()):
         value = reader.config.get(check.key)
-        if value is not None and not any(
+        if value is None and check.default is not None:  # transformers' default is refused
+            message = f"absent, so transformers' default {_literal(check.default)}, which"
+            reader.problems.append(
+                problem(reader.prefix + check.key, f"{message} {check.why}", check.hint)
+            )
+        elif value is not None and not any(
             value == allowed and type(value) is type(allowed) for allowed in check.allowed
         ):
             reader.report(check.key, value, check.why, check.hint)
+    no_moe = NO_MOE_LAYERS.get(model_type)
+    found = no_moe(reader) if no_moe is not None else None
+    if found is not None:
+        key, why = found
+        reader.report(key, reader.config[key], f"leaves the model no MoE layer: {why}", NO_MOE_HINT)
     for key in LAYER_LIMITS.get(model_type, ()):
         limits = reader.config.get(key)
         if limits is not None and not _all_zero(limits):
@@ -261,6 +308,41 @@ def check_keys(reader: ConfigReader, model_type: str) -> None:
                 "per-layer limits",
                 "a list of 0 (no clamp), or leave it out",
             )
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def _granite_hybrid_moe(reader: ConfigReader) -> tuple[str, str] | None:
+    """GraniteMoeHybrid without experts (num_local_experts 0): every MLP the dense shared_mlp."""
+    experts = reader.config.get("num_local_experts")
+    if type(experts) is int and experts == 0:
+        return "num_local_experts", "every layer's MLP is the dense shared_mlp"
+    return None
+
+
+def _jamba_moe(reader: ConfigReader) -> tuple[str, str] | None:
+    """Jamba's MoE layers are i % expert_layer_period == expert_layer_offset, each a
+    JambaSparseMoeBlock only when num_experts > 1 (else a dense JambaMLP)."""
+    experts = reader.config.get("num_experts", reader.config.get("num_local_experts"))
+    key = "num_experts" if "num_experts" in reader.config else "num_local_experts"
+    if type(experts) is int and experts == 1:
+        return key, "with one expert every layer's feed_forward is a dense JambaMLP"
+    layers = reader.config.get("num_hidden_layers", JAMBA_DEFAULTS["num_hidden_layers"])
+    offset = reader.config.get("expert_layer_offset", JAMBA_DEFAULTS["expert_layer_offset"])
+    if type(layers) is int and type(offset) is int and 0 <= layers <= offset:
+        return "num_hidden_layers", f"the MoE layers start at expert_layer_offset = {offset}"
+    return None
+
+
+JAMBA_DEFAULTS = {"num_hidden_layers": 32, "expert_layer_offset": 1}
+"""transformers' JambaConfig values of the keys a config leaves out."""
+NO_MOE_LAYERS = {"granitemoehybrid": _granite_hybrid_moe, "jamba": _jamba_moe}
+"""model_type -> (the key, why) where a config leaves the model without an MoE layer."""
+NO_MOE_HINT = "a config whose model has MoE layers"
 
 
 def _all_zero(limits: object) -> bool:
