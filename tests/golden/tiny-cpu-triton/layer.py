@@ -131,16 +131,10 @@ class MoELayer(nn.Module):
             raise ValueError(f"{NAME}: x must be [T, {HIDDEN}], got {list(x.shape)}")
         if x.dtype != DTYPE:
             raise ValueError(f"{NAME}: x must be {DTYPE}, got {x.dtype}")
-        devices = sorted({str(tensor.device) for tensor in self.parameters()})
-        if "meta" in devices:
-            self._refuse_meta("forward")
-        if len(devices) > 1:  # a load_state_dict(..., assign=True) of tensors elsewhere
-            raise ValueError(
-                f"{NAME}: the layer's parameters are on {' and '.join(devices)}: move "
-                "it to one device with .to(device)"
-            )
-        if str(x.device) != devices[0]:
-            raise ValueError(f"{NAME}: x is on {x.device}, the weights on {devices[0]}")
+        # one set of devices (a few us a call: the parameters are the layer's own, no submodules)
+        devices = {tensor.device for tensor in self._parameters.values()}
+        if len(devices) != 1 or x.device not in devices or x.is_meta:
+            self._refuse_devices(x, devices)
         if torch.compiler.is_compiling():
             # torch.compile sees one opaque op, as serving engines treat an MoE layer: its
             # fake gives the output's shape; the graph and CUDA graphs capture around it.
@@ -364,6 +358,17 @@ class MoELayer(nn.Module):
     def bfloat16(self) -> "MoELayer":
         self._keep_dtypes(torch.bfloat16, ".bfloat16()")
         return super().bfloat16()
+
+    def _refuse_devices(self, x: torch.Tensor, devices: set) -> None:
+        names = sorted(str(device) for device in devices)
+        if "meta" in names:
+            self._refuse_meta("forward")
+        if len(names) > 1:  # a load_state_dict(..., assign=True) of tensors elsewhere
+            raise ValueError(
+                f"{NAME}: the layer's parameters are on {' and '.join(names)}: move "
+                "it to one device with .to(device)"
+            )
+        raise ValueError(f"{NAME}: x is on {x.device}, the weights on {names[0]}")
 
     def _refuse_meta(self, call: str) -> None:
         if any(tensor.is_meta for tensor in self.parameters()):
