@@ -26,6 +26,7 @@ import importlib
 import json
 import re
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, get_args
 
@@ -256,7 +257,8 @@ def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list
                     f"has no DeepSeek MoE block to replace (a {type(model).__name__})",
                     "a transformers model of a DeepSeek-style MoE (moec init --from-hf lists "
                     "the model types)",
-                )
+                ),
+                *_why_no_block(model),
             ],
             kind="usage",
         )
@@ -279,6 +281,20 @@ def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list
             kind="usage",
         )
     return groups, block
+
+
+def _why_no_block(model: nn.Module) -> list[Problem]:
+    """The problems init --from-hf finds in the model's (text) config, under
+    "model.config.": a model type moec computes whose config leaves it no MoE layer
+    (first_k_dense_replace = num_hidden_layers) says so by key; empty when init finds none."""
+    config: Any = getattr(model, "config", None)
+    if not hasattr(config, "get_text_config"):
+        return []
+    try:
+        spec_data_from_config(config.get_text_config().to_dict(), clamp_as="config")
+    except MoecError as error:
+        return [replace(found, path=f"model.config.{found.path}") for found in error.problems]
+    return []
 
 
 def _refused_type(model: nn.Module) -> str | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from moec.errors import MoecError, problem
 from moec.resources import shipped_schema_path
-from moec.spec import hf_families, hf_refused
+from moec.spec import hf_families, hf_layers, hf_refused
 from moec.spec.hf_families import Family
 from moec.spec.hf_values import ConfigReader
 from moec.spec.loader import RepeatedKey, apply_overrides, check_raw, read_user_text, unique_keys
@@ -185,10 +185,12 @@ def spec_data_from_config(
     layer_type = hf_families.check_layer_type(source, layer_type)
     family, reader = hf_families.FAMILIES[source.model_type], source.reader
     hf_refused.check_keys(reader, source.model_type)
+    hf_layers.check_moe_layers(reader, source.model_type)
     raw: dict[str, Any] = {"name": name or _name_from(outer)}
     raw.update(model=_model_from(reader, family), router=_router_from(reader, family))
+    unused = _unused_groups(reader, family, raw["router"])
     if notes is not None:
-        notes.extend(_beside_notes(reader, family))
+        notes.extend(_beside_notes(reader, family) + unused)
     if layer_type == "hash_moe":  # tid2eid[token_id] chooses: a table of vocab_size rows
         raw["router"]["topk_method"] = "hash"
         raw["model"]["vocab_size"] = reader.integer("vocab_size", "model.vocab_size", required=True)
@@ -249,6 +251,24 @@ def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
         if reader.boolean(family.bias_key, "router.topk_method") is False:
             router["topk_method"] = "greedy"
     return router
+
+
+def _unused_groups(reader: ConfigReader, family: Family, router: dict[str, Any]) -> list[str]:
+    """Under greedy, a router that reads its groups only for group_limited_greedy
+    (Family.greedy_ignores_groups: DeepSeek-V2's, in transformers and DeepSeek's code) chooses
+    among all experts: n_group and topk_group become 1 (the spec's greedy takes no groups), and
+    one sentence says so. Empty when the config's groups are 1 already."""
+    groups = (router["n_group"], router["topk_group"])
+    if not family.greedy_ignores_groups or router["topk_method"] != "greedy":
+        return []
+    if groups == (1, 1) or not all(type(count) is int for count in groups):
+        return []
+    router["n_group"] = router["topk_group"] = 1
+    return [
+        f"{reader.prefix}n_group = {groups[0]} and topk_group = {groups[1]} are not followed: "
+        'with topk_method = "greedy" the router chooses among all experts (transformers\' '
+        "and DeepSeek's read the groups only for group_limited_greedy)"
+    ]
 
 
 def _beside_notes(reader: ConfigReader, family: Family) -> list[str]:

@@ -39,6 +39,9 @@ class Family:
     bias_key: str | None = None
     """The boolean key that says whether the router has a correction bias (LFM2-MoE's
     use_expert_bias): false makes `topk_method` greedy, without one."""
+    greedy_ignores_groups: bool = False
+    """Whether the router reads n_group / topk_group only for group_limited_greedy (DeepSeek-V2's),
+    so that a greedy config's groups are unused, not refused."""
     beside: Mapping[str, str] = field(default_factory=dict)
     """A config key of a module beside the MoE block, which the spec does not describe ->
     what it is (Granite's shared_mlp), noted in the spec init writes when the config sets it."""
@@ -73,7 +76,7 @@ class Family:
 _V3 = Family("sigmoid", "noaux_tc", True, 1, routed_scaling_factor=2.5, n_group=8, topk_group=4)
 _ONE_SHARED = Family("sigmoid", "noaux_tc", True, 1)
 _NO_SHARED = Family("sigmoid", "noaux_tc", True, 0)
-_V2 = Family("softmax", "greedy", False, 2)
+_V2 = Family("softmax", "greedy", False, 2, greedy_ignores_groups=True)
 _LINEAR_KEYS = {  # Kimi-Linear's and Ling's (bailing) names, as their config.json write them
     "n_routed_experts": ("num_experts",),
     "num_experts_per_tok": ("num_experts_per_token",),
@@ -157,9 +160,7 @@ FAMILIES = {
         topk_group=4,
         keys={**_LINEAR_KEYS, "scoring_func": ("score_function",)},
     ),
-    "deepseek_ocr2_text": Family(
-        "softmax", "greedy", False, 2, keys={"n_routed_experts": _BOTH_NAMES["n_routed_experts"]}
-    ),
+    "deepseek_ocr2_text": replace(_V2, keys={"n_routed_experts": _BOTH_NAMES["n_routed_experts"]}),
     # sigmoid top-k with a correction bias, ungrouped, renormalized: noaux_tc with one group
     "afmoe": Family(
         "sigmoid",
@@ -183,9 +184,7 @@ FAMILIES = {
             "moe_intermediate_size": ("intermediate_size",),
         },
     ),
-    "unlimited_ocr_text": Family(
-        "softmax", "greedy", False, 2, keys={"n_routed_experts": _BOTH_NAMES["n_routed_experts"]}
-    ),
+    "unlimited_ocr_text": replace(_V2, keys={"n_routed_experts": _BOTH_NAMES["n_routed_experts"]}),
     "axk2": Family("sigmoid", "noaux_tc", True, 1, 2.5),  # grouped: refused (hf_refused)
     "hy_v3": Family(
         "sigmoid",

@@ -200,6 +200,13 @@ _MLP_BIAS = KeyCheck(
     "gives the shared experts' projections biases, which moec's experts do not have",
     "false",
 )
+_V2_METHODS = KeyCheck(
+    "topk_method",
+    ("greedy", "group_limited_greedy"),
+    "is none of the two ways DeepSeek-V2's router chooses (greedy, group_limited_greedy): "
+    "transformers' computes no top-k weights for it",
+    '"greedy" or "group_limited_greedy"',
+)
 _MISTRAL_GROUPS = KeyCheck(
     "n_group",
     (1,),
@@ -215,9 +222,9 @@ _AXK2_GROUPS = KeyCheck(
     "1, or leave it out (ungrouped)",
 )
 KEY_CHECKS = {
-    "deepseek_v2": (_MLP_BIAS,),
-    "deepseek_ocr2_text": (_MLP_BIAS,),
-    "unlimited_ocr_text": (_MLP_BIAS,),
+    "deepseek_v2": (_MLP_BIAS, _V2_METHODS),
+    "deepseek_ocr2_text": (_MLP_BIAS, _V2_METHODS),
+    "unlimited_ocr_text": (_MLP_BIAS, _V2_METHODS),
     "hy_v3": (_MLP_BIAS,),
     "mistral4": (_MISTRAL_GROUPS,),
     "mistral_large4_text": (_MISTRAL_GROUPS,),
