@@ -153,12 +153,24 @@ VARIANTS = {
 """id -> (the config's keys, the keys taken out of the saved config.json)."""
 
 
+IMAGE_TEXT = ("kimi_k25", "qwen3_vl_moe")
+
+
 def _model_class(model_type: str):
     import transformers
 
-    if model_type == "kimi_k25":
+    if model_type == "qwen3_omni_moe_thinker":
+        return transformers.Qwen3OmniMoeThinkerForConditionalGeneration
+    if model_type in IMAGE_TEXT:
         return transformers.AutoModelForImageTextToText
     return transformers.AutoModelForCausalLM
+
+
+def _build(model_class, config):
+    """The model of `config` (the Qwen3-Omni thinker's class has no from_config)."""
+    if hasattr(model_class, "from_config"):
+        return model_class.from_config(config, dtype=torch.float32)
+    return model_class._from_config(config, dtype=torch.float32)
 
 
 def _config(keys: dict):
@@ -173,7 +185,7 @@ def save(keys: dict, folder, left_out=()) -> None:
     taken out of its config.json (of text_config's, for a wrapper)."""
     config = _config(keys)
     torch.manual_seed(0)
-    model = _model_class(config.model_type).from_config(config, dtype=torch.float32)
+    model = _build(_model_class(config.model_type), config)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
@@ -228,6 +240,133 @@ def test_config_variants_match_transformers(variant, tmp_path, cache_dir):
         assert load_spec(tmp_path / "spec.toml").spec.router.n_group == 1
 
 
+# --- model types of transformers that were refused as "not checked", now computed ---------
+#
+# Param2 (Glm4MoeMoE under its own model type), Qwen3-MoE's block in Qwen3-VL-MoE's text model
+# (through text_config) and in Qwen3-Omni-MoE's thinker (through its text_config), a top-k
+# router with a shared expert added in full: Cohere2-MoE (softmax of the top-k logits, or their
+# sigmoid), Flint (sigmoid) and Lara-Mini (softmax), whose shared expert is sized apart
+# (shared_expert_intermediate_size, a multiple of moe_intermediate_size: that many shared
+# experts) and named shared_expert (patch_model reads it as shared_experts).
+
+_DIMS = dict(
+    vocab_size=64,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    num_experts_per_tok=2,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    head_dim=32,
+)
+_QWEN3_TEXT = dict(
+    **_DIMS,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_experts=8,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]},
+)
+_QWEN3_VISION = dict(
+    depth=1,
+    hidden_size=32,
+    intermediate_size=32,
+    num_heads=2,
+    out_hidden_size=64,
+    patch_size=16,
+    spatial_merge_size=2,
+    deepstack_visual_indexes=[0],
+)
+_OMNI_AUDIO = dict(
+    num_mel_bins=16,
+    encoder_layers=1,
+    encoder_attention_heads=2,
+    encoder_ffn_dim=32,
+    d_model=32,
+    output_dim=64,
+    n_window=4,
+    downsample_hidden_size=16,
+)
+_COHERE = dict(
+    **_DIMS,
+    intermediate_size=32,
+    prefix_dense_intermediate_size=96,
+    num_experts=8,
+    mlp_layer_types=["dense", "sparse"],
+)
+_SHARED_APART = dict(**_DIMS, intermediate_size=96, moe_intermediate_size=32, num_experts=8)
+NEW_TYPES = {
+    "param2moe": dict(
+        **_DIMS,
+        model_type="param2moe",
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_shared_experts=2,
+        n_group=2,
+        topk_group=1,
+    ),
+    "qwen3_vl_moe": dict(
+        model_type="qwen3_vl_moe", text_config=_QWEN3_TEXT, vision_config=_QWEN3_VISION
+    ),
+    "qwen3_omni_moe_thinker": dict(
+        model_type="qwen3_omni_moe_thinker",
+        text_config={**_QWEN3_TEXT, "norm_topk_prob": False},
+        vision_config=_QWEN3_VISION,
+        audio_config=_OMNI_AUDIO,
+    ),
+    "cohere2_moe softmax": dict(**_COHERE, model_type="cohere2_moe", norm_topk_prob=False),
+    "cohere2_moe sigmoid, shared experts summed": dict(
+        **_COHERE,
+        model_type="cohere2_moe",
+        expert_selection_fn="sigmoid",
+        num_shared_experts=2,
+        shared_expert_combination_strategy="sum",
+    ),
+    "cohere2_moe sigmoid unnormalized": dict(
+        **_COHERE,
+        model_type="cohere2_moe",
+        expert_selection_fn="sigmoid",
+        norm_topk_prob=False,
+        num_shared_experts=1,
+        shared_expert_combination_strategy="sum",
+    ),
+    "flint": dict(  # its default mlp_only_layers: [0, 1]
+        **{**_SHARED_APART, "num_hidden_layers": 3},
+        model_type="flint",
+        shared_expert_intermediate_size=64,
+        mlp_only_layers=[0],
+        norm_topk_prob=False,
+    ),
+    "lara_mini": dict(**_SHARED_APART, model_type="lara_mini", shared_expert_intermediate_size=32),
+}
+
+
+@pytest.mark.parametrize("model", sorted(NEW_TYPES))
+def test_model_types_once_not_checked_match_transformers(model, tmp_path, cache_dir):
+    save(NEW_TYPES[model], tmp_path)
+    spec = load_spec(hf_oracle.init_spec(tmp_path)).spec
+    shared = {"flint": 2, "lara_mini": 1}.get(model, NEW_TYPES[model].get("num_shared_experts"))
+    assert spec.model.n_shared_experts == (shared or 0)
+    check_patched_model(tmp_path, cache_dir)
+
+
+def test_cohere2_softmax_of_top_k_is_renormalized(tmp_path, capsys):
+    """Cohere2-MoE's softmax of the top-k logits sums to 1 whatever norm_topk_prob says."""
+    from test_spec_hf import init, write_config
+
+    config = {**_COHERE, "model_type": "cohere2_moe", "norm_topk_prob": False}
+    spec_path = tmp_path / "spec.toml"
+    code, _, err = init(
+        capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path)
+    )
+    assert (code, err) == (0, "")
+    router = load_spec(spec_path).spec.router
+    assert (router.scoring_func, router.norm_topk_prob) == ("softmax", True)
+
+
 def _refused(tmp_path, capsys, config) -> str:
     from test_spec_hf import init, write_config
 
@@ -275,6 +414,28 @@ _ALL_DENSE = "leaves the model no MoE layer"
             _mla("deepseek_v3", hidden_act="gelu"),
             'hidden_act = "gelu": is not a gated activation moec knows',
         ),
+        (
+            {**_COHERE, "model_type": "cohere2_moe", "num_shared_experts": 1},
+            'shared_expert_combination_strategy: absent, so transformers\' default "average", '
+            "which adds the shared experts as (routed + shared) / 2",
+        ),
+        (
+            {**_SHARED_APART, "model_type": "flint", "shared_expert_intermediate_size": 48},
+            "shared_expert_intermediate_size = 48: is no multiple of moe_intermediate_size = 32",
+        ),
+        (
+            {**_SHARED_APART, "model_type": "flint", "shared_expert_intermediate_size": 64},
+            "mlp_only_layers: absent, so transformers' default, which leaves the model no MoE "
+            "layer: with 2 layers, mlp_only_layers = [0, 1]",
+        ),
+        (
+            {**_QWEN3_TEXT, "model_type": "qwen3_moe", "decoder_sparse_step": 4},
+            "decoder_sparse_step = 4: leaves the model no MoE layer",
+        ),
+        (
+            {"model_type": "qwen3_omni_moe", "thinker_config": {}},
+            "holds two MoE text models, its thinker's",
+        ),
     ],
     ids=[
         "v3 all dense",
@@ -284,6 +445,11 @@ _ALL_DENSE = "leaves the model no MoE layer"
         "kimi_k25 all dense",
         "v2 noaux_tc",
         "v3 gelu",
+        "cohere2_moe averaged shared experts",
+        "flint shared expert no multiple",
+        "flint all dense by default",
+        "qwen3_moe sparse step past the layers",
+        "qwen3_omni_moe two MoE models",
     ],
 )
 def test_configs_moec_does_not_compute_are_refused_by_key(config, fragment, tmp_path, capsys):

@@ -179,6 +179,29 @@ BLOCKS = (
     _top_k("flex_olmo", "FlexOlmo"),
     _top_k("mellum", "Mellum"),
     _top_k("jamba", "Jamba", (Fixed("router.norm_topk_prob", False, _NEVER_RENORMALIZES),)),
+    _top_k("qwen3_vl_moe", "Qwen3VLMoeText", (_RENORMALIZED,)),
+    replace(
+        _top_k("qwen3_omni_moe", "Qwen3OmniMoeThinkerText"),
+        router="Qwen3OmniMoeThinkerTextTopKRouter",
+    ),
+    Block(
+        "cohere2_moe.modeling_cohere2_moe",
+        "Cohere2MoeSparseMoeBlock",
+        "Cohere2MoeTopKRouter",
+        (_GREEDY, *_UNGROUPED[:2], _NEVER_SCALES),
+    ),
+    Block(
+        "flint.modeling_flint",
+        "FlintSparseMoeBlock",
+        "FlintTopKRouter",
+        (_SIGMOID, _GREEDY, *_UNGROUPED[:2], _NEVER_SCALES),
+    ),
+    Block(
+        "lara_mini.modeling_lara_mini",
+        "LaraMiniSparseMoeBlock",
+        "LaraMiniTopKRouter",
+        (_SOFTMAX, _GREEDY, *_UNGROUPED[:2], _NEVER_SCALES),
+    ),
     _top_k("granitemoe", "GraniteMoe", (_RENORMALIZED,), "MoE"),
     _top_k("granitemoe_swa", "GraniteMoeSWA", (_RENORMALIZED,), "MoE"),
     _top_k("granitemoeshared", "GraniteMoeShared", (_RENORMALIZED,), "MoE"),
@@ -202,7 +225,7 @@ BLOCKS = (
     ),
 )
 """Every block patch_model replaces (Kimi-K2 and Kimi-K2.5 hold DeepseekV3MoE blocks, Sarvam's
-sarvam_mla DeepseekV3MoE ones and sarvam_moe Glm4MoeMoE ones; GLM-4.6V holds GLM-4.5V's).
+sarvam_mla DeepseekV3MoE ones, sarvam_moe and param2moe Glm4MoeMoE ones; GLM-4.6V holds GLM-4.5V's).
 Granite's shared_mlp, Jamba's and GraniteMoeHybrid's Mamba layers sit beside the MoE blocks and
 stay transformers' own."""
 ROUTER_KEYS = ("transformers", "config")

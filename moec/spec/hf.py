@@ -230,7 +230,33 @@ def _model_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
     if family.reads("n_shared_experts"):  # Hunyuan: one shared expert, no key
         shared = reader.integer(family.key(reader, "n_shared_experts"), "model.n_shared_experts")
     model["n_shared_experts"] = family.n_shared_experts if shared is None else shared
+    if family.shared_width is not None:
+        model["n_shared_experts"] = _shared_from_width(reader, family.shared_width, model)
     return model
+
+
+def _shared_from_width(reader: ConfigReader, width: tuple[str, int], model: dict) -> Any:
+    """n_shared_experts of a shared expert sized apart: its width (the config's key, or
+    transformers' default) over moe_intermediate_size; a width that is no multiple of it is
+    reported (moec's shared experts are n_shared_experts x moe_intermediate_size wide)."""
+    key, default = width
+    value = reader.integer(key, "model.n_shared_experts")
+    value = default if value is None else value
+    experts = model["moe_intermediate_size"]
+    if type(experts) is not int or experts <= 0:
+        return 0  # the spec's rules report moe_intermediate_size
+    if value % experts == 0 and value >= 0:
+        return value // experts
+    why = (
+        f"is no multiple of moe_intermediate_size = {experts}: moec's shared experts are "
+        "n_shared_experts x moe_intermediate_size wide"
+    )
+    if reader.config.get(key) is None:
+        message = f"absent, so transformers' default {value}, which {why}"
+        reader.problems.append(problem(reader.prefix + key, message, f"a multiple of {experts}"))
+    else:
+        reader.report(key, value, why, f"a multiple of {experts}")
+    return 0
 
 
 def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
@@ -245,6 +271,8 @@ def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
         router[key] = getattr(family, key) if count is None else count
     norm = _family_value(reader, family, "norm_topk_prob", reader.boolean)
     router["norm_topk_prob"] = family.norm_topk_prob if norm is None else norm
+    if family.softmax_of_top_k and router["scoring_func"] == "softmax":
+        router["norm_topk_prob"] = True  # the softmax of the top-k logits sums to 1
     scaling = _family_value(reader, family, "routed_scaling_factor", reader.number)
     router["routed_scaling_factor"] = family.routed_scaling_factor if scaling is None else scaling
     if family.bias_key is not None:  # a router without its correction bias: the plain top-k

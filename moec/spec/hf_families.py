@@ -39,6 +39,13 @@ class Family:
     bias_key: str | None = None
     """The boolean key that says whether the router has a correction bias (LFM2-MoE's
     use_expert_bias): false makes `topk_method` greedy, without one."""
+    shared_width: tuple[str, int] | None = None
+    """(the key of the shared expert's own width, transformers' default of it) where the config
+    sizes it apart (Flint's, Lara-Mini's shared_expert_intermediate_size): n_shared_experts is
+    that width over moe_intermediate_size, refused where it is no multiple."""
+    softmax_of_top_k: bool = False
+    """Whether the router takes the softmax of the top-k logits (Cohere2-MoE's): with softmax
+    scores the top-k weights are renormalized whatever norm_topk_prob says."""
     greedy_ignores_groups: bool = False
     """Whether the router reads n_group / topk_group only for group_limited_greedy (DeepSeek-V2's),
     so that a greedy config's groups are unused, not refused."""
@@ -141,6 +148,7 @@ FAMILIES = {
     "mimo_v2_flash": _NO_SHARED,
     "sarvam_mla": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_BOTH_NAMES),
     "sarvam_moe": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_BOTH_NAMES),
+    "param2moe": Family("sigmoid", "noaux_tc", True, 2, 2.5, keys=_BOTH_NAMES),  # Glm4MoeMoE
     "exaone_moe": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_NUM_EXPERTS),
     "kimi_linear": Family(
         "sigmoid",
@@ -287,6 +295,60 @@ FAMILIES = {
             "norm_topk_prob": (),
         },
     ),
+    # Qwen3-MoE's block in the Qwen3-VL-MoE text model (always renormalized) and in
+    # Qwen3-Omni-MoE's thinker (as norm_topk_prob says, true by default)
+    "qwen3_vl_moe_text": Family(
+        "softmax",
+        "greedy",
+        True,
+        0,
+        keys={
+            **_SOFTMAX_TOP_K,
+            "n_routed_experts": ("num_experts", "num_local_experts"),
+            "norm_topk_prob": (),
+        },
+    ),
+    "qwen3_omni_moe_text": Family(
+        "softmax",
+        "greedy",
+        True,
+        0,
+        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_experts", "num_local_experts")},
+    ),
+    # a top-k router without a bias, ungrouped, unscaled, and a shared expert added in full:
+    # Cohere2-MoE's (num_shared_experts x intermediate_size wide; the softmax of the top-k
+    # logits, or their sigmoid renormalized as norm_topk_prob says), Flint's (sigmoid) and
+    # Lara-Mini's (softmax), renormalized as norm_topk_prob says, the shared expert sized apart
+    "cohere2_moe": Family(
+        "softmax",
+        "greedy",
+        True,
+        0,
+        softmax_of_top_k=True,
+        keys={
+            **_TOP_K_ONLY,
+            "scoring_func": ("expert_selection_fn",),
+            "n_routed_experts": ("num_experts", "num_local_experts"),
+            "n_shared_experts": ("num_shared_experts",),
+            "moe_intermediate_size": ("intermediate_size",),
+        },
+    ),
+    "flint": Family(
+        "sigmoid",
+        "greedy",
+        True,
+        0,
+        shared_width=("shared_expert_intermediate_size", 1024),
+        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_experts",), "scoring_func": ()},
+    ),
+    "lara_mini": Family(
+        "softmax",
+        "greedy",
+        True,
+        0,
+        shared_width=("shared_expert_intermediate_size", 512),
+        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_experts",)},
+    ),
     "granitemoe": _GRANITE,
     "granitemoe_swa": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
     "granitemoeshared": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
@@ -315,6 +377,8 @@ WRAPPERS = {
     "deepseek_ocr2": ("deepseek_ocr2_text",),
     "unlimited_ocr": ("unlimited_ocr_text",),
     "mistral_large4": ("mistral_large4_text",),
+    "qwen3_vl_moe": ("qwen3_vl_moe_text",),
+    "qwen3_omni_moe_thinker": ("qwen3_omni_moe_text",),
 }
 """model_type whose MoE keys sit in `text_config` -> the MoE text model types it may hold (the
 first when `text_config` names none, as transformers does, unless WRAPPER_DEFAULTS says)."""

@@ -66,15 +66,27 @@ FIRST_K_DENSE = {
     "beam": _first_k(None, 52, True),
     "mellum": _first_k(None, 28, True),
     "deepseek_ocr2_text": _first_k(None, 32, True),
+    "cohere2_moe": _first_k(None, 40, True),
     "afmoe": DenseFirst("num_dense_layers", 1, 32),
     "lfm2_moe": DenseFirst("num_dense_layers", 2, 32),
 }
 """model_type -> its rule for the dense layers (transformers' configuration defaults)."""
+SPARSE_STEP = {
+    "qwen3_moe": ((), 24),
+    "qwen3_vl_moe_text": ((), 24),
+    "qwen3_omni_moe_text": ((), 48),
+    "flint": ((0, 1), 49),
+}
+"""model_type -> (transformers' default mlp_only_layers, num_hidden_layers) where layer i is
+MoE unless listed in mlp_only_layers, and only where (i + 1) % decoder_sparse_step == 0 (its
+default 1)."""
 HINT = "a config whose model has MoE layers"
 
 
 def check_moe_layers(reader: ConfigReader, model_type: str) -> None:
     """Record a problem, naming the key, when the config leaves the model no MoE layer."""
+    if model_type in SPARSE_STEP:
+        _check_sparse_step(reader, *SPARSE_STEP[model_type])
     rule = FIRST_K_DENSE.get(model_type)
     if rule is None:
         return
@@ -111,3 +123,30 @@ def _count(value: Any) -> int | None:
     """An integer as written (not a bool); None for anything else (its type is not checked
     here)."""
     return value if type(value) is int else None
+
+
+def _check_sparse_step(reader: ConfigReader, dense: tuple[int, ...], default_layers: int) -> None:
+    """Qwen3-MoE's rule: a problem when mlp_only_layers and decoder_sparse_step leave no layer
+    MoE (each key as written, or transformers' default)."""
+    config = reader.config
+    layers = _count(config.get("num_hidden_layers"))
+    layers = default_layers if layers is None else layers
+    only = config.get("mlp_only_layers")
+    only = list(dense) if only is None else only
+    step = config.get("decoder_sparse_step")
+    step = 1 if step is None else step
+    if not isinstance(only, list) or type(step) is not int or step <= 0 or layers <= 0:
+        return  # not this check's to report
+    if any(index not in only and (index + 1) % step == 0 for index in range(layers)):
+        return
+    why = f"leaves the model no MoE layer: with {layers} layers, mlp_only_layers = {only}"
+    why += f" and decoder_sparse_step = {step}"
+    key = "decoder_sparse_step" if config.get("decoder_sparse_step") is not None else None
+    if all(index in only for index in range(layers)):
+        key = "mlp_only_layers"
+    if key is not None and config.get(key) is not None:
+        reader.report(key, config[key], why, HINT)
+    else:
+        name = key or "mlp_only_layers"
+        message = f"absent, so transformers' default, which {why}"
+        reader.problems.append(problem(reader.prefix + name, message, HINT))

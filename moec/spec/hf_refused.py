@@ -13,6 +13,7 @@ key.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,20 +77,12 @@ _UNCHECKED = (
     "init does not guess what it computes"
 )
 UNCHECKED_BLOCKS = {
-    "cohere2_moe": "Cohere2MoeSparseMoeBlock",
-    "flint": "FlintSparseMoeBlock",
     "inkling2": "Inkling2SparseMoeBlock",
     "inkling2_text": "Inkling2SparseMoeBlock",
     "inkling2_loop": "Inkling2LoopSparseMoeBlock",
     "inkling2_loop_text": "Inkling2LoopSparseMoeBlock",
-    "lara_mini": "LaraMiniSparseMoeBlock",
     "minimax_m3_vl": "MiniMaxM3VLSparseMoeBlock",
     "minimax_m3_vl_text": "MiniMaxM3VLSparseMoeBlock",
-    "qwen3_omni_moe": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
-    "qwen3_omni_moe_thinker": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
-    "qwen3_omni_moe_text": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
-    "qwen3_vl_moe": "Qwen3VLMoeTextSparseMoeBlock",
-    "qwen3_vl_moe_text": "Qwen3VLMoeTextSparseMoeBlock",
 }
 """The other MoE model types of transformers 5.24-5.25, refused until each is checked (each
 block read, and computed or refused with its reason)."""
@@ -126,6 +119,11 @@ REFUSED_TYPES = {
     "qwen4_exp": _GATED_SHARED,
     "qwen4_exp_text": _GATED_SHARED,
     "qwen3_omni_moe_talker_text": _GATED_SHARED,
+    "qwen3_omni_moe": (
+        "holds two MoE text models, its thinker's (Qwen3-MoE's block, which moec computes: "
+        "init from thinker_config, model_type qwen3_omni_moe_thinker) and its talker's, whose "
+        "shared expert is gated (shared_expert_gate), and a spec describes one"
+    ),
     "aria": _ARIA,
     "aria_text": _ARIA,
     "ergo": (
@@ -305,6 +303,16 @@ def check_keys(reader: ConfigReader, model_type: str) -> None:
     if found is not None:
         key, why = found
         reader.report(key, reader.config[key], f"leaves the model no MoE layer: {why}", NO_MOE_HINT)
+    other = OTHER_MATH.get(model_type)
+    differs = other(reader) if other is not None else None
+    if differs is not None:
+        key, default, why = differs
+        hint = '"sum", or no shared experts'
+        if reader.config.get(key) is None:
+            message = f"absent, so transformers' default {json.dumps(default)}, which {why}"
+            reader.problems.append(problem(reader.prefix + key, message, hint))
+        else:
+            reader.report(key, reader.config[key], why, hint)
     for key in LAYER_LIMITS.get(model_type, ()):
         limits = reader.config.get(key)
         if limits is not None and not _all_zero(limits):
@@ -347,9 +355,27 @@ def _jamba_moe(reader: ConfigReader) -> tuple[str, str] | None:
 
 JAMBA_DEFAULTS = {"num_hidden_layers": 32, "expert_layer_offset": 1}
 """transformers' JambaConfig values of the keys a config leaves out."""
+
+
+def _cohere_average(reader: ConfigReader) -> tuple[str, Any, str] | None:
+    """Cohere2-MoE's shared experts averaged with the routed ones (its default strategy)."""
+    shared = reader.config.get("num_shared_experts", 0)
+    strategy = reader.config.get("shared_expert_combination_strategy")
+    if type(shared) is int and shared > 0 and strategy != "sum":
+        why = (
+            "adds the shared experts as (routed + shared) / 2, where moec's layer computes "
+            "routed + shared"
+        )
+        return "shared_expert_combination_strategy", "average", why
+    return None
+
+
 NO_MOE_LAYERS = {"granitemoehybrid": _granite_hybrid_moe, "jamba": _jamba_moe}
 """model_type -> (the key, why) where a config leaves the model without an MoE layer."""
 NO_MOE_HINT = "a config whose model has MoE layers"
+OTHER_MATH = {"cohere2_moe": _cohere_average}
+"""model_type -> (the key, transformers' default of it, why) where keys together change the
+math (a KeyCheck reads one)."""
 
 
 def _all_zero(limits: object) -> bool:
