@@ -247,7 +247,9 @@ def test_config_variants_match_transformers(variant, tmp_path, cache_dir):
 # router with a shared expert added in full: Cohere2-MoE (softmax of the top-k logits, or their
 # sigmoid), Flint (sigmoid) and Lara-Mini (softmax), whose shared expert is sized apart
 # (shared_expert_intermediate_size, a multiple of moe_intermediate_size: that many shared
-# experts) and named shared_expert (patch_model reads it as shared_experts).
+# experts) and named shared_expert (patch_model reads it as shared_experts); Inkling-2 and its
+# looped variant (sigmoid noaux_tc, ungrouped, scaled by route_scale; the experts' softcapped
+# SwiGLU is moec's situ).
 
 _DIMS = dict(
     vocab_size=64,
@@ -297,6 +299,22 @@ _COHERE = dict(
     mlp_layer_types=["dense", "sparse"],
 )
 _SHARED_APART = dict(**_DIMS, intermediate_size=96, moe_intermediate_size=32, num_experts=8)
+_INKLING2 = dict(  # softcaps inside the pre-activations' range (about N(0, 1)): they act
+    **{**_DIMS, "num_hidden_layers": 3},
+    unpadded_vocab_size=64,
+    swa_num_attention_heads=2,
+    swa_num_key_value_heads=2,
+    swa_head_dim=32,
+    sliding_window_size=8,
+    d_rel=8,
+    rel_extent=16,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    route_scale=2.0,
+    mlp_gate_softcap=1.0,
+    mlp_up_softcap=1.5,
+    n_layers_per_attn_res_block=1,
+)
 NEW_TYPES = {
     "param2moe": dict(
         **_DIMS,
@@ -340,6 +358,14 @@ NEW_TYPES = {
         mlp_only_layers=[0],
         norm_topk_prob=False,
     ),
+    "inkling2_text": dict(**_INKLING2, model_type="inkling2_text"),
+    "inkling2_loop_text": dict(
+        **_INKLING2,
+        model_type="inkling2_loop_text",
+        loop_layer_index_start=1,
+        loop_layer_index_end=2,
+        loop_num_passes=2,
+    ),
     "lara_mini": dict(**_SHARED_APART, model_type="lara_mini", shared_expert_intermediate_size=32),
 }
 
@@ -350,6 +376,9 @@ def test_model_types_once_not_checked_match_transformers(model, tmp_path, cache_
     spec = load_spec(hf_oracle.init_spec(tmp_path)).spec
     shared = {"flint": 2, "lara_mini": 1}.get(model, NEW_TYPES[model].get("num_shared_experts"))
     assert spec.model.n_shared_experts == (shared or 0)
+    if model.startswith("inkling2"):  # the softcapped SwiGLU: moec's situ
+        assert (spec.activation.kind, spec.activation.beta) == ("situ", 1.0)
+        assert (spec.activation.linear_beta, spec.router.routed_scaling_factor) == (1.5, 2.0)
     check_patched_model(tmp_path, cache_dir)
 
 
@@ -433,6 +462,10 @@ _ALL_DENSE = "leaves the model no MoE layer"
             "decoder_sparse_step = 4: leaves the model no MoE layer",
         ),
         (
+            {**_INKLING2, "model_type": "inkling2_text", "scoring_func": "softplus"},
+            'scoring_func = "softplus": scores the router logits with another activation',
+        ),
+        (
             {"model_type": "qwen3_omni_moe", "thinker_config": {}},
             "holds two MoE text models, its thinker's",
         ),
@@ -449,6 +482,7 @@ _ALL_DENSE = "leaves the model no MoE layer"
         "flint shared expert no multiple",
         "flint all dense by default",
         "qwen3_moe sparse step past the layers",
+        "inkling2 softplus scores",
         "qwen3_omni_moe two MoE models",
     ],
 )
@@ -467,3 +501,25 @@ def test_patch_model_says_which_key_leaves_no_moe_layer():
     report = error.value.report()
     assert "model: has no DeepSeek MoE block to replace" in report
     assert f"model.config.first_k_dense_replace = 2: {_ALL_DENSE}" in report
+
+
+@pytest.mark.parametrize("wrapper", ["inkling2", "inkling2_loop"])
+def test_inkling2_vision_models_read_their_text_config(wrapper, tmp_path, capsys):
+    """Inkling-2's vision-language models keep the MoE keys in text_config (its model type
+    left out: transformers' text model of the wrapper); softcaps left out: 4 and 25."""
+    from test_spec_hf import init, write_config
+
+    text = {"hidden_size": 64, "moe_intermediate_size": 32, "n_routed_experts": 8}
+    config = {"model_type": wrapper, "text_config": {**text, "num_experts_per_tok": 2}}
+    spec_path = tmp_path / "spec.toml"
+    code, _, err = init(
+        capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path)
+    )
+    assert (code, err) == (0, "")
+    spec = load_spec(spec_path).spec
+    assert (spec.activation.kind, spec.activation.beta, spec.activation.linear_beta) == (
+        "situ",
+        4.0,
+        25.0,
+    )
+    assert (spec.router.topk_method, spec.router.routed_scaling_factor) == ("noaux_tc", 8.0)

@@ -45,11 +45,16 @@ class Block:
     clamps: bool = False
     """Whether its experts clamp their SwiGLU at the config's swiglu_limit (DeepSeek-V4's,
     GLM-5-Next's); every other block ignores the key."""
+    own_activation: bool = False
+    """Whether its experts compute an activation of their own that the config's keys say in full
+    (Inkling-2's softcapped SwiGLU): neither silu nor a clamp is fixed."""
 
     @property
     def computes(self) -> tuple[Fixed, ...]:
         """Every key the block fixes: `fixed`, and the plain SwiGLU of one that never clamps."""
-        return self.fixed if self.clamps else (*self.fixed, _NO_CLAMP)
+        if self.clamps or self.own_activation:
+            return self.fixed
+        return (*self.fixed, _NO_CLAMP)
 
 
 _NO_CLAMP = Fixed("activation.kind", "silu", "never clamps its SwiGLU (it reads no swiglu_limit)")
@@ -201,6 +206,20 @@ BLOCKS = (
         "LaraMiniSparseMoeBlock",
         "LaraMiniTopKRouter",
         (_SOFTMAX, _GREEDY, *_UNGROUPED[:2], _NEVER_SCALES),
+    ),
+    Block(
+        "inkling2.modeling_inkling2",
+        "Inkling2SparseMoeBlock",
+        "Inkling2TopKRouter",
+        (*_V3_LIKE, *_UNGROUPED, _NO_SHARED),
+        own_activation=True,
+    ),
+    Block(
+        "inkling2_loop.modeling_inkling2_loop",
+        "Inkling2LoopSparseMoeBlock",
+        "Inkling2LoopTopKRouter",
+        (*_V3_LIKE, *_UNGROUPED, _NO_SHARED),
+        own_activation=True,
     ),
     _top_k("granitemoe", "GraniteMoe", (_RENORMALIZED,), "MoE"),
     _top_k("granitemoe_swa", "GraniteMoeSWA", (_RENORMALIZED,), "MoE"),

@@ -12,7 +12,7 @@ AFMoE, MiniMax-M2, Hunyuan, HY-V3, A.X-K2, Mistral-4, Mistral-Large-4 and Unlimi
 MiniCPM-5 and Beam, the softmax top-k blocks of Mixtral, MiniMax, Qwen3-MoE, OLMoE, FlexOlmo,
 Mellum, Jamba, the four Granite MoE models, Qwen3-VL-MoE and Qwen3-Omni-MoE's thinker,
 LFM2-MoE's sigmoid one, and the top-k blocks with a shared expert of Cohere2-MoE, Flint and
-Lara-Mini:
+Lara-Mini, and Inkling-2's:
 hf_blocks.BLOCKS) with a `MoecMoE`. The spec is built once; each block's weights (transformers' own state-dict names) go into that block's
 own `MoELayer`, quantized on load when the spec asks for fp8, and the transformers block is
 dropped at once: the model never holds two copies of more than one layer's experts.

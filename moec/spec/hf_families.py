@@ -46,6 +46,10 @@ class Family:
     softmax_of_top_k: bool = False
     """Whether the router takes the softmax of the top-k logits (Cohere2-MoE's): with softmax
     scores the top-k weights are renormalized whatever norm_topk_prob says."""
+    softcaps: tuple[tuple[str, float], tuple[str, float]] | None = None
+    """((key, transformers' default) of the gate's softcap, of up's) where the experts compute
+    a softcapped SwiGLU, cap_g tanh(g / cap_g) sigmoid(g) cap_u tanh(u / cap_u) (Inkling-2's;
+    moec's situ, beta and linear_beta), whatever hidden_act says."""
     greedy_ignores_groups: bool = False
     """Whether the router reads n_group / topk_group only for group_limited_greedy (DeepSeek-V2's),
     so that a greedy config's groups are unused, not refused."""
@@ -127,6 +131,22 @@ _GRANITE = Family(
 )
 """Granite's block: the softmax of the top-k logits, which is the renormalized top-k of the
 softmax (Mixtral's), under Granite's names."""
+_INKLING2 = Family(
+    "sigmoid",
+    "noaux_tc",
+    True,
+    0,
+    8.0,
+    softcaps=(("mlp_gate_softcap", 4.0), ("mlp_up_softcap", 25.0)),
+    keys={
+        **dict.fromkeys(("topk_method", "n_group", "topk_group", "norm_topk_prob"), ()),
+        "n_shared_experts": (),
+        "n_routed_experts": ("n_routed_experts", "num_local_experts"),
+        "routed_scaling_factor": ("route_scale", "routed_scaling_factor"),
+    },
+)
+"""Inkling-2's block: sigmoid scores, the top-k of scores + bias, ungrouped, always renormalized
+and scaled by route_scale, no shared expert, a softcapped SwiGLU."""
 FAMILIES = {
     "deepseek_v2": _V2,
     "deepseek_v3": _V3,
@@ -349,6 +369,8 @@ FAMILIES = {
         shared_width=("shared_expert_intermediate_size", 512),
         keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_experts",)},
     ),
+    "inkling2_text": _INKLING2,
+    "inkling2_loop_text": _INKLING2,
     "granitemoe": _GRANITE,
     "granitemoe_swa": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
     "granitemoeshared": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
@@ -379,6 +401,8 @@ WRAPPERS = {
     "mistral_large4": ("mistral_large4_text",),
     "qwen3_vl_moe": ("qwen3_vl_moe_text",),
     "qwen3_omni_moe_thinker": ("qwen3_omni_moe_text",),
+    "inkling2": ("inkling2_text",),
+    "inkling2_loop": ("inkling2_loop_text",),
 }
 """model_type whose MoE keys sit in `text_config` -> the MoE text model types it may hold (the
 first when `text_config` names none, as transformers does, unless WRAPPER_DEFAULTS says)."""

@@ -77,10 +77,6 @@ _UNCHECKED = (
     "init does not guess what it computes"
 )
 UNCHECKED_BLOCKS = {
-    "inkling2": "Inkling2SparseMoeBlock",
-    "inkling2_text": "Inkling2SparseMoeBlock",
-    "inkling2_loop": "Inkling2LoopSparseMoeBlock",
-    "inkling2_loop_text": "Inkling2LoopSparseMoeBlock",
     "minimax_m3_vl": "MiniMaxM3VLSparseMoeBlock",
     "minimax_m3_vl_text": "MiniMaxM3VLSparseMoeBlock",
 }
@@ -219,7 +215,16 @@ _AXK2_GROUPS = KeyCheck(
     "over one whose score plus bias is negative; moec's noaux_tc never chooses one",
     "1, or leave it out (ungrouped)",
 )
+_INKLING2_SCORES = KeyCheck(
+    "scoring_func",
+    ("sigmoid",),
+    "scores the router logits with another activation (ACT2FN[scoring_func]), where moec's "
+    "noaux_tc takes sigmoid scores",
+    '"sigmoid"',
+)
 KEY_CHECKS = {
+    "inkling2_text": (_INKLING2_SCORES,),
+    "inkling2_loop_text": (_INKLING2_SCORES,),
     "deepseek_v2": (_MLP_BIAS, _V2_METHODS),
     "deepseek_ocr2_text": (_MLP_BIAS, _V2_METHODS),
     "unlimited_ocr_text": (_MLP_BIAS, _V2_METHODS),
