@@ -249,7 +249,9 @@ def test_config_variants_match_transformers(variant, tmp_path, cache_dir):
 # (shared_expert_intermediate_size, a multiple of moe_intermediate_size: that many shared
 # experts) and named shared_expert (patch_model reads it as shared_experts); Inkling-2 and its
 # looped variant (sigmoid noaux_tc, ungrouped, scaled by route_scale; the experts' softcapped
-# SwiGLU is moec's situ).
+# SwiGLU is moec's situ), MiniMax-M3's text model (sigmoid noaux_tc, a shared expert of
+# shared_intermediate_size whose fused gate_up_proj patch_model splits, GPT-OSS's clamped SwiGLU:
+# moec's oai_swiglu).
 
 _DIMS = dict(
     vocab_size=64,
@@ -366,6 +368,21 @@ NEW_TYPES = {
         loop_layer_index_end=2,
         loop_num_passes=2,
     ),
+    "minimax_m3_vl_text": dict(  # swiglu_limit inside the pre-activations' range: it acts
+        **_DIMS,
+        model_type="minimax_m3_vl_text",
+        intermediate_size=32,
+        dense_intermediate_size=96,
+        shared_intermediate_size=64,
+        num_local_experts=8,
+        rotary_dim=16,
+        swiglu_limit=1.0,
+        index_n_heads=2,
+        index_head_dim=16,
+        index_block_size=4,
+        index_topk_blocks=2,
+        mlp_layer_types=["dense", "sparse"],
+    ),
     "lara_mini": dict(**_SHARED_APART, model_type="lara_mini", shared_expert_intermediate_size=32),
 }
 
@@ -374,11 +391,14 @@ NEW_TYPES = {
 def test_model_types_once_not_checked_match_transformers(model, tmp_path, cache_dir):
     save(NEW_TYPES[model], tmp_path)
     spec = load_spec(hf_oracle.init_spec(tmp_path)).spec
-    shared = {"flint": 2, "lara_mini": 1}.get(model, NEW_TYPES[model].get("num_shared_experts"))
+    shared = {"flint": 2, "lara_mini": 1, "minimax_m3_vl_text": 2}.get(model)
+    shared = NEW_TYPES[model].get("num_shared_experts") if shared is None else shared
     assert spec.model.n_shared_experts == (shared or 0)
     if model.startswith("inkling2"):  # the softcapped SwiGLU: moec's situ
         assert (spec.activation.kind, spec.activation.beta) == ("situ", 1.0)
         assert (spec.activation.linear_beta, spec.router.routed_scaling_factor) == (1.5, 2.0)
+    if model == "minimax_m3_vl_text":  # GPT-OSS's SwiGLU, clamped: moec's oai_swiglu
+        assert (spec.activation.kind, spec.activation.limit) == ("oai_swiglu", 1.0)
     check_patched_model(tmp_path, cache_dir)
 
 
@@ -523,3 +543,26 @@ def test_inkling2_vision_models_read_their_text_config(wrapper, tmp_path, capsys
         25.0,
     )
     assert (spec.router.topk_method, spec.router.routed_scaling_factor) == ("noaux_tc", 8.0)
+
+
+def test_minimax_m3_reads_its_text_config_and_its_swiglu(tmp_path, capsys):
+    """MiniMax-M3's released config writes hidden_act "swigluoai" (transformers reads silu and
+    computes the SwiGLU from swiglu_alpha and swiglu_limit): not refused; the keys left out
+    take transformers' defaults (1.702, 7.0, scaling 2.0, one shared expert)."""
+    from test_spec_hf import init, write_config
+
+    text = {"hidden_size": 64, "intermediate_size": 32, "num_local_experts": 8}
+    text.update(num_experts_per_tok=2, hidden_act="swigluoai", shared_intermediate_size=32)
+    config = {"model_type": "minimax_m3_vl", "text_config": text}
+    spec_path = tmp_path / "spec.toml"
+    code, _, err = init(
+        capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path)
+    )
+    assert (code, err) == (0, "")
+    spec = load_spec(spec_path).spec
+    assert (spec.activation.kind, spec.activation.alpha, spec.activation.limit) == (
+        "oai_swiglu",
+        1.702,
+        7.0,
+    )
+    assert (spec.model.n_shared_experts, spec.router.routed_scaling_factor) == (1, 2.0)

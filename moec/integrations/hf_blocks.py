@@ -221,6 +221,13 @@ BLOCKS = (
         (*_V3_LIKE, *_UNGROUPED, _NO_SHARED),
         own_activation=True,
     ),
+    Block(
+        "minimax_m3_vl.modeling_minimax_m3_vl",
+        "MiniMaxM3VLSparseMoeBlock",
+        "MiniMaxM3VLTopKRouter",
+        (*_V3_LIKE, *_UNGROUPED),
+        own_activation=True,
+    ),
     _top_k("granitemoe", "GraniteMoe", (_RENORMALIZED,), "MoE"),
     _top_k("granitemoe_swa", "GraniteMoeSWA", (_RENORMALIZED,), "MoE"),
     _top_k("granitemoeshared", "GraniteMoeShared", (_RENORMALIZED,), "MoE"),

@@ -12,7 +12,7 @@ AFMoE, MiniMax-M2, Hunyuan, HY-V3, A.X-K2, Mistral-4, Mistral-Large-4 and Unlimi
 MiniCPM-5 and Beam, the softmax top-k blocks of Mixtral, MiniMax, Qwen3-MoE, OLMoE, FlexOlmo,
 Mellum, Jamba, the four Granite MoE models, Qwen3-VL-MoE and Qwen3-Omni-MoE's thinker,
 LFM2-MoE's sigmoid one, and the top-k blocks with a shared expert of Cohere2-MoE, Flint and
-Lara-Mini, and Inkling-2's:
+Lara-Mini, Inkling-2's and MiniMax-M3's:
 hf_blocks.BLOCKS) with a `MoecMoE`. The spec is built once; each block's weights (transformers' own state-dict names) go into that block's
 own `MoELayer`, quantized on load when the spec asks for fp8, and the transformers block is
 dropped at once: the model never holds two copies of more than one layer's experts.
@@ -590,10 +590,21 @@ _SHARED_EXPERT = re.compile(r"^shared_expert\.")
 """Flint's and Lara-Mini's shared expert (one MLP, shared_expert.{gate,up,down}_proj)."""
 
 
+_FUSED_SHARED = "shared_experts.gate_up_proj.weight"
+"""MiniMax-M3's shared expert: one Linear of [gate; up], [2I, H]."""
+
+
 def _moec_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A block's state dict under the names load_weights reads: shared_expert.* (Flint's,
-    Lara-Mini's) as shared_experts.*, which it is."""
-    return {_SHARED_EXPERT.sub("shared_experts.", key): value for key, value in tensors.items()}
+    Lara-Mini's) as shared_experts.*, which it is; a fused shared gate_up_proj as its two
+    halves, gate_proj and up_proj."""
+    named = {_SHARED_EXPERT.sub("shared_experts.", key): value for key, value in tensors.items()}
+    fused = named.pop(_FUSED_SHARED, None)
+    if fused is not None:
+        gate, up = fused.chunk(2, dim=0)
+        named["shared_experts.gate_proj.weight"] = gate
+        named["shared_experts.up_proj.weight"] = up
+    return named
 
 
 def _replace_block(model: nn.Module, name: str, package, hashed: bool) -> None:

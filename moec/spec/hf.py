@@ -328,12 +328,13 @@ def _activation_from(
     """silu_clamped with a (non-zero) swiglu_limit (left out: the family's default) where the
     family's block clamps or `clamp_as` is "config", else None (silu); another hidden_act is
     reported. A swiglu_limit the block never reads is a sentence in `notes`."""
-    if family.softcaps is not None:  # the block's own SwiGLU: hidden_act is not read
-        (gate, gate_default), (up, up_default) = family.softcaps
-        beta, linear_beta = reader.number(gate, "activation"), reader.number(up, "activation")
-        beta = gate_default if beta is None else beta
-        linear_beta = up_default if linear_beta is None else linear_beta
-        return {"kind": "situ", "beta": beta, "linear_beta": linear_beta}
+    if family.activation is not None:  # the block's own SwiGLU: hidden_act is not read
+        kind, keys = family.activation
+        activation: dict[str, Any] = {"kind": kind}
+        for spec_key, key, default in keys:
+            value = reader.number(key, f"activation.{spec_key}")
+            activation[spec_key] = default if value is None else value
+        return activation
     act = reader.text("hidden_act", "activation")
     if family.clamps or clamp_as == "config":
         limit = reader.number("swiglu_limit", "activation")

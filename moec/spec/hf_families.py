@@ -46,10 +46,10 @@ class Family:
     softmax_of_top_k: bool = False
     """Whether the router takes the softmax of the top-k logits (Cohere2-MoE's): with softmax
     scores the top-k weights are renormalized whatever norm_topk_prob says."""
-    softcaps: tuple[tuple[str, float], tuple[str, float]] | None = None
-    """((key, transformers' default) of the gate's softcap, of up's) where the experts compute
-    a softcapped SwiGLU, cap_g tanh(g / cap_g) sigmoid(g) cap_u tanh(u / cap_u) (Inkling-2's;
-    moec's situ, beta and linear_beta), whatever hidden_act says."""
+    activation: tuple[str, tuple[tuple[str, str, float], ...]] | None = None
+    """(moec's activation kind, its keys as (spec key, config key, transformers' default)) where
+    the experts compute a gated activation of their own, whatever hidden_act says: Inkling-2's
+    softcapped SwiGLU (situ), MiniMax-M3's clamped GPT-OSS SwiGLU (oai_swiglu)."""
     greedy_ignores_groups: bool = False
     """Whether the router reads n_group / topk_group only for group_limited_greedy (DeepSeek-V2's),
     so that a greedy config's groups are unused, not refused."""
@@ -137,7 +137,10 @@ _INKLING2 = Family(
     True,
     0,
     8.0,
-    softcaps=(("mlp_gate_softcap", 4.0), ("mlp_up_softcap", 25.0)),
+    activation=(
+        "situ",
+        (("beta", "mlp_gate_softcap", 4.0), ("linear_beta", "mlp_up_softcap", 25.0)),
+    ),
     keys={
         **dict.fromkeys(("topk_method", "n_group", "topk_group", "norm_topk_prob"), ()),
         "n_shared_experts": (),
@@ -371,6 +374,27 @@ FAMILIES = {
     ),
     "inkling2_text": _INKLING2,
     "inkling2_loop_text": _INKLING2,
+    # sigmoid noaux_tc, ungrouped, renormalized, the experts' sum scaled; one shared expert of
+    # shared_intermediate_size; every expert's SwiGLU GPT-OSS's, clamped at swiglu_limit
+    "minimax_m3_vl_text": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        0,
+        2.0,
+        shared_width=("shared_intermediate_size", 3072),
+        activation=(
+            "oai_swiglu",
+            (("alpha", "swiglu_alpha", 1.702), ("limit", "swiglu_limit", 7.0)),
+        ),
+        keys={
+            **dict.fromkeys(("topk_method", "n_group", "topk_group", "norm_topk_prob"), ()),
+            "scoring_func": (),
+            "n_shared_experts": (),
+            "n_routed_experts": ("num_local_experts", "num_experts"),
+            "moe_intermediate_size": ("intermediate_size",),
+        },
+    ),
     "granitemoe": _GRANITE,
     "granitemoe_swa": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
     "granitemoeshared": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
@@ -403,6 +427,7 @@ WRAPPERS = {
     "qwen3_omni_moe_thinker": ("qwen3_omni_moe_text",),
     "inkling2": ("inkling2_text",),
     "inkling2_loop": ("inkling2_loop_text",),
+    "minimax_m3_vl": ("minimax_m3_vl_text",),
 }
 """model_type whose MoE keys sit in `text_config` -> the MoE text model types it may hold (the
 first when `text_config` names none, as transformers does, unless WRAPPER_DEFAULTS says)."""

@@ -67,6 +67,7 @@ FIRST_K_DENSE = {
     "mellum": _first_k(None, 28, True),
     "deepseek_ocr2_text": _first_k(None, 32, True),
     "cohere2_moe": _first_k(None, 40, True),
+    "minimax_m3_vl_text": _first_k(None, 60, True),
     "afmoe": DenseFirst("num_dense_layers", 1, 32),
     "lfm2_moe": DenseFirst("num_dense_layers", 2, 32),
 }

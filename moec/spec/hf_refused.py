@@ -76,12 +76,9 @@ _UNCHECKED = (
     "has an MoE block moec has not been checked against transformers' own ({block}), so "
     "init does not guess what it computes"
 )
-UNCHECKED_BLOCKS = {
-    "minimax_m3_vl": "MiniMaxM3VLSparseMoeBlock",
-    "minimax_m3_vl_text": "MiniMaxM3VLSparseMoeBlock",
-}
-"""The other MoE model types of transformers 5.24-5.25, refused until each is checked (each
-block read, and computed or refused with its reason)."""
+UNCHECKED_BLOCKS: dict[str, str] = {}
+"""model_type -> its block, for an MoE model type of transformers refused until it is checked
+(its block read, and computed or refused with its reason); every one of 5.24-5.25 is."""
 REFUSED_TYPES = {
     "longcat_flash": (
         "routes tokens to zero-computation (identity) experts (zero_expert_num) beside its FFN "
