@@ -486,6 +486,10 @@ _ALL_DENSE = "leaves the model no MoE layer"
             'scoring_func = "softplus": scores the router logits with another activation',
         ),
         (
+            {"model_type": "nemo_speechlm", "text_config": {"model_type": "nemotron_h"}},
+            "holds a nemotron_h text model (text_config), which computes its experts as ungated",
+        ),
+        (
             {"model_type": "qwen3_omni_moe", "thinker_config": {}},
             "holds two MoE text models, its thinker's",
         ),
@@ -503,6 +507,7 @@ _ALL_DENSE = "leaves the model no MoE layer"
         "flint all dense by default",
         "qwen3_moe sparse step past the layers",
         "inkling2 softplus scores",
+        "nemo_speechlm nemotron_h text model",
         "qwen3_omni_moe two MoE models",
     ],
 )

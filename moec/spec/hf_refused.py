@@ -72,6 +72,10 @@ _INKLING = (
     "shared experts' log-sigmoid logits normalized together), where moec's shared experts are "
     "unweighted"
 )
+_NEMOTRON_H = (
+    "computes its experts as ungated MLPs, down(act(up(x))) with mlp_hidden_act (and may "
+    "project them to a latent width, moe_latent_size), where moec's are gated (SwiGLU)"
+)
 _UNCHECKED = (
     "has an MoE block moec has not been checked against transformers' own ({block}), so "
     "init does not guess what it computes"
@@ -129,10 +133,8 @@ REFUSED_TYPES = {
     "diffusion_gemma_text": _GEMMA4,
     "inkling_mm_model": _INKLING,
     "inkling_text": _INKLING,
-    "nemotron_h": (
-        "computes its experts as ungated MLPs, down(act(up(x))) with mlp_hidden_act (and may "
-        "project them to a latent width, moe_latent_size), where moec's are gated (SwiGLU)"
-    ),
+    "nemotron_h": _NEMOTRON_H,
+    "nemo_speechlm": f"holds a nemotron_h text model (text_config), which {_NEMOTRON_H}",
     "openai_privacy_filter": (
         "adds a learned bias to its router logits (router.bias) before the top-k, which moec's "
         "router has none of"
