@@ -251,7 +251,8 @@ def test_config_variants_match_transformers(variant, tmp_path, cache_dir):
 # looped variant (sigmoid noaux_tc, ungrouped, scaled by route_scale; the experts' softcapped
 # SwiGLU is moec's situ), MiniMax-M3's text model (sigmoid noaux_tc, a shared expert of
 # shared_intermediate_size whose fused gate_up_proj patch_model splits, GPT-OSS's clamped SwiGLU:
-# moec's oai_swiglu).
+# moec's oai_swiglu); dots3 and Laguna (DeepSeek-V3's router; shared experts sized apart: that
+# refusal is now by key, where their width is no multiple of moe_intermediate_size).
 
 _DIMS = dict(
     vocab_size=64,
@@ -383,17 +384,46 @@ NEW_TYPES = {
         index_topk_blocks=2,
         mlp_layer_types=["dense", "sparse"],
     ),
+    "laguna": dict(
+        **_SHARED_APART,
+        model_type="laguna",
+        shared_expert_intermediate_size=64,
+        moe_routed_scaling_factor=2.0,
+        mlp_layer_types=["dense", "sparse"],
+    ),
+    "dots3_note_text": dict(
+        **{**_SHARED_APART, "num_experts": None},
+        model_type="dots3_note_text",
+        n_routed_experts=8,
+        shared_experts_intermediate_size=32,
+        n_shared_experts=2,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.0,
+        mlp_layer_types=["dense", "sparse"],
+    ),
     "lara_mini": dict(**_SHARED_APART, model_type="lara_mini", shared_expert_intermediate_size=32),
 }
+
+
+SHARED = {
+    "param2moe": 2,
+    "cohere2_moe sigmoid, shared experts summed": 2,
+    "cohere2_moe sigmoid unnormalized": 1,
+    "flint": 2,  # shared_expert_intermediate_size 64 over moe_intermediate_size 32
+    "lara_mini": 1,
+    "minimax_m3_vl_text": 2,
+    "laguna": 2,
+    "dots3_note_text": 2,  # 2 of 32 over 32
+}
+"""The spec's n_shared_experts of each model."""
 
 
 @pytest.mark.parametrize("model", sorted(NEW_TYPES))
 def test_model_types_once_not_checked_match_transformers(model, tmp_path, cache_dir):
     save(NEW_TYPES[model], tmp_path)
     spec = load_spec(hf_oracle.init_spec(tmp_path)).spec
-    shared = {"flint": 2, "lara_mini": 1, "minimax_m3_vl_text": 2}.get(model)
-    shared = NEW_TYPES[model].get("num_shared_experts") if shared is None else shared
-    assert spec.model.n_shared_experts == (shared or 0)
+    assert spec.model.n_shared_experts == SHARED.get(model, 0)
     if model.startswith("inkling2"):  # the softcapped SwiGLU: moec's situ
         assert (spec.activation.kind, spec.activation.beta) == ("situ", 1.0)
         assert (spec.activation.linear_beta, spec.router.routed_scaling_factor) == (1.5, 2.0)
@@ -486,6 +516,18 @@ _ALL_DENSE = "leaves the model no MoE layer"
             'scoring_func = "softplus": scores the router logits with another activation',
         ),
         (
+            {**_SHARED_APART, "model_type": "laguna", "moe_router_logit_softcapping": 30.0},
+            "moe_router_logit_softcapping = 30.0: softcaps the router logits (a tanh) before",
+        ),
+        (
+            {
+                **_SHARED_APART,
+                "model_type": "dots3_note_text",
+                "shared_experts_intermediate_size": 48,
+            },
+            "shared_experts_intermediate_size = 48: is no multiple of moe_intermediate_size = 32",
+        ),
+        (
             {"model_type": "nemo_speechlm", "text_config": {"model_type": "nemotron_h"}},
             "holds a nemotron_h text model (text_config), which computes its experts as ungated",
         ),
@@ -507,6 +549,8 @@ _ALL_DENSE = "leaves the model no MoE layer"
         "flint all dense by default",
         "qwen3_moe sparse step past the layers",
         "inkling2 softplus scores",
+        "laguna softcapped router logits",
+        "dots3 shared experts no multiple",
         "nemo_speechlm nemotron_h text model",
         "qwen3_omni_moe two MoE models",
     ],

@@ -228,6 +228,13 @@ BLOCKS = (
         (*_V3_LIKE, *_UNGROUPED),
         own_activation=True,
     ),
+    _v3("dots3_note", "Dots3NoteText"),
+    Block(
+        "laguna.modeling_laguna",
+        "LagunaSparseMoeBlock",
+        "LagunaTopKRouter",
+        (*_V3_LIKE, *_UNGROUPED),
+    ),
     _top_k("granitemoe", "GraniteMoe", (_RENORMALIZED,), "MoE"),
     _top_k("granitemoe_swa", "GraniteMoeSWA", (_RENORMALIZED,), "MoE"),
     _top_k("granitemoeshared", "GraniteMoeShared", (_RENORMALIZED,), "MoE"),

@@ -231,25 +231,31 @@ def _model_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
         shared = reader.integer(family.key(reader, "n_shared_experts"), "model.n_shared_experts")
     model["n_shared_experts"] = family.n_shared_experts if shared is None else shared
     if family.shared_width is not None:
-        model["n_shared_experts"] = _shared_from_width(reader, family.shared_width, model)
+        count = model["n_shared_experts"] if family.reads("n_shared_experts") else 1
+        model["n_shared_experts"] = _shared_from_width(reader, family.shared_width, model, count)
     return model
 
 
-def _shared_from_width(reader: ConfigReader, width: tuple[str, int], model: dict) -> Any:
-    """n_shared_experts of a shared expert sized apart: its width (the config's key, or
-    transformers' default) over moe_intermediate_size; a width that is no multiple of it is
-    reported (moec's shared experts are n_shared_experts x moe_intermediate_size wide)."""
+def _shared_from_width(
+    reader: ConfigReader, width: tuple[str, int], model: dict, count: Any
+) -> Any:
+    """n_shared_experts of shared experts sized apart: `count` of them (dots3's
+    n_shared_experts, or one) of the width the key says (or transformers' default), over
+    moe_intermediate_size; a total that is no multiple of it is reported (moec's shared experts
+    are n_shared_experts x moe_intermediate_size wide)."""
     key, default = width
     value = reader.integer(key, "model.n_shared_experts")
     value = default if value is None else value
     experts = model["moe_intermediate_size"]
-    if type(experts) is not int or experts <= 0:
-        return 0  # the spec's rules report moe_intermediate_size
-    if value % experts == 0 and value >= 0:
-        return value // experts
+    if type(experts) is not int or experts <= 0 or type(count) is not int or count < 0:
+        return 0 if type(count) is int else count  # the spec's rules report these
+    total = value * count
+    if total % experts == 0 and total >= 0:
+        return total // experts
+    times = "" if count == 1 else f" (x n_shared_experts = {count})"
     why = (
-        f"is no multiple of moe_intermediate_size = {experts}: moec's shared experts are "
-        "n_shared_experts x moe_intermediate_size wide"
+        f"is no multiple of moe_intermediate_size = {experts}{times}: moec's shared experts "
+        "are n_shared_experts x moe_intermediate_size wide"
     )
     if reader.config.get(key) is None:
         message = f"absent, so transformers' default {value}, which {why}"

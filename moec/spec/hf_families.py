@@ -395,6 +395,31 @@ FAMILIES = {
             "moe_intermediate_size": ("intermediate_size",),
         },
     ),
+    # DeepSeek-V3's router with shared experts sized apart: dots3's n_shared_experts of
+    # shared_experts_intermediate_size, Laguna's one of shared_expert_intermediate_size
+    # (ungrouped, always renormalized, the experts' sum scaled by moe_routed_scaling_factor)
+    "dots3_note_text": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        1,
+        shared_width=("shared_experts_intermediate_size", 1536),
+        keys={"n_routed_experts": ("n_routed_experts", "num_local_experts")},
+    ),
+    "laguna": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        0,
+        shared_width=("shared_expert_intermediate_size", 512),
+        keys={
+            **dict.fromkeys(("topk_method", "n_group", "topk_group", "norm_topk_prob"), ()),
+            "scoring_func": (),
+            "n_shared_experts": (),
+            "n_routed_experts": ("num_experts",),
+            "routed_scaling_factor": ("moe_routed_scaling_factor",),
+        },
+    ),
     "granitemoe": _GRANITE,
     "granitemoe_swa": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
     "granitemoeshared": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
@@ -428,6 +453,7 @@ WRAPPERS = {
     "inkling2": ("inkling2_text",),
     "inkling2_loop": ("inkling2_loop_text",),
     "minimax_m3_vl": ("minimax_m3_vl_text",),
+    "dots3_note": ("dots3_note_text",),
 }
 """model_type whose MoE keys sit in `text_config` -> the MoE text model types it may hold (the
 first when `text_config` names none, as transformers does, unless WRAPPER_DEFAULTS says)."""

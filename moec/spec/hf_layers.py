@@ -68,6 +68,8 @@ FIRST_K_DENSE = {
     "deepseek_ocr2_text": _first_k(None, 32, True),
     "cohere2_moe": _first_k(None, 40, True),
     "minimax_m3_vl_text": _first_k(None, 60, True),
+    "laguna": _first_k(None, 40, True),
+    "dots3_note_text": _first_k(None, 46, True),
     "afmoe": DenseFirst("num_dense_layers", 1, 32),
     "lfm2_moe": DenseFirst("num_dense_layers", 2, 32),
 }

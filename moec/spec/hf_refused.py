@@ -34,10 +34,6 @@ _HY_V4 = (
     "moec's silu_clamped clamps both"
 )
 _MUSE = "scales the router logits (output_multiplier) before the sigmoid"
-_DOTS3 = (
-    "sizes its shared experts apart from the routed ones (shared_experts_intermediate_size); "
-    "moec's are n_shared_experts x moe_intermediate_size wide"
-)
 _GATED_SHARED = (
     "gates its shared expert by a sigmoid of a per-token linear map (shared_expert_gate) and "
     "sizes it apart (shared_expert_intermediate_size); moec's shared experts are ungated, "
@@ -102,13 +98,6 @@ REFUSED_TYPES = {
     "kolibri1_1": _KOLIBRI,
     "muse_spark_text": _MUSE,
     "muse_spark": _MUSE,
-    "laguna": (
-        "sizes its shared expert apart from the routed ones (shared_expert_intermediate_size) "
-        "and may softcap the router logits (moe_router_logit_softcapping); moec's shared "
-        "experts are n_shared_experts x moe_intermediate_size wide"
-    ),
-    "dots3_note_text": _DOTS3,
-    "dots3_note": _DOTS3,
     "qwen2_moe": _GATED_SHARED,
     "qwen3_next": _GATED_SHARED,
     "qwen3_5_moe": _GATED_SHARED,
@@ -222,6 +211,14 @@ _INKLING2_SCORES = KeyCheck(
     '"sigmoid"',
 )
 KEY_CHECKS = {
+    "laguna": (
+        KeyCheck(
+            "moe_router_logit_softcapping",
+            (0, 0.0),
+            "softcaps the router logits (a tanh) before the sigmoid, which moec's router does not",
+            "0 (no softcap)",
+        ),
+    ),
     "inkling2_text": (_INKLING2_SCORES,),
     "inkling2_loop_text": (_INKLING2_SCORES,),
     "deepseek_v2": (_MLP_BIAS, _V2_METHODS),
