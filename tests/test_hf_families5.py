@@ -528,6 +528,10 @@ _ALL_DENSE = "leaves the model no MoE layer"
             "shared_experts_intermediate_size = 48: is no multiple of moe_intermediate_size = 32",
         ),
         (
+            {"model_type": "muse_spark_text", "hidden_size": 64},
+            "projects its experts' input to moe_hidden_size and normalizes it (pre_expert_proj",
+        ),
+        (
             {"model_type": "nemo_speechlm", "text_config": {"model_type": "nemotron_h"}},
             "holds a nemotron_h text model (text_config), which computes its experts as ungated",
         ),
@@ -551,6 +555,7 @@ _ALL_DENSE = "leaves the model no MoE layer"
         "inkling2 softplus scores",
         "laguna softcapped router logits",
         "dots3 shared experts no multiple",
+        "muse_spark projected experts",
         "nemo_speechlm nemotron_h text model",
         "qwen3_omni_moe two MoE models",
     ],

@@ -33,7 +33,12 @@ _HY_V4 = (
     "clamps the routed experts' SwiGLU (swiglu_limit) and not the shared expert's, where "
     "moec's silu_clamped clamps both"
 )
-_MUSE = "scales the router logits (output_multiplier) before the sigmoid"
+_MUSE = (
+    "projects its experts' input to moe_hidden_size and normalizes it (pre_expert_proj, "
+    "pre_expert_norm), their sum back (post_expert_proj), and scales the router logits "
+    "(output_multiplier) before the sigmoid, where moec's experts read and write the hidden "
+    "states as they are"
+)
 _GATED_SHARED = (
     "gates its shared expert by a sigmoid of a per-token linear map (shared_expert_gate) and "
     "sizes it apart (shared_expert_intermediate_size); moec's shared experts are ungated, "
