@@ -457,6 +457,15 @@ def _refused(tmp_path, capsys, config) -> str:
 _ALL_DENSE = "leaves the model no MoE layer"
 
 
+@pytest.mark.parametrize("model_type", ["nemo_speechlm", "nemotron_h_omni"])
+def test_models_holding_a_nemotron_h_are_refused_by_name(model_type, tmp_path, capsys):
+    """They fell through to "is not a DeepSeek-family MoE config"."""
+    config = {"model_type": model_type, "text_config": {"model_type": "nemotron_h"}}
+    err = _refused(tmp_path, capsys, config)
+    assert f"an MoE moec does not compute: {model_type} holds a nemotron_h text model" in err
+    assert "computes its experts as ungated MLPs" in err
+
+
 @pytest.mark.parametrize(
     ("config", "fragment"),
     [

@@ -129,6 +129,7 @@ REFUSED_TYPES = {
     "inkling_text": _INKLING,
     "nemotron_h": _NEMOTRON_H,
     "nemo_speechlm": f"holds a nemotron_h text model (text_config), which {_NEMOTRON_H}",
+    "nemotron_h_omni": f"holds a nemotron_h text model (text_config), which {_NEMOTRON_H}",
     "openai_privacy_filter": (
         "adds a learned bias to its router logits (router.bias) before the top-k, which moec's "
         "router has none of"
