@@ -23,7 +23,7 @@ from typing import Any
 from moec.errors import MoecError, problem
 from moec.resources import shipped_schema_path
 from moec.spec import hf_families, hf_layers, hf_refused
-from moec.spec.hf_families import Family
+from moec.spec.hf_family import Family
 from moec.spec.hf_values import ConfigReader
 from moec.spec.loader import RepeatedKey, apply_overrides, check_raw, read_user_text, unique_keys
 from moec.spec.locate import long_number

@@ -3,85 +3,19 @@ config leaves out, the family's own names of the MoE keys, where the MoE keys li
 GLM-4.5V, GLM-4.6V, GLM-5-Next, DeepSeek-OCR-2, Unlimited-OCR, Mistral-Large-4: `text_config`),
 and the MoE layer types of DeepSeek-V4 (`mlp_layer_types`, or the legacy `num_hash_layers`).
 
-The values a key left out takes are transformers' defaults for that model type.
+The values a key left out takes are transformers' defaults for that model type. The plain
+top-k routers (Mixtral's, Qwen3-MoE's, Granite's, ...) are hf_topk's; the Family record itself
+hf_family's.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from moec.errors import problem
+from moec.spec.hf_family import Family
+from moec.spec.hf_topk import TOP_K_FAMILIES
 from moec.spec.hf_values import ConfigReader
-
-
-@dataclass(frozen=True)
-class Family:
-    """The router and shared-expert defaults of one model type, and its names of the keys."""
-
-    scoring_func: str
-    topk_method: str
-    norm_topk_prob: bool
-    n_shared_experts: int
-    """When the config leaves it out."""
-    routed_scaling_factor: float = 1.0
-    n_group: int = 1
-    topk_group: int = 1
-    swiglu_limit: float | None = None
-    """The clamp of a config that leaves `swiglu_limit` out (DeepSeek-V4, GLM-5-Next: 10);
-    None: the model type's MoE block never clamps (it reads no swiglu_limit), whatever the
-    config says."""
-    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """DeepSeek's name of a key -> the names this model type's config takes for it (the
-    names transformers reads, its `attribute_map` included); a key not here is DeepSeek's; no
-    name: the model type has no such key (its MoE block fixes the value, the default)."""
-    bias_key: str | None = None
-    """The boolean key that says whether the router has a correction bias (LFM2-MoE's
-    use_expert_bias): false makes `topk_method` greedy, without one."""
-    shared_width: tuple[str, int] | None = None
-    """(the key of the shared expert's own width, transformers' default of it) where the config
-    sizes it apart (Flint's, Lara-Mini's shared_expert_intermediate_size): n_shared_experts is
-    that width over moe_intermediate_size, refused where it is no multiple."""
-    softmax_of_top_k: bool = False
-    """Whether the router takes the softmax of the top-k logits (Cohere2-MoE's): with softmax
-    scores the top-k weights are renormalized whatever norm_topk_prob says."""
-    activation: tuple[str, tuple[tuple[str, str, float], ...]] | None = None
-    """(moec's activation kind, its keys as (spec key, config key, transformers' default)) where
-    the experts compute a gated activation of their own, whatever hidden_act says: Inkling-2's
-    softcapped SwiGLU (situ), MiniMax-M3's clamped GPT-OSS SwiGLU (oai_swiglu)."""
-    greedy_ignores_groups: bool = False
-    """Whether the router reads n_group / topk_group only for group_limited_greedy (DeepSeek-V2's),
-    so that a greedy config's groups are unused, not refused."""
-    beside: Mapping[str, str] = field(default_factory=dict)
-    """A config key of a module beside the MoE block, which the spec does not describe ->
-    what it is (Granite's shared_mlp), noted in the spec init writes when the config sets it."""
-
-    @property
-    def clamps(self) -> bool:
-        """Whether the model type's MoE block clamps its SwiGLU at the config's swiglu_limit."""
-        return self.swiglu_limit is not None
-
-    def reads(self, name: str) -> bool:
-        """Whether this model type's config has a key for DeepSeek's `name`."""
-        return self.keys.get(name, (name,)) != ()
-
-    def key(self, reader: ConfigReader, name: str) -> str:
-        """The config key that holds DeepSeek's `name`: the one of this family's names the
-        config writes (a problem when it writes two with different values), else the first."""
-        names = self.keys.get(name, (name,))
-        present = [key for key in names if reader.config.get(key) is not None]
-        values = {json.dumps(reader.config[key], sort_keys=True) for key in present}
-        if len(values) > 1:
-            first = f"{present[0]} = {json.dumps(reader.config[present[0]])}"
-            reader.report(
-                present[1],
-                reader.config[present[1]],
-                f"says otherwise than {first}: two names of one key",
-                f"one of {' or '.join(present)}",
-            )
-        return present[0] if present else names[0]
-
 
 # DeepseekV3Config's defaults (DeepseekV32Config's and Kimi-K2's the same)
 _V3 = Family("sigmoid", "noaux_tc", True, 1, routed_scaling_factor=2.5, n_group=8, topk_group=4)
@@ -100,37 +34,6 @@ _BOTH_NAMES = {  # Sarvam: transformers reads DeepSeek's names and the released 
     "n_routed_experts": ("n_routed_experts", "num_experts"),
     "n_shared_experts": ("n_shared_experts", "num_shared_experts"),
 }
-_TOP_K_ONLY = dict.fromkeys(
-    ("scoring_func", "topk_method", "n_group", "topk_group", "routed_scaling_factor"), ()
-)
-"""The routing keys of a plain softmax top-k router (Mixtral, Qwen3-MoE, OLMoE): none."""
-_SOFTMAX_TOP_K = {**_TOP_K_ONLY, "n_shared_experts": ()}
-_MIXTRAL = Family(
-    "softmax",
-    "greedy",
-    True,
-    0,
-    keys={
-        **_SOFTMAX_TOP_K,
-        "n_routed_experts": ("num_local_experts", "num_experts"),
-        "moe_intermediate_size": ("intermediate_size",),
-        "norm_topk_prob": (),
-    },
-)
-"""Mixtral's block: softmax top-k, always renormalized, experts intermediate_size wide."""
-_GRANITE_SHARED = (
-    "is the width of the decoder layer's shared_mlp, which transformers adds beside the MoE "
-    "block this spec describes (patch_model leaves it transformers' own)"
-)
-_GRANITE = Family(
-    "softmax",
-    "greedy",
-    True,
-    0,
-    keys={**_MIXTRAL.keys, "n_routed_experts": ("num_local_experts",)},
-)
-"""Granite's block: the softmax of the top-k logits, which is the renormalized top-k of the
-softmax (Mixtral's), under Granite's names."""
 _INKLING2 = Family(
     "sigmoid",
     "noaux_tc",
@@ -265,113 +168,6 @@ FAMILIES = {
         topk_group=4,
         keys={"n_routed_experts": ("num_experts",), "n_shared_experts": ()},
     ),
-    # softmax over all experts, then the top-k (renormalized: always for Mixtral, as
-    # norm_topk_prob says for Qwen3-MoE and OLMoE), no shared expert
-    "mixtral": _MIXTRAL,
-    "minimax": _MIXTRAL,  # its block is Mixtral's (router_jitter_noise acts in training only)
-    "qwen3_moe": Family(
-        "softmax",
-        "greedy",
-        False,
-        0,
-        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_local_experts", "num_experts")},
-    ),
-    "olmoe": Family(
-        "softmax",
-        "greedy",
-        False,
-        0,
-        keys={
-            **_SOFTMAX_TOP_K,
-            "n_routed_experts": ("num_experts", "num_local_experts"),
-            "moe_intermediate_size": ("intermediate_size",),
-        },
-    ),
-    # the top-k of the softmax, renormalized as norm_topk_prob says (FlexOlmo: OLMoE's
-    # block and default, Mellum: Qwen3-MoE's block, renormalized by default), or never (Jamba)
-    "flex_olmo": Family(
-        "softmax",
-        "greedy",
-        False,
-        0,
-        keys={
-            **_SOFTMAX_TOP_K,
-            "n_routed_experts": ("num_experts", "num_local_experts"),
-            "moe_intermediate_size": ("intermediate_size",),
-        },
-    ),
-    "mellum": Family(
-        "softmax",
-        "greedy",
-        True,
-        0,
-        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_local_experts", "num_experts")},
-    ),
-    "jamba": Family(
-        "softmax",
-        "greedy",
-        False,
-        0,
-        keys={
-            **_MIXTRAL.keys,
-            "n_routed_experts": ("num_experts", "num_local_experts"),
-            "norm_topk_prob": (),
-        },
-    ),
-    # Qwen3-MoE's block in the Qwen3-VL-MoE text model (always renormalized) and in
-    # Qwen3-Omni-MoE's thinker (as norm_topk_prob says, true by default)
-    "qwen3_vl_moe_text": Family(
-        "softmax",
-        "greedy",
-        True,
-        0,
-        keys={
-            **_SOFTMAX_TOP_K,
-            "n_routed_experts": ("num_experts", "num_local_experts"),
-            "norm_topk_prob": (),
-        },
-    ),
-    "qwen3_omni_moe_text": Family(
-        "softmax",
-        "greedy",
-        True,
-        0,
-        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_experts", "num_local_experts")},
-    ),
-    # a top-k router without a bias, ungrouped, unscaled, and a shared expert added in full:
-    # Cohere2-MoE's (num_shared_experts x intermediate_size wide; the softmax of the top-k
-    # logits, or their sigmoid renormalized as norm_topk_prob says), Flint's (sigmoid) and
-    # Lara-Mini's (softmax), renormalized as norm_topk_prob says, the shared expert sized apart
-    "cohere2_moe": Family(
-        "softmax",
-        "greedy",
-        True,
-        0,
-        softmax_of_top_k=True,
-        keys={
-            **_TOP_K_ONLY,
-            "scoring_func": ("expert_selection_fn",),
-            "n_routed_experts": ("num_experts", "num_local_experts"),
-            "n_shared_experts": ("num_shared_experts",),
-            "moe_intermediate_size": ("intermediate_size",),
-        },
-    ),
-    "flint": Family(
-        "sigmoid",
-        "greedy",
-        True,
-        0,
-        shared_width=("shared_expert_intermediate_size", 1024),
-        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_experts",), "scoring_func": ()},
-    ),
-    "lara_mini": Family(
-        "softmax",
-        "greedy",
-        True,
-        0,
-        shared_width=("shared_expert_intermediate_size", 512),
-        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_experts",)},
-    ),
     "inkling2_text": _INKLING2,
     "inkling2_loop_text": _INKLING2,
     # sigmoid noaux_tc, ungrouped, renormalized, the experts' sum scaled; one shared expert of
@@ -420,24 +216,7 @@ FAMILIES = {
             "routed_scaling_factor": ("moe_routed_scaling_factor",),
         },
     ),
-    "granitemoe": _GRANITE,
-    "granitemoe_swa": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
-    "granitemoeshared": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
-    "granitemoehybrid": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
-    # sigmoid top-k, ungrouped, with the correction bias as use_expert_bias says (noaux_tc with
-    # one group, or greedy); renormalized by sum + 1e-6: refused (hf_refused), unless false
-    "lfm2_moe": Family(
-        "sigmoid",
-        "noaux_tc",
-        True,
-        0,
-        bias_key="use_expert_bias",
-        keys={
-            **dict.fromkeys(("scoring_func", "topk_method", "n_group", "topk_group"), ()),
-            "n_routed_experts": ("num_experts",),
-            "n_shared_experts": (),
-        },
-    ),
+    **TOP_K_FAMILIES,
 }
 """model_type -> its defaults and key names (no name: the block fixes the value)."""
 WRAPPERS = {
