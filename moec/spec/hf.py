@@ -29,6 +29,13 @@ from moec.spec.loader import RepeatedKey, apply_overrides, check_raw, read_user_
 from moec.spec.locate import long_number
 
 _KNOWN_TYPES = hf_families.KNOWN_TYPES
+_SHOWN_TYPES = 12
+_KNOWN_SHOWN = (
+    f"{', '.join(_KNOWN_TYPES[:_SHOWN_TYPES])} and {len(_KNOWN_TYPES) - _SHOWN_TYPES} more "
+    "(README.md, init --from-hf, lists them all)"
+)
+"""The model types a refusal's hint names: the first ones (DeepSeek's), then how many more, so
+that the message stays one readable line."""
 INIT_MARK = "# Written by `moec init --from-hf`"
 """The start of the second line of every spec `moec init` writes (the first is the #:schema
 line); the line ends with the digest of the lines below it, so that an edited spec is the
@@ -159,7 +166,7 @@ def spec_data_from_config(
                 problem(
                     "model_type",
                     f"is {refused}",
-                    f"a model type moec computes: {', '.join(_KNOWN_TYPES)}",
+                    f"a model type moec computes: {_KNOWN_SHOWN}",
                     value=model_type,
                 )
             ],
@@ -171,7 +178,7 @@ def spec_data_from_config(
                 problem(
                     "model_type",
                     "is not a DeepSeek-family MoE config",
-                    f"one of {', '.join(_KNOWN_TYPES)}",
+                    f"one of {_KNOWN_SHOWN}",
                     value=model_type,
                 )
             ],
