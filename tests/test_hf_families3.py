@@ -174,7 +174,8 @@ REFUSED = {
     "dbrx": "moe_normalize_expert_weights",
     "jetmoe": "JetMoeMoA",
     "switch_transformers": "expert_capacity",
-    "qwen3_vl_moe": "Qwen3VLMoeTextSparseMoeBlock",  # lfm2_moe, granitemoe, jamba: computed
+    # lfm2_moe, granitemoe, jamba, qwen3_vl_moe: computed; Qwen3-Omni's thinker too
+    "qwen3_omni_moe": "holds two MoE text models",
 }
 
 

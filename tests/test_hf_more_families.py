@@ -438,7 +438,7 @@ def test_family_key_names_and_defaults(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "model_type",
-    ["longcat_flash", "ernie4_5_moe", "step3p7", "youtu", "axk1", "hy_v4", "kolibri1", "laguna"],
+    ["longcat_flash", "ernie4_5_moe", "step3p7", "youtu", "axk1", "hy_v4", "kolibri1"],
 )
 def test_refused_model_types_are_named(model_type, tmp_path, capsys):
     err = _refused(tmp_path, capsys, {"model_type": model_type, "hidden_size": 64})
@@ -450,7 +450,6 @@ def test_refused_model_types_are_named(model_type, tmp_path, capsys):
         "axk1": "normalizes the MoE block's output (post_mlp_layernorm)",
         "hy_v4": "clamps the routed experts' SwiGLU (swiglu_limit) and not the shared",
         "kolibri1": "on the router logits plus a correction bias, before the sigmoid",
-        "laguna": "sizes its shared expert apart from the routed ones",
     }[model_type]
     assert f'model_type = "{model_type}": is an MoE moec does not compute: {model_type} ' in err
     assert reason in err

@@ -45,11 +45,16 @@ class Block:
     clamps: bool = False
     """Whether its experts clamp their SwiGLU at the config's swiglu_limit (DeepSeek-V4's,
     GLM-5-Next's); every other block ignores the key."""
+    own_activation: bool = False
+    """Whether its experts compute an activation of their own that the config's keys say in full
+    (Inkling-2's softcapped SwiGLU): neither silu nor a clamp is fixed."""
 
     @property
     def computes(self) -> tuple[Fixed, ...]:
         """Every key the block fixes: `fixed`, and the plain SwiGLU of one that never clamps."""
-        return self.fixed if self.clamps else (*self.fixed, _NO_CLAMP)
+        if self.clamps or self.own_activation:
+            return self.fixed
+        return (*self.fixed, _NO_CLAMP)
 
 
 _NO_CLAMP = Fixed("activation.kind", "silu", "never clamps its SwiGLU (it reads no swiglu_limit)")
@@ -179,6 +184,57 @@ BLOCKS = (
     _top_k("flex_olmo", "FlexOlmo"),
     _top_k("mellum", "Mellum"),
     _top_k("jamba", "Jamba", (Fixed("router.norm_topk_prob", False, _NEVER_RENORMALIZES),)),
+    _top_k("qwen3_vl_moe", "Qwen3VLMoeText", (_RENORMALIZED,)),
+    replace(
+        _top_k("qwen3_omni_moe", "Qwen3OmniMoeThinkerText"),
+        router="Qwen3OmniMoeThinkerTextTopKRouter",
+    ),
+    Block(
+        "cohere2_moe.modeling_cohere2_moe",
+        "Cohere2MoeSparseMoeBlock",
+        "Cohere2MoeTopKRouter",
+        (_GREEDY, *_UNGROUPED[:2], _NEVER_SCALES),
+    ),
+    Block(
+        "flint.modeling_flint",
+        "FlintSparseMoeBlock",
+        "FlintTopKRouter",
+        (_SIGMOID, _GREEDY, *_UNGROUPED[:2], _NEVER_SCALES),
+    ),
+    Block(
+        "lara_mini.modeling_lara_mini",
+        "LaraMiniSparseMoeBlock",
+        "LaraMiniTopKRouter",
+        (_SOFTMAX, _GREEDY, *_UNGROUPED[:2], _NEVER_SCALES),
+    ),
+    Block(
+        "inkling2.modeling_inkling2",
+        "Inkling2SparseMoeBlock",
+        "Inkling2TopKRouter",
+        (*_V3_LIKE, *_UNGROUPED, _NO_SHARED),
+        own_activation=True,
+    ),
+    Block(
+        "inkling2_loop.modeling_inkling2_loop",
+        "Inkling2LoopSparseMoeBlock",
+        "Inkling2LoopTopKRouter",
+        (*_V3_LIKE, *_UNGROUPED, _NO_SHARED),
+        own_activation=True,
+    ),
+    Block(
+        "minimax_m3_vl.modeling_minimax_m3_vl",
+        "MiniMaxM3VLSparseMoeBlock",
+        "MiniMaxM3VLTopKRouter",
+        (*_V3_LIKE, *_UNGROUPED),
+        own_activation=True,
+    ),
+    _v3("dots3_note", "Dots3NoteText"),
+    Block(
+        "laguna.modeling_laguna",
+        "LagunaSparseMoeBlock",
+        "LagunaTopKRouter",
+        (*_V3_LIKE, *_UNGROUPED),
+    ),
     _top_k("granitemoe", "GraniteMoe", (_RENORMALIZED,), "MoE"),
     _top_k("granitemoe_swa", "GraniteMoeSWA", (_RENORMALIZED,), "MoE"),
     _top_k("granitemoeshared", "GraniteMoeShared", (_RENORMALIZED,), "MoE"),
@@ -202,7 +258,7 @@ BLOCKS = (
     ),
 )
 """Every block patch_model replaces (Kimi-K2 and Kimi-K2.5 hold DeepseekV3MoE blocks, Sarvam's
-sarvam_mla DeepseekV3MoE ones and sarvam_moe Glm4MoeMoE ones; GLM-4.6V holds GLM-4.5V's).
+sarvam_mla DeepseekV3MoE ones, sarvam_moe and param2moe Glm4MoeMoE ones; GLM-4.6V holds GLM-4.5V's).
 Granite's shared_mlp, Jamba's and GraniteMoeHybrid's Mamba layers sit beside the MoE blocks and
 stay transformers' own."""
 ROUTER_KEYS = ("transformers", "config")

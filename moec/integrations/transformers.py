@@ -10,7 +10,9 @@ Kimi-K2.5 and Sarvam; `DeepseekV2Moe`, `DeepseekV32MoE`, `Glm4MoeMoE`, DeepSeek-
 GLM-4.5V / 4.6V, GLM-5-Next, Kimi-Linear, Ling, EXAONE-MoE, MiMo-V2-Flash, DeepSeek-OCR-2,
 AFMoE, MiniMax-M2, Hunyuan, HY-V3, A.X-K2, Mistral-4, Mistral-Large-4 and Unlimited-OCR,
 MiniCPM-5 and Beam, the softmax top-k blocks of Mixtral, MiniMax, Qwen3-MoE, OLMoE, FlexOlmo,
-Mellum, Jamba and the four Granite MoE models, and LFM2-MoE's sigmoid one:
+Mellum, Jamba, the four Granite MoE models, Qwen3-VL-MoE and Qwen3-Omni-MoE's thinker,
+LFM2-MoE's sigmoid one, and the top-k blocks with a shared expert of Cohere2-MoE, Flint and
+Lara-Mini, Inkling-2's and MiniMax-M3's:
 hf_blocks.BLOCKS) with a `MoecMoE`. The spec is built once; each block's weights (transformers' own state-dict names) go into that block's
 own `MoELayer`, quantized on load when the spec asks for fp8, and the transformers block is
 dropped at once: the model never holds two copies of more than one layer's experts.
@@ -26,6 +28,7 @@ import importlib
 import json
 import re
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, get_args
 
@@ -256,7 +259,8 @@ def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list
                     f"has no DeepSeek MoE block to replace (a {type(model).__name__})",
                     "a transformers model of a DeepSeek-style MoE (moec init --from-hf lists "
                     "the model types)",
-                )
+                ),
+                *_why_no_block(model),
             ],
             kind="usage",
         )
@@ -279,6 +283,20 @@ def _blocks_of(model: nn.Module, keep_hash_layers: bool) -> tuple[dict[str, list
             kind="usage",
         )
     return groups, block
+
+
+def _why_no_block(model: nn.Module) -> list[Problem]:
+    """The problems init --from-hf finds in the model's (text) config, under
+    "model.config.": a model type moec computes whose config leaves it no MoE layer
+    (first_k_dense_replace = num_hidden_layers) says so by key; empty when init finds none."""
+    config: Any = getattr(model, "config", None)
+    if not hasattr(config, "get_text_config"):
+        return []
+    try:
+        spec_data_from_config(config.get_text_config().to_dict(), clamp_as="config")
+    except MoecError as error:
+        return [replace(found, path=f"model.config.{found.path}") for found in error.problems]
+    return []
 
 
 def _refused_type(model: nn.Module) -> str | None:
@@ -568,6 +586,27 @@ def _runtime_problems(spec: dict, dtype: torch.dtype, device: torch.device) -> l
     return found
 
 
+_SHARED_EXPERT = re.compile(r"^shared_expert\.")
+"""Flint's and Lara-Mini's shared expert (one MLP, shared_expert.{gate,up,down}_proj)."""
+
+
+_FUSED_SHARED = "shared_experts.gate_up_proj.weight"
+"""MiniMax-M3's shared expert: one Linear of [gate; up], [2I, H]."""
+
+
+def _moec_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A block's state dict under the names load_weights reads: shared_expert.* (Flint's,
+    Lara-Mini's) as shared_experts.*, which it is; a fused shared gate_up_proj as its two
+    halves, gate_proj and up_proj."""
+    named = {_SHARED_EXPERT.sub("shared_experts.", key): value for key, value in tensors.items()}
+    fused = named.pop(_FUSED_SHARED, None)
+    if fused is not None:
+        gate, up = fused.chunk(2, dim=0)
+        named["shared_experts.gate_proj.weight"] = gate
+        named["shared_experts.up_proj.weight"] = up
+    return named
+
+
 def _replace_block(model: nn.Module, name: str, package, hashed: bool) -> None:
     """Move the block's weights into a new MoELayer and put a MoecMoE in the block's place."""
     block = model.get_submodule(name)
@@ -575,7 +614,7 @@ def _replace_block(model: nn.Module, name: str, package, hashed: bool) -> None:
     # gate_up_proj tensor by _expert_weights_format
     layer = package.MoELayer(device=block.experts.gate_up_proj.device)  # type: ignore[union-attr]
     try:
-        layer.load_weights(block.state_dict())
+        layer.load_weights(_moec_names(block.state_dict()))
     except ValueError as error:  # the package's WeightError lists every tensor
         raise MoecError([problem(name, str(error))], kind="usage") from None
     parent, _, attribute = name.rpartition(".")

@@ -22,13 +22,20 @@ from typing import Any
 
 from moec.errors import MoecError, problem
 from moec.resources import shipped_schema_path
-from moec.spec import hf_families, hf_refused
-from moec.spec.hf_families import Family
+from moec.spec import hf_families, hf_layers, hf_refused
+from moec.spec.hf_family import Family
 from moec.spec.hf_values import ConfigReader
 from moec.spec.loader import RepeatedKey, apply_overrides, check_raw, read_user_text, unique_keys
 from moec.spec.locate import long_number
 
 _KNOWN_TYPES = hf_families.KNOWN_TYPES
+_SHOWN_TYPES = 12
+_KNOWN_SHOWN = (
+    f"{', '.join(_KNOWN_TYPES[:_SHOWN_TYPES])} and {len(_KNOWN_TYPES) - _SHOWN_TYPES} more "
+    "(README.md, init --from-hf, lists them all)"
+)
+"""The model types a refusal's hint names: the first ones (DeepSeek's), then how many more, so
+that the message stays one readable line."""
 INIT_MARK = "# Written by `moec init --from-hf`"
 """The start of the second line of every spec `moec init` writes (the first is the #:schema
 line); the line ends with the digest of the lines below it, so that an edited spec is the
@@ -159,7 +166,7 @@ def spec_data_from_config(
                 problem(
                     "model_type",
                     f"is {refused}",
-                    f"a model type moec computes: {', '.join(_KNOWN_TYPES)}",
+                    f"a model type moec computes: {_KNOWN_SHOWN}",
                     value=model_type,
                 )
             ],
@@ -171,7 +178,7 @@ def spec_data_from_config(
                 problem(
                     "model_type",
                     "is not a DeepSeek-family MoE config",
-                    f"one of {', '.join(_KNOWN_TYPES)}",
+                    f"one of {_KNOWN_SHOWN}",
                     value=model_type,
                 )
             ],
@@ -185,10 +192,12 @@ def spec_data_from_config(
     layer_type = hf_families.check_layer_type(source, layer_type)
     family, reader = hf_families.FAMILIES[source.model_type], source.reader
     hf_refused.check_keys(reader, source.model_type)
+    hf_layers.check_moe_layers(reader, source.model_type)
     raw: dict[str, Any] = {"name": name or _name_from(outer)}
     raw.update(model=_model_from(reader, family), router=_router_from(reader, family))
+    unused = _unused_groups(reader, family, raw["router"])
     if notes is not None:
-        notes.extend(_beside_notes(reader, family))
+        notes.extend(_beside_notes(reader, family) + unused)
     if layer_type == "hash_moe":  # tid2eid[token_id] chooses: a table of vocab_size rows
         raw["router"]["topk_method"] = "hash"
         raw["model"]["vocab_size"] = reader.integer("vocab_size", "model.vocab_size", required=True)
@@ -228,7 +237,39 @@ def _model_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
     if family.reads("n_shared_experts"):  # Hunyuan: one shared expert, no key
         shared = reader.integer(family.key(reader, "n_shared_experts"), "model.n_shared_experts")
     model["n_shared_experts"] = family.n_shared_experts if shared is None else shared
+    if family.shared_width is not None:
+        count = model["n_shared_experts"] if family.reads("n_shared_experts") else 1
+        model["n_shared_experts"] = _shared_from_width(reader, family.shared_width, model, count)
     return model
+
+
+def _shared_from_width(
+    reader: ConfigReader, width: tuple[str, int], model: dict, count: Any
+) -> Any:
+    """n_shared_experts of shared experts sized apart: `count` of them (dots3's
+    n_shared_experts, or one) of the width the key says (or transformers' default), over
+    moe_intermediate_size; a total that is no multiple of it is reported (moec's shared experts
+    are n_shared_experts x moe_intermediate_size wide)."""
+    key, default = width
+    value = reader.integer(key, "model.n_shared_experts")
+    value = default if value is None else value
+    experts = model["moe_intermediate_size"]
+    if type(experts) is not int or experts <= 0 or type(count) is not int or count < 0:
+        return 0 if type(count) is int else count  # the spec's rules report these
+    total = value * count
+    if total % experts == 0 and total >= 0:
+        return total // experts
+    times = "" if count == 1 else f" (x n_shared_experts = {count})"
+    why = (
+        f"is no multiple of moe_intermediate_size = {experts}{times}: moec's shared experts "
+        "are n_shared_experts x moe_intermediate_size wide"
+    )
+    if reader.config.get(key) is None:
+        message = f"absent, so transformers' default {value}, which {why}"
+        reader.problems.append(problem(reader.prefix + key, message, f"a multiple of {experts}"))
+    else:
+        reader.report(key, value, why, f"a multiple of {experts}")
+    return 0
 
 
 def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
@@ -243,12 +284,32 @@ def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
         router[key] = getattr(family, key) if count is None else count
     norm = _family_value(reader, family, "norm_topk_prob", reader.boolean)
     router["norm_topk_prob"] = family.norm_topk_prob if norm is None else norm
+    if family.softmax_of_top_k and router["scoring_func"] == "softmax":
+        router["norm_topk_prob"] = True  # the softmax of the top-k logits sums to 1
     scaling = _family_value(reader, family, "routed_scaling_factor", reader.number)
     router["routed_scaling_factor"] = family.routed_scaling_factor if scaling is None else scaling
     if family.bias_key is not None:  # a router without its correction bias: the plain top-k
         if reader.boolean(family.bias_key, "router.topk_method") is False:
             router["topk_method"] = "greedy"
     return router
+
+
+def _unused_groups(reader: ConfigReader, family: Family, router: dict[str, Any]) -> list[str]:
+    """Under greedy, a router that reads its groups only for group_limited_greedy
+    (Family.greedy_ignores_groups: DeepSeek-V2's, in transformers and DeepSeek's code) chooses
+    among all experts: n_group and topk_group become 1 (the spec's greedy takes no groups), and
+    one sentence says so. Empty when the config's groups are 1 already."""
+    groups = (router["n_group"], router["topk_group"])
+    if not family.greedy_ignores_groups or router["topk_method"] != "greedy":
+        return []
+    if groups == (1, 1) or not all(type(count) is int for count in groups):
+        return []
+    router["n_group"] = router["topk_group"] = 1
+    return [
+        f"{reader.prefix}n_group = {groups[0]} and topk_group = {groups[1]} are not followed: "
+        'with topk_method = "greedy" the router chooses among all experts (transformers\' '
+        "and DeepSeek's read the groups only for group_limited_greedy)"
+    ]
 
 
 def _beside_notes(reader: ConfigReader, family: Family) -> list[str]:
@@ -280,6 +341,13 @@ def _activation_from(
     """silu_clamped with a (non-zero) swiglu_limit (left out: the family's default) where the
     family's block clamps or `clamp_as` is "config", else None (silu); another hidden_act is
     reported. A swiglu_limit the block never reads is a sentence in `notes`."""
+    if family.activation is not None:  # the block's own SwiGLU: hidden_act is not read
+        kind, keys = family.activation
+        activation: dict[str, Any] = {"kind": kind}
+        for spec_key, key, default in keys:
+            value = reader.number(key, f"activation.{spec_key}")
+            activation[spec_key] = default if value is None else value
+        return activation
     act = reader.text("hidden_act", "activation")
     if family.clamps or clamp_as == "config":
         limit = reader.number("swiglu_limit", "activation")

@@ -3,77 +3,25 @@ config leaves out, the family's own names of the MoE keys, where the MoE keys li
 GLM-4.5V, GLM-4.6V, GLM-5-Next, DeepSeek-OCR-2, Unlimited-OCR, Mistral-Large-4: `text_config`),
 and the MoE layer types of DeepSeek-V4 (`mlp_layer_types`, or the legacy `num_hash_layers`).
 
-The values a key left out takes are transformers' defaults for that model type.
+The values a key left out takes are transformers' defaults for that model type. The plain
+top-k routers (Mixtral's, Qwen3-MoE's, Granite's, ...) are hf_topk's; the Family record itself
+hf_family's.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from moec.errors import problem
+from moec.spec.hf_family import Family
+from moec.spec.hf_topk import TOP_K_FAMILIES
 from moec.spec.hf_values import ConfigReader
-
-
-@dataclass(frozen=True)
-class Family:
-    """The router and shared-expert defaults of one model type, and its names of the keys."""
-
-    scoring_func: str
-    topk_method: str
-    norm_topk_prob: bool
-    n_shared_experts: int
-    """When the config leaves it out."""
-    routed_scaling_factor: float = 1.0
-    n_group: int = 1
-    topk_group: int = 1
-    swiglu_limit: float | None = None
-    """The clamp of a config that leaves `swiglu_limit` out (DeepSeek-V4, GLM-5-Next: 10);
-    None: the model type's MoE block never clamps (it reads no swiglu_limit), whatever the
-    config says."""
-    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """DeepSeek's name of a key -> the names this model type's config takes for it (the
-    names transformers reads, its `attribute_map` included); a key not here is DeepSeek's; no
-    name: the model type has no such key (its MoE block fixes the value, the default)."""
-    bias_key: str | None = None
-    """The boolean key that says whether the router has a correction bias (LFM2-MoE's
-    use_expert_bias): false makes `topk_method` greedy, without one."""
-    beside: Mapping[str, str] = field(default_factory=dict)
-    """A config key of a module beside the MoE block, which the spec does not describe ->
-    what it is (Granite's shared_mlp), noted in the spec init writes when the config sets it."""
-
-    @property
-    def clamps(self) -> bool:
-        """Whether the model type's MoE block clamps its SwiGLU at the config's swiglu_limit."""
-        return self.swiglu_limit is not None
-
-    def reads(self, name: str) -> bool:
-        """Whether this model type's config has a key for DeepSeek's `name`."""
-        return self.keys.get(name, (name,)) != ()
-
-    def key(self, reader: ConfigReader, name: str) -> str:
-        """The config key that holds DeepSeek's `name`: the one of this family's names the
-        config writes (a problem when it writes two with different values), else the first."""
-        names = self.keys.get(name, (name,))
-        present = [key for key in names if reader.config.get(key) is not None]
-        values = {json.dumps(reader.config[key], sort_keys=True) for key in present}
-        if len(values) > 1:
-            first = f"{present[0]} = {json.dumps(reader.config[present[0]])}"
-            reader.report(
-                present[1],
-                reader.config[present[1]],
-                f"says otherwise than {first}: two names of one key",
-                f"one of {' or '.join(present)}",
-            )
-        return present[0] if present else names[0]
-
 
 # DeepseekV3Config's defaults (DeepseekV32Config's and Kimi-K2's the same)
 _V3 = Family("sigmoid", "noaux_tc", True, 1, routed_scaling_factor=2.5, n_group=8, topk_group=4)
 _ONE_SHARED = Family("sigmoid", "noaux_tc", True, 1)
 _NO_SHARED = Family("sigmoid", "noaux_tc", True, 0)
-_V2 = Family("softmax", "greedy", False, 2)
+_V2 = Family("softmax", "greedy", False, 2, greedy_ignores_groups=True)
 _LINEAR_KEYS = {  # Kimi-Linear's and Ling's (bailing) names, as their config.json write them
     "n_routed_experts": ("num_experts",),
     "num_experts_per_tok": ("num_experts_per_token",),
@@ -86,37 +34,25 @@ _BOTH_NAMES = {  # Sarvam: transformers reads DeepSeek's names and the released 
     "n_routed_experts": ("n_routed_experts", "num_experts"),
     "n_shared_experts": ("n_shared_experts", "num_shared_experts"),
 }
-_TOP_K_ONLY = dict.fromkeys(
-    ("scoring_func", "topk_method", "n_group", "topk_group", "routed_scaling_factor"), ()
-)
-"""The routing keys of a plain softmax top-k router (Mixtral, Qwen3-MoE, OLMoE): none."""
-_SOFTMAX_TOP_K = {**_TOP_K_ONLY, "n_shared_experts": ()}
-_MIXTRAL = Family(
-    "softmax",
-    "greedy",
+_INKLING2 = Family(
+    "sigmoid",
+    "noaux_tc",
     True,
     0,
+    8.0,
+    activation=(
+        "situ",
+        (("beta", "mlp_gate_softcap", 4.0), ("linear_beta", "mlp_up_softcap", 25.0)),
+    ),
     keys={
-        **_SOFTMAX_TOP_K,
-        "n_routed_experts": ("num_local_experts", "num_experts"),
-        "moe_intermediate_size": ("intermediate_size",),
-        "norm_topk_prob": (),
+        **dict.fromkeys(("topk_method", "n_group", "topk_group", "norm_topk_prob"), ()),
+        "n_shared_experts": (),
+        "n_routed_experts": ("n_routed_experts", "num_local_experts"),
+        "routed_scaling_factor": ("route_scale", "routed_scaling_factor"),
     },
 )
-"""Mixtral's block: softmax top-k, always renormalized, experts intermediate_size wide."""
-_GRANITE_SHARED = (
-    "is the width of the decoder layer's shared_mlp, which transformers adds beside the MoE "
-    "block this spec describes (patch_model leaves it transformers' own)"
-)
-_GRANITE = Family(
-    "softmax",
-    "greedy",
-    True,
-    0,
-    keys={**_MIXTRAL.keys, "n_routed_experts": ("num_local_experts",)},
-)
-"""Granite's block: the softmax of the top-k logits, which is the renormalized top-k of the
-softmax (Mixtral's), under Granite's names."""
+"""Inkling-2's block: sigmoid scores, the top-k of scores + bias, ungrouped, always renormalized
+and scaled by route_scale, no shared expert, a softcapped SwiGLU."""
 FAMILIES = {
     "deepseek_v2": _V2,
     "deepseek_v3": _V3,
@@ -138,6 +74,7 @@ FAMILIES = {
     "mimo_v2_flash": _NO_SHARED,
     "sarvam_mla": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_BOTH_NAMES),
     "sarvam_moe": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_BOTH_NAMES),
+    "param2moe": Family("sigmoid", "noaux_tc", True, 2, 2.5, keys=_BOTH_NAMES),  # Glm4MoeMoE
     "exaone_moe": Family("sigmoid", "noaux_tc", True, 1, 2.5, keys=_NUM_EXPERTS),
     "kimi_linear": Family(
         "sigmoid",
@@ -157,9 +94,7 @@ FAMILIES = {
         topk_group=4,
         keys={**_LINEAR_KEYS, "scoring_func": ("score_function",)},
     ),
-    "deepseek_ocr2_text": Family(
-        "softmax", "greedy", False, 2, keys={"n_routed_experts": _BOTH_NAMES["n_routed_experts"]}
-    ),
+    "deepseek_ocr2_text": replace(_V2, keys={"n_routed_experts": _BOTH_NAMES["n_routed_experts"]}),
     # sigmoid top-k with a correction bias, ungrouped, renormalized: noaux_tc with one group
     "afmoe": Family(
         "sigmoid",
@@ -183,9 +118,7 @@ FAMILIES = {
             "moe_intermediate_size": ("intermediate_size",),
         },
     ),
-    "unlimited_ocr_text": Family(
-        "softmax", "greedy", False, 2, keys={"n_routed_experts": _BOTH_NAMES["n_routed_experts"]}
-    ),
+    "unlimited_ocr_text": replace(_V2, keys={"n_routed_experts": _BOTH_NAMES["n_routed_experts"]}),
     "axk2": Family("sigmoid", "noaux_tc", True, 1, 2.5),  # grouped: refused (hf_refused)
     "hy_v3": Family(
         "sigmoid",
@@ -235,77 +168,55 @@ FAMILIES = {
         topk_group=4,
         keys={"n_routed_experts": ("num_experts",), "n_shared_experts": ()},
     ),
-    # softmax over all experts, then the top-k (renormalized: always for Mixtral, as
-    # norm_topk_prob says for Qwen3-MoE and OLMoE), no shared expert
-    "mixtral": _MIXTRAL,
-    "minimax": _MIXTRAL,  # its block is Mixtral's (router_jitter_noise acts in training only)
-    "qwen3_moe": Family(
-        "softmax",
-        "greedy",
-        False,
-        0,
-        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_local_experts", "num_experts")},
-    ),
-    "olmoe": Family(
-        "softmax",
-        "greedy",
-        False,
-        0,
-        keys={
-            **_SOFTMAX_TOP_K,
-            "n_routed_experts": ("num_experts", "num_local_experts"),
-            "moe_intermediate_size": ("intermediate_size",),
-        },
-    ),
-    # the top-k of the softmax, renormalized as norm_topk_prob says (FlexOlmo: OLMoE's
-    # block and default, Mellum: Qwen3-MoE's block, renormalized by default), or never (Jamba)
-    "flex_olmo": Family(
-        "softmax",
-        "greedy",
-        False,
-        0,
-        keys={
-            **_SOFTMAX_TOP_K,
-            "n_routed_experts": ("num_experts", "num_local_experts"),
-            "moe_intermediate_size": ("intermediate_size",),
-        },
-    ),
-    "mellum": Family(
-        "softmax",
-        "greedy",
-        True,
-        0,
-        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_local_experts", "num_experts")},
-    ),
-    "jamba": Family(
-        "softmax",
-        "greedy",
-        False,
-        0,
-        keys={
-            **_MIXTRAL.keys,
-            "n_routed_experts": ("num_experts", "num_local_experts"),
-            "norm_topk_prob": (),
-        },
-    ),
-    "granitemoe": _GRANITE,
-    "granitemoe_swa": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
-    "granitemoeshared": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
-    "granitemoehybrid": replace(_GRANITE, beside={"shared_intermediate_size": _GRANITE_SHARED}),
-    # sigmoid top-k, ungrouped, with the correction bias as use_expert_bias says (noaux_tc with
-    # one group, or greedy); renormalized by sum + 1e-6: refused (hf_refused), unless false
-    "lfm2_moe": Family(
+    "inkling2_text": _INKLING2,
+    "inkling2_loop_text": _INKLING2,
+    # sigmoid noaux_tc, ungrouped, renormalized, the experts' sum scaled; one shared expert of
+    # shared_intermediate_size; every expert's SwiGLU GPT-OSS's, clamped at swiglu_limit
+    "minimax_m3_vl_text": Family(
         "sigmoid",
         "noaux_tc",
         True,
         0,
-        bias_key="use_expert_bias",
+        2.0,
+        shared_width=("shared_intermediate_size", 3072),
+        activation=(
+            "oai_swiglu",
+            (("alpha", "swiglu_alpha", 1.702), ("limit", "swiglu_limit", 7.0)),
+        ),
         keys={
-            **dict.fromkeys(("scoring_func", "topk_method", "n_group", "topk_group"), ()),
-            "n_routed_experts": ("num_experts",),
+            **dict.fromkeys(("topk_method", "n_group", "topk_group", "norm_topk_prob"), ()),
+            "scoring_func": (),
             "n_shared_experts": (),
+            "n_routed_experts": ("num_local_experts", "num_experts"),
+            "moe_intermediate_size": ("intermediate_size",),
         },
     ),
+    # DeepSeek-V3's router with shared experts sized apart: dots3's n_shared_experts of
+    # shared_experts_intermediate_size, Laguna's one of shared_expert_intermediate_size
+    # (ungrouped, always renormalized, the experts' sum scaled by moe_routed_scaling_factor)
+    "dots3_note_text": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        1,
+        shared_width=("shared_experts_intermediate_size", 1536),
+        keys={"n_routed_experts": ("n_routed_experts", "num_local_experts")},
+    ),
+    "laguna": Family(
+        "sigmoid",
+        "noaux_tc",
+        True,
+        0,
+        shared_width=("shared_expert_intermediate_size", 512),
+        keys={
+            **dict.fromkeys(("topk_method", "n_group", "topk_group", "norm_topk_prob"), ()),
+            "scoring_func": (),
+            "n_shared_experts": (),
+            "n_routed_experts": ("num_experts",),
+            "routed_scaling_factor": ("moe_routed_scaling_factor",),
+        },
+    ),
+    **TOP_K_FAMILIES,
 }
 """model_type -> its defaults and key names (no name: the block fixes the value)."""
 WRAPPERS = {
@@ -316,6 +227,12 @@ WRAPPERS = {
     "deepseek_ocr2": ("deepseek_ocr2_text",),
     "unlimited_ocr": ("unlimited_ocr_text",),
     "mistral_large4": ("mistral_large4_text",),
+    "qwen3_vl_moe": ("qwen3_vl_moe_text",),
+    "qwen3_omni_moe_thinker": ("qwen3_omni_moe_text",),
+    "inkling2": ("inkling2_text",),
+    "inkling2_loop": ("inkling2_loop_text",),
+    "minimax_m3_vl": ("minimax_m3_vl_text",),
+    "dots3_note": ("dots3_note_text",),
 }
 """model_type whose MoE keys sit in `text_config` -> the MoE text model types it may hold (the
 first when `text_config` names none, as transformers does, unless WRAPPER_DEFAULTS says)."""

@@ -13,6 +13,7 @@ key.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,10 +33,11 @@ _HY_V4 = (
     "clamps the routed experts' SwiGLU (swiglu_limit) and not the shared expert's, where "
     "moec's silu_clamped clamps both"
 )
-_MUSE = "scales the router logits (output_multiplier) before the sigmoid"
-_DOTS3 = (
-    "sizes its shared experts apart from the routed ones (shared_experts_intermediate_size); "
-    "moec's are n_shared_experts x moe_intermediate_size wide"
+_MUSE = (
+    "projects its experts' input to moe_hidden_size and normalizes it (pre_expert_proj, "
+    "pre_expert_norm), their sum back (post_expert_proj), and scales the router logits "
+    "(output_multiplier) before the sigmoid, where moec's experts read and write the hidden "
+    "states as they are"
 )
 _GATED_SHARED = (
     "gates its shared expert by a sigmoid of a per-token linear map (shared_expert_gate) and "
@@ -71,28 +73,17 @@ _INKLING = (
     "shared experts' log-sigmoid logits normalized together), where moec's shared experts are "
     "unweighted"
 )
+_NEMOTRON_H = (
+    "computes its experts as ungated MLPs, down(act(up(x))) with mlp_hidden_act (and may "
+    "project them to a latent width, moe_latent_size), where moec's are gated (SwiGLU)"
+)
 _UNCHECKED = (
     "has an MoE block moec has not been checked against transformers' own ({block}), so "
     "init does not guess what it computes"
 )
-UNCHECKED_BLOCKS = {
-    "cohere2_moe": "Cohere2MoeSparseMoeBlock",
-    "flint": "FlintSparseMoeBlock",
-    "inkling2": "Inkling2SparseMoeBlock",
-    "inkling2_text": "Inkling2SparseMoeBlock",
-    "inkling2_loop": "Inkling2LoopSparseMoeBlock",
-    "inkling2_loop_text": "Inkling2LoopSparseMoeBlock",
-    "lara_mini": "LaraMiniSparseMoeBlock",
-    "minimax_m3_vl": "MiniMaxM3VLSparseMoeBlock",
-    "minimax_m3_vl_text": "MiniMaxM3VLSparseMoeBlock",
-    "qwen3_omni_moe": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
-    "qwen3_omni_moe_thinker": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
-    "qwen3_omni_moe_text": "Qwen3OmniMoeThinkerTextSparseMoeBlock",
-    "qwen3_vl_moe": "Qwen3VLMoeTextSparseMoeBlock",
-    "qwen3_vl_moe_text": "Qwen3VLMoeTextSparseMoeBlock",
-}
-"""The other MoE model types of transformers 5.24-5.25, refused until each is checked (each
-block read, and computed or refused with its reason)."""
+UNCHECKED_BLOCKS: dict[str, str] = {}
+"""model_type -> its block, for an MoE model type of transformers refused until it is checked
+(its block read, and computed or refused with its reason); every one of 5.24-5.25 is."""
 REFUSED_TYPES = {
     "longcat_flash": (
         "routes tokens to zero-computation (identity) experts (zero_expert_num) beside its FFN "
@@ -112,13 +103,6 @@ REFUSED_TYPES = {
     "kolibri1_1": _KOLIBRI,
     "muse_spark_text": _MUSE,
     "muse_spark": _MUSE,
-    "laguna": (
-        "sizes its shared expert apart from the routed ones (shared_expert_intermediate_size) "
-        "and may softcap the router logits (moe_router_logit_softcapping); moec's shared "
-        "experts are n_shared_experts x moe_intermediate_size wide"
-    ),
-    "dots3_note_text": _DOTS3,
-    "dots3_note": _DOTS3,
     "qwen2_moe": _GATED_SHARED,
     "qwen3_next": _GATED_SHARED,
     "qwen3_5_moe": _GATED_SHARED,
@@ -126,6 +110,11 @@ REFUSED_TYPES = {
     "qwen4_exp": _GATED_SHARED,
     "qwen4_exp_text": _GATED_SHARED,
     "qwen3_omni_moe_talker_text": _GATED_SHARED,
+    "qwen3_omni_moe": (
+        "holds two MoE text models, its thinker's (Qwen3-MoE's block, which moec computes: "
+        "init from thinker_config, model_type qwen3_omni_moe_thinker) and its talker's, whose "
+        "shared expert is gated (shared_expert_gate), and a spec describes one"
+    ),
     "aria": _ARIA,
     "aria_text": _ARIA,
     "ergo": (
@@ -138,10 +127,9 @@ REFUSED_TYPES = {
     "diffusion_gemma_text": _GEMMA4,
     "inkling_mm_model": _INKLING,
     "inkling_text": _INKLING,
-    "nemotron_h": (
-        "computes its experts as ungated MLPs, down(act(up(x))) with mlp_hidden_act (and may "
-        "project them to a latent width, moe_latent_size), where moec's are gated (SwiGLU)"
-    ),
+    "nemotron_h": _NEMOTRON_H,
+    "nemo_speechlm": f"holds a nemotron_h text model (text_config), which {_NEMOTRON_H}",
+    "nemotron_h_omni": f"holds a nemotron_h text model (text_config), which {_NEMOTRON_H}",
     "openai_privacy_filter": (
         "adds a learned bias to its router logits (router.bias) before the top-k, which moec's "
         "router has none of"
@@ -200,6 +188,13 @@ _MLP_BIAS = KeyCheck(
     "gives the shared experts' projections biases, which moec's experts do not have",
     "false",
 )
+_V2_METHODS = KeyCheck(
+    "topk_method",
+    ("greedy", "group_limited_greedy"),
+    "is none of the two ways DeepSeek-V2's router chooses (greedy, group_limited_greedy): "
+    "transformers' computes no top-k weights for it",
+    '"greedy" or "group_limited_greedy"',
+)
 _MISTRAL_GROUPS = KeyCheck(
     "n_group",
     (1,),
@@ -214,10 +209,27 @@ _AXK2_GROUPS = KeyCheck(
     "over one whose score plus bias is negative; moec's noaux_tc never chooses one",
     "1, or leave it out (ungrouped)",
 )
+_INKLING2_SCORES = KeyCheck(
+    "scoring_func",
+    ("sigmoid",),
+    "scores the router logits with another activation (ACT2FN[scoring_func]), where moec's "
+    "noaux_tc takes sigmoid scores",
+    '"sigmoid"',
+)
 KEY_CHECKS = {
-    "deepseek_v2": (_MLP_BIAS,),
-    "deepseek_ocr2_text": (_MLP_BIAS,),
-    "unlimited_ocr_text": (_MLP_BIAS,),
+    "laguna": (
+        KeyCheck(
+            "moe_router_logit_softcapping",
+            (0, 0.0),
+            "softcaps the router logits (a tanh) before the sigmoid, which moec's router does not",
+            "0 (no softcap)",
+        ),
+    ),
+    "inkling2_text": (_INKLING2_SCORES,),
+    "inkling2_loop_text": (_INKLING2_SCORES,),
+    "deepseek_v2": (_MLP_BIAS, _V2_METHODS),
+    "deepseek_ocr2_text": (_MLP_BIAS, _V2_METHODS),
+    "unlimited_ocr_text": (_MLP_BIAS, _V2_METHODS),
     "hy_v3": (_MLP_BIAS,),
     "mistral4": (_MISTRAL_GROUPS,),
     "mistral_large4_text": (_MISTRAL_GROUPS,),
@@ -298,6 +310,16 @@ def check_keys(reader: ConfigReader, model_type: str) -> None:
     if found is not None:
         key, why = found
         reader.report(key, reader.config[key], f"leaves the model no MoE layer: {why}", NO_MOE_HINT)
+    other = OTHER_MATH.get(model_type)
+    differs = other(reader) if other is not None else None
+    if differs is not None:
+        key, default, why = differs
+        hint = '"sum", or no shared experts'
+        if reader.config.get(key) is None:
+            message = f"absent, so transformers' default {json.dumps(default)}, which {why}"
+            reader.problems.append(problem(reader.prefix + key, message, hint))
+        else:
+            reader.report(key, reader.config[key], why, hint)
     for key in LAYER_LIMITS.get(model_type, ()):
         limits = reader.config.get(key)
         if limits is not None and not _all_zero(limits):
@@ -340,9 +362,27 @@ def _jamba_moe(reader: ConfigReader) -> tuple[str, str] | None:
 
 JAMBA_DEFAULTS = {"num_hidden_layers": 32, "expert_layer_offset": 1}
 """transformers' JambaConfig values of the keys a config leaves out."""
+
+
+def _cohere_average(reader: ConfigReader) -> tuple[str, Any, str] | None:
+    """Cohere2-MoE's shared experts averaged with the routed ones (its default strategy)."""
+    shared = reader.config.get("num_shared_experts", 0)
+    strategy = reader.config.get("shared_expert_combination_strategy")
+    if type(shared) is int and shared > 0 and strategy != "sum":
+        why = (
+            "adds the shared experts as (routed + shared) / 2, where moec's layer computes "
+            "routed + shared"
+        )
+        return "shared_expert_combination_strategy", "average", why
+    return None
+
+
 NO_MOE_LAYERS = {"granitemoehybrid": _granite_hybrid_moe, "jamba": _jamba_moe}
 """model_type -> (the key, why) where a config leaves the model without an MoE layer."""
 NO_MOE_HINT = "a config whose model has MoE layers"
+OTHER_MATH = {"cohere2_moe": _cohere_average}
+"""model_type -> (the key, transformers' default of it, why) where keys together change the
+math (a KeyCheck reads one)."""
 
 
 def _all_zero(limits: object) -> bool:

@@ -1,0 +1,155 @@
+"""Which decoder layers of a DeepSeek-style model type hold an MoE block, as transformers builds
+them: a config whose model has none (first_k_dense_replace at or past num_hidden_layers, every
+mlp_layer_types entry "dense", num_dense_layers covering every layer) is refused by that key,
+since a spec of its MoE layer describes nothing the model computes.
+
+transformers' rule per model type: the layers from `first_k_dense_replace` on (DeepSeek-V2 and
+V3, Kimi-K2, GLM-4.5 and GLM-4.5V's text model, dots1, Sarvam, Mistral-4, Param2; DeepSeek-V2
+ignores `moe_layer_freq`), or `mlp_layer_types[i] == "sparse"`, that list derived from
+`first_k_dense_replace` when a config leaves it out (DeepSeek-V3.2, GLM-5, ...), or the layers
+after the first `num_dense_layers` (AFMoE, LFM2-MoE). A key left out takes transformers'
+default for the model type (FIRST_K_DENSE).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from moec.errors import problem
+from moec.spec.hf_values import ConfigReader
+
+
+@dataclass(frozen=True)
+class DenseFirst:
+    """How one model type says which layers are dense, and transformers' defaults."""
+
+    key: str
+    """The count of dense layers first: first_k_dense_replace, or num_dense_layers."""
+    dense: int | None
+    """transformers' value of `key` when the config leaves it out (None: no such default, the
+    rule applies only to a config that writes it)."""
+    layers: int
+    """transformers' num_hidden_layers when the config leaves it out."""
+    layer_types: bool = False
+    """Whether the model reads `mlp_layer_types` ("dense" / "sparse" per layer) first."""
+
+
+def _first_k(dense: int | None, layers: int, layer_types: bool = False) -> DenseFirst:
+    return DenseFirst("first_k_dense_replace", dense, layers, layer_types)
+
+
+FIRST_K_DENSE = {
+    "deepseek_v2": _first_k(0, 32),
+    "deepseek_v3": _first_k(3, 61),
+    "kimi_k2": _first_k(3, 61),
+    "glm4_moe": _first_k(1, 46),
+    "glm4v_moe_text": _first_k(1, 46),
+    "dots1": _first_k(0, 62),
+    "sarvam_mla": _first_k(1, 32),
+    "sarvam_moe": _first_k(1, 19),
+    "mistral4": _first_k(0, 36),
+    "param2moe": _first_k(1, 21),
+    "deepseek_v32": _first_k(3, 61, True),
+    "glm_moe_dsa": _first_k(3, 78, True),
+    "exaone_moe": _first_k(1, 32, True),
+    "bailing_hybrid": _first_k(2, 42, True),
+    "mistral_large4_text": _first_k(1, 72, True),
+    "kimi_linear": _first_k(1, 27, True),
+    "axk2": _first_k(1, 48, True),
+    "unlimited_ocr_text": _first_k(1, 12, True),
+    "minicpm5_moe": _first_k(1, 28, True),
+    "glm4_moe_lite": _first_k(None, 47, True),
+    "glm5_next_text": _first_k(None, 45, True),
+    "mimo_v2_flash": _first_k(None, 48, True),
+    "hy_v3": _first_k(None, 80, True),
+    "beam": _first_k(None, 52, True),
+    "mellum": _first_k(None, 28, True),
+    "deepseek_ocr2_text": _first_k(None, 32, True),
+    "cohere2_moe": _first_k(None, 40, True),
+    "minimax_m3_vl_text": _first_k(None, 60, True),
+    "laguna": _first_k(None, 40, True),
+    "dots3_note_text": _first_k(None, 46, True),
+    "afmoe": DenseFirst("num_dense_layers", 1, 32),
+    "lfm2_moe": DenseFirst("num_dense_layers", 2, 32),
+}
+"""model_type -> its rule for the dense layers (transformers' configuration defaults)."""
+SPARSE_STEP = {
+    "qwen3_moe": ((), 24),
+    "qwen3_vl_moe_text": ((), 24),
+    "qwen3_omni_moe_text": ((), 48),
+    "flint": ((0, 1), 49),
+}
+"""model_type -> (transformers' default mlp_only_layers, num_hidden_layers) where layer i is
+MoE unless listed in mlp_only_layers, and only where (i + 1) % decoder_sparse_step == 0 (its
+default 1)."""
+HINT = "a config whose model has MoE layers"
+
+
+def check_moe_layers(reader: ConfigReader, model_type: str) -> None:
+    """Record a problem, naming the key, when the config leaves the model no MoE layer."""
+    if model_type in SPARSE_STEP:
+        _check_sparse_step(reader, *SPARSE_STEP[model_type])
+    rule = FIRST_K_DENSE.get(model_type)
+    if rule is None:
+        return
+    config = reader.config
+    layers = _count(config.get("num_hidden_layers"))
+    shown_layers = f"num_hidden_layers = {layers}"
+    if layers is None:
+        layers, shown_layers = rule.layers, f"num_hidden_layers (absent: {rule.layers})"
+    types = config.get("mlp_layer_types")
+    if rule.layer_types and isinstance(types, list):
+        if all(kind == "dense" for kind in types[:layers]):
+            reader.report(
+                "mlp_layer_types",
+                types,
+                'leaves the model no MoE layer: no layer is "sparse"',
+                HINT,
+            )
+        return
+    written = config.get(rule.key)
+    dense = _count(written)
+    if written is None:
+        dense = rule.dense
+    if dense is None or dense < layers:
+        return
+    why = f"the first {dense} layers are dense, and the model has {shown_layers}"
+    if written is None:  # transformers' default
+        message = f"absent, so transformers' default {dense}, which leaves the model no MoE layer"
+        reader.problems.append(problem(reader.prefix + rule.key, f"{message}: {why}", HINT))
+    else:
+        reader.report(rule.key, written, f"leaves the model no MoE layer: {why}", HINT)
+
+
+def _count(value: Any) -> int | None:
+    """An integer as written (not a bool); None for anything else (its type is not checked
+    here)."""
+    return value if type(value) is int else None
+
+
+def _check_sparse_step(reader: ConfigReader, dense: tuple[int, ...], default_layers: int) -> None:
+    """Qwen3-MoE's rule: a problem when mlp_only_layers and decoder_sparse_step leave no layer
+    MoE (each key as written, or transformers' default)."""
+    config = reader.config
+    layers = _count(config.get("num_hidden_layers"))
+    layers = default_layers if layers is None else layers
+    only = config.get("mlp_only_layers")
+    only = list(dense) if only is None else only
+    step = config.get("decoder_sparse_step")
+    step = 1 if step is None else step
+    if not isinstance(only, list) or type(step) is not int or step <= 0 or layers <= 0:
+        return  # not this check's to report
+    if any(index not in only and (index + 1) % step == 0 for index in range(layers)):
+        return
+    why = f"leaves the model no MoE layer: with {layers} layers, mlp_only_layers = {only}"
+    why += f" and decoder_sparse_step = {step}"
+    key = "decoder_sparse_step" if config.get("decoder_sparse_step") is not None else None
+    if all(index in only for index in range(layers)):
+        key = "mlp_only_layers"
+    if key is not None and config.get(key) is not None:
+        reader.report(key, config[key], why, HINT)
+    else:
+        name = key or "mlp_only_layers"
+        message = f"absent, so transformers' default, which {why}"
+        reader.problems.append(problem(reader.prefix + name, message, HINT))
