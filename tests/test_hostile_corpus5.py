@@ -3,11 +3,14 @@ named "-"); ... Each is exit 2, one line, nothing written."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
+import torch
 from clihelp import cli, refused, snapshot
 from conftest import EXAMPLES
+from torch import nn
 
 TINY = EXAMPLES / "tiny-cpu.toml"
 
@@ -69,3 +72,83 @@ def test_fused_shared_experts_without_shared_experts_is_one_problem(capsys):
     )  # fmt: skip
     assert "there are no shared experts to fuse (n_shared_experts = 0)" in err
     assert "None" not in err
+
+
+# --- load_state_dict of values no layer runs on -----------------------------------------------
+
+HASH = [
+    "router.topk_method=hash", "model.vocab_size=64", "router.n_group=1", "router.topk_group=1",
+    "router.scoring_func=sqrtsoftplus",
+]  # fmt: skip
+"""tiny-cpu.toml hash-routed: a tid2eid table [64, 4] in its state dict."""
+
+
+def _nan_byte(tensor: torch.Tensor) -> None:
+    tensor.view(torch.uint8).view(-1)[0] = 0x7F  # float8_e4m3fn's nan
+
+
+def _set(name: str, value: float):
+    def change(values: dict) -> None:
+        values[name].view(-1)[0] = value
+
+    return change
+
+
+def _byte(name: str):
+    return lambda values: _nan_byte(values[name])
+
+
+STATE_VALUES = {  # (overrides, change of a state dict, the problem it is)
+    "an fp8 nan in w13": ([], _byte("w13"), "w13: 1 of its 1048576 values are not finite"),
+    "a nan router weight": (
+        [],
+        _set("gate_weight", math.nan),
+        "gate_weight: 1 of its 4096 values are not finite (nan or inf)",
+    ),
+    "an inf bias": ([], _set("gate_bias", math.inf), "gate_bias: 1 of its 16 values are not"),
+    "an inf scale": ([], _set("w2_scale", math.inf), "w2_scale: 1 of its 32 values are not"),
+    "a zero scale": (
+        [],
+        _set("shared_w13_scale", 0.0),
+        "shared_w13_scale: 1 of its 4 scales are zero or negative (a scale is > 0)",
+    ),
+    "a negative scale": ([], _set("w13_scale", -1.0), "w13_scale: 1 of its 64 scales are zero"),
+    "an mxfp8 scale of no power of two": (
+        ["quant.scheme=mxfp8"],
+        _set("w13_scale", 3.0),
+        "w13_scale: 1 of its 32768 scales are no power of two (the layer's scales are UE8M0)",
+    ),
+    "a hash table id past the experts": (
+        HASH,
+        _set("tid2eid", 16),
+        "tid2eid: 1 ids outside the experts 0..15",
+    ),
+    "a negative hash table id": (HASH, _set("tid2eid", -1), "tid2eid: 1 ids outside the experts"),
+}
+
+
+@pytest.mark.parametrize("case", STATE_VALUES)
+def test_a_state_dict_of_values_no_layer_runs_on_is_refused(load_layer, case):
+    """load_weights refuses nan, scales <= 0 and hash ids outside the experts; load_state_dict
+    copied them: nan outputs, a torch IndexError in the forward (-1 silently the last expert;
+    an out-of-bounds read in a Triton kernel). Now it is one ValueError naming the tensor, and
+    the layer keeps its weights; a parent module's load_state_dict is refused as well."""
+    overrides, change, fragment = STATE_VALUES[case]
+    package = load_layer(TINY, *overrides)
+    layer = package.MoELayer().random_(0)
+    before = {name: tensor.clone() for name, tensor in layer.state_dict().items()}
+    values = {name: tensor.clone() for name, tensor in before.items()}
+    change(values)
+    with pytest.raises(ValueError, match="load_state_dict") as refused:
+        layer.load_state_dict(values)
+    assert fragment in str(refused.value)
+    assert str(refused.value).endswith("; the layer is unchanged")
+    parent = nn.Sequential(layer)
+    with pytest.raises(RuntimeError) as refused:
+        parent.load_state_dict({f"0.{name}": tensor for name, tensor in values.items()})
+    assert fragment in str(refused.value) and "nothing of the layer was copied" in str(
+        refused.value
+    )
+    after = layer.state_dict()
+    assert all(torch.equal(after[n].view(torch.uint8), before[n].view(torch.uint8)) for n in before)
+    assert layer.load_state_dict(before) is not None  # its own values load again

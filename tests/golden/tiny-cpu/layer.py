@@ -18,7 +18,7 @@ import weakref
 import torch
 from torch import nn
 
-from . import progress, stages, weights
+from . import expert_weights, progress, stages, weights
 
 NAME = "tiny_cpu"
 DTYPE = torch.bfloat16
@@ -268,19 +268,41 @@ class MoELayer(nn.Module):
                     f"{NAME}: load_state_dict: {name} is a meta tensor (a shape without values); "
                     "the layer is unchanged"
                 )
-        return super().load_state_dict(state_dict, strict, assign)
+            wrong = expert_weights.state_problem(name, tensor, weights.LAYER_WEIGHTS)
+            if wrong:
+                raise ValueError(
+                    f"{NAME}: load_state_dict: {name}: {wrong}; the layer is unchanged"
+                )
+        # checked: _load_from_state_dict need not read the values again
+        self._state_checked = True
+        try:
+            return super().load_state_dict(state_dict, strict, assign)
+        finally:
+            self._state_checked = False
 
     def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
-        """Where a parent's load_state_dict reaches this layer too: a tensor of another dtype
-        is an error (nothing of this layer copied), and a load of every parameter sets the
-        weights."""
+        """Where a parent's load_state_dict reaches this layer too: a tensor of another dtype,
+        or of values no layer runs on (nan, a scale <= 0), is an error (nothing of this layer
+        copied), and a load of every parameter sets the weights."""
         error_msgs = args[-1]
+        # the values, by this layer's load_state_dict
+        checked = getattr(self, "_state_checked", False)
         for name, own in self._parameters.items():
             tensor = state_dict.get(prefix + name)
             if isinstance(tensor, torch.Tensor) and tensor.dtype != own.dtype:
                 error_msgs.append(
                     f"{NAME}: {prefix}{name} is {tensor.dtype}, the layer's {own.dtype}; "
                     "nothing of the layer was copied (load a checkpoint with load_weights)"
+                )
+                return
+            if checked or not isinstance(tensor, torch.Tensor) or tensor.is_meta:
+                continue
+            if tensor.shape != own.shape:  # torch's own message names it
+                continue
+            wrong = expert_weights.state_problem(name, tensor, weights.LAYER_WEIGHTS)
+            if wrong:
+                error_msgs.append(
+                    f"{NAME}: {prefix}{name}: {wrong}; nothing of the layer was copied"
                 )
                 return
         errors = len(error_msgs)
