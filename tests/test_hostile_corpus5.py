@@ -152,3 +152,61 @@ def test_a_state_dict_of_values_no_layer_runs_on_is_refused(load_layer, case):
     after = layer.state_dict()
     assert all(torch.equal(after[n].view(torch.uint8), before[n].view(torch.uint8)) for n in before)
     assert layer.load_state_dict(before) is not None  # its own values load again
+
+
+def _other_weights(layer) -> dict:
+    """The layer's state dict with every value changed (its router weight doubled)."""
+    values = {name: tensor.clone() for name, tensor in layer.state_dict().items()}
+    values["gate_weight"] *= 2
+    return values
+
+
+def _same_bytes(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[n].view(torch.uint8), b[n].view(torch.uint8)) for n in a)
+
+
+PARENT_LOADS = {  # a change of the state dict (after gate_weight) -> what the message says
+    "a wrong shape": (lambda v: v.__setitem__("w2", v["w2"][:1]), "0.w2 is [1, 256, 128], the"),
+    "not a tensor": (lambda v: v.__setitem__("w2_scale", 1.0), "0.w2_scale is float, not a"),
+    "a sparse tensor": (
+        lambda v: v.__setitem__("gate_bias", v["gate_bias"].to_sparse()),
+        "0.gate_bias: a torch.sparse_coo tensor: pass it dense (tensor.to_dense())",
+    ),
+    "a meta tensor": (
+        lambda v: v.__setitem__("w2", v["w2"].to("meta")),
+        "0.w2 is a meta tensor (a shape without values)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PARENT_LOADS)
+def test_a_parent_load_that_fails_on_one_tensor_copies_none_of_the_layer(load_layer, case):
+    """nn.Module's _load_from_state_dict copies every tensor it can and reports the others:
+    a model's load_state_dict with one tensor of the wrong shape (or no tensor, a sparse or a
+    meta one) left the layer half replaced (its router from the new state dict, its experts
+    the old ones), and running. Now nothing of the layer is copied."""
+    change, fragment = PARENT_LOADS[case]
+    layer = load_layer(TINY).MoELayer().random_(0)
+    before = {name: tensor.clone() for name, tensor in layer.state_dict().items()}
+    values = _other_weights(layer)
+    change(values)
+    with pytest.raises(RuntimeError) as refused:
+        nn.Sequential(layer).load_state_dict({f"0.{n}": t for n, t in values.items()})
+    assert fragment in str(refused.value)
+    assert "nothing of the layer was copied" in str(refused.value)
+    assert _same_bytes(before, layer.state_dict())
+
+
+def test_a_sparse_tensor_in_the_layers_own_load_is_refused_before_any_copy(load_layer):
+    """copy_ refuses a sparse tensor after nn.Module copied the tensors before it."""
+    layer = load_layer(TINY).MoELayer().random_(0)
+    before = {name: tensor.clone() for name, tensor in layer.state_dict().items()}
+    values = _other_weights(layer)
+    values["gate_bias"] = values["gate_bias"].to_sparse()
+    with pytest.raises(ValueError) as refused:
+        layer.load_state_dict(values)
+    assert str(refused.value) == (
+        "tiny_cpu: load_state_dict: gate_bias: a torch.sparse_coo tensor: pass it dense "
+        "(tensor.to_dense()); the layer is unchanged"
+    )
+    assert _same_bytes(before, layer.state_dict())

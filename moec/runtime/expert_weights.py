@@ -164,6 +164,16 @@ STATE_CHUNK = 1 << 24
 """Values checked at a time by state_problem: its temporaries stay small beside the tensor."""
 
 
+def layout_problem(tensor: torch.Tensor) -> str:
+    """Why `tensor` cannot be copied into a parameter ("" when it can): a sparse or nested
+    tensor (copy_ refuses it, after nn.Module's load_state_dict copied the tensors before)."""
+    if tensor.is_nested:
+        return "a nested tensor: pass it dense"
+    if tensor.layout != torch.strided:
+        return f"a {tensor.layout} tensor: pass it dense (tensor.to_dense())"
+    return ""
+
+
 def state_problem(name: str, tensor: torch.Tensor, spec: LayerWeights) -> str:
     """Why `tensor`, given to load_state_dict for the parameter `name` (its shape and dtype
     already the layer's), holds no values a layer runs on ("" when it does): nan or inf, a
