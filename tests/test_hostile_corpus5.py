@@ -250,3 +250,24 @@ def test_a_dotted_key_inside_a_table_says_where_it_belongs(case, tmp_path, capsy
     path = tmp_path / "spec.toml"
     path.write_text(text)
     assert refused(capsys, "validate", path) == f"{path}{message}\n"
+
+
+# --- explain -o: a user's file that only starts like a plan -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "first", ["moec 1 plan for the week", "moec v2 plan for tiny_cpu", "moec 0.2.0 plan for x (me)"]
+)
+def test_explain_keeps_a_users_file_whose_first_line_reads_like_a_plans(first, tmp_path, capsys):
+    """explain -o replaced any file whose first line matched 'moec <word> plan for <anything>':
+    a user's notes were overwritten. A plan's first line is matched whole now, its spec hash
+    included; a plan explain wrote is still replaced."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text(f"{first}\nmy own lines\n")
+    err = refused(capsys, "explain", TINY, "-o", notes)
+    assert "exists and was not written by moec" in err
+    assert notes.read_text() == f"{first}\nmy own lines\n"
+    plan = tmp_path / "plan.txt"
+    assert cli(capsys, "explain", TINY, "-o", plan)[0] == 0
+    assert cli(capsys, "explain", TINY, "--tokens", "4", "-o", plan)[0] == 0
+    assert "T = 4:" in plan.read_text()
