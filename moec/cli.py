@@ -269,18 +269,19 @@ def _refuse_empty(args: argparse.Namespace) -> None:
 
 
 _FILE_ONLY = {
-    "eplb": ("its placement", "a placement file's path"),
-    "tune": ("its table", "a table file's path, or leave -o out for this GPU's table"),
+    "build": ("its package to a folder", "a folder's path, or leave -o out for out/"),
+    "eplb": ("its placement to a file", "a placement file's path"),
+    "tune": ("its table to a file", "a table file's path, or leave -o out for this GPU's table"),
 }
-"""Commands whose -o is a file only: "-", standard output to explain, init and schema, would
-otherwise make a file named "-"."""
+"""Commands whose -o is a path only: "-", standard output to explain, init and schema, would
+otherwise make a file (or build's folder) named "-"."""
 
 
 def _refuse_standard_output(args: argparse.Namespace) -> None:
     if args.command in _FILE_ONLY and getattr(args, "out", None) == "-":
         what, hint = _FILE_ONLY[args.command]
         raise MoecError(
-            [problem("-o", f"is standard output, and moec {args.command} writes {what} to a file",
+            [problem("-o", f"is standard output, and moec {args.command} writes {what}",
                      hint, value="-")],
             f"moec {args.command}",
             kind="usage",

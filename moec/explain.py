@@ -152,12 +152,17 @@ def _placement_text(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+PLAN_FIRST_LINE = rb"moec \S+ plan for [A-Za-z_][A-Za-z0-9_]* \(spec sha256 [0-9a-f]{16}\)"
+"""The first line of a text plan, whole (a user's file that starts "moec 1 plan for ..." is not
+one)."""
+
+
 def is_explain_output(head: bytes) -> bool:
     """Whether a file starting with `head` is an output of `moec explain`, which `-o` may
     replace: the text and json plans and the support matrix by their first line, the pictures
     by their WRITTEN_BY mark where explain puts it (picture.is_marked_picture)."""
     first = head.split(b"\n", 1)[0]
-    if re.fullmatch(rb"moec \S+ plan for .*", first) or head.startswith(b'{\n  "moec_version"'):
+    if re.fullmatch(PLAN_FIRST_LINE, first) or head.startswith(b'{\n  "moec_version"'):
         return True
     if first.startswith(b"Support matrix, generated from moec's rules"):  # --matrix
         return True

@@ -463,7 +463,7 @@ def _check(name: str, tensor: torch.Tensor, kind: str, problems: list[str]) -> N
     if reason:
         problems.append(f"{name}: {tensor.dtype} {list(tensor.shape)}: {reason}")
         return
-    bad = _non_finite_count(tensor)
+    bad = non_finite_count(tensor)
     if bad:
         problems.append(f"{name}: {bad} of its {tensor.numel()} values are not finite (nan or inf)")
 
@@ -513,7 +513,7 @@ _NAN_BYTES = {
 """(mask, value) of the bytes that are nan or inf, per one-byte float dtype this torch has."""
 
 
-def _non_finite_count(tensor: torch.Tensor) -> int:
+def non_finite_count(tensor: torch.Tensor) -> int:
     """Values of a floating-point tensor that are nan or inf (0 for other dtypes)."""
     if not tensor.dtype.is_floating_point or tensor.numel() == 0:
         return 0

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from . import progress, quant
-from .checkpoint import WeightError, read_tensors
+from .checkpoint import WeightError, non_finite_count, read_tensors
 from .weight_formats import Pair, WeightFormat
 
 _PROJ = r"(gate_proj|up_proj|down_proj|w1|w3|w2)"
@@ -158,6 +158,51 @@ def count_router_parts(layer) -> None:
     the weights are set, never in a forward."""
     used = layer.gate_parts.flatten(1).ne(0).any(dim=1).tolist()
     layer.router_parts = max((i + 1 for i, nonzero in enumerate(used) if nonzero), default=1)
+
+
+STATE_CHUNK = 1 << 24
+"""Values checked at a time by state_problem: its temporaries stay small beside the tensor."""
+
+
+def layout_problem(tensor: torch.Tensor) -> str:
+    """Why `tensor` cannot be copied into a parameter ("" when it can): a sparse or nested
+    tensor (copy_ refuses it, after nn.Module's load_state_dict copied the tensors before)."""
+    if tensor.is_nested:
+        return "a nested tensor: pass it dense"
+    if tensor.layout != torch.strided:
+        return f"a {tensor.layout} tensor: pass it dense (tensor.to_dense())"
+    return ""
+
+
+def state_problem(name: str, tensor: torch.Tensor, spec: LayerWeights) -> str:
+    """Why `tensor`, given to load_state_dict for the parameter `name` (its shape and dtype
+    already the layer's), holds no values a layer runs on ("" when it does): nan or inf, a
+    scale that is not > 0, a hash table id outside the experts (an index past the experts'
+    weights in the kernels). load_weights refuses the same in a checkpoint."""
+    rows = max(1, STATE_CHUNK // max(1, tensor[0].numel() if tensor.dim() else 1))
+    parts = tensor.split(rows) if tensor.dim() else (tensor,)
+    if name == "tid2eid":
+        outside = sum(int(((p < 0) | (p >= spec.routed_experts)).sum()) for p in parts)
+        if outside:
+            return f"{outside} ids outside the experts 0..{spec.routed_experts - 1}"
+        return ""
+    bad = sum(non_finite_count(part) for part in parts)
+    if bad:
+        return f"{bad} of its {tensor.numel()} values are not finite (nan or inf)"
+    if not (name.endswith("scale") and tensor.dtype.is_floating_point):
+        return ""
+    nonpositive = sum(int((part <= 0).sum()) for part in parts)
+    if nonpositive:
+        return f"{nonpositive} of its {tensor.numel()} scales are zero or negative (a scale is > 0)"
+    fmt = spec.shared if name.startswith("shared_") and spec.shared is not None else spec.routed
+    if fmt.pow2_scales and not name.endswith("input_scale"):
+        odd = sum(int((torch.frexp(part.float())[0] != 0.5).sum()) for part in parts)
+        if odd:
+            return (
+                f"{odd} of its {tensor.numel()} scales are no power of two (the layer's "
+                "scales are UE8M0)"
+            )
+    return ""
 
 
 def randomize(layer, seed: int, spec: LayerWeights) -> None:

@@ -447,9 +447,38 @@ def _placement_items(items: list[Any], raw: dict[str, Any]) -> list[Any]:
     return kept
 
 
+_TABLES = frozenset(models.Spec.model_fields) - {"name", "description"}
+"""The spec's tables: [model], [router], ..."""
+
+
+def _misplaced(loc: list[str], value: Any) -> bool:
+    """Whether an unknown key at `loc` is a dotted key that names a table, written inside
+    another table (or its own): `model.hidden_size = 256` under [model] is
+    model.model.hidden_size to TOML."""
+    return len(loc) >= 2 and loc[-1] in _TABLES and isinstance(value, dict)
+
+
+def _written_elsewhere(items: list[Any]) -> list[Any]:
+    """A key written as a misplaced dotted key is one problem (the unknown key, saying where it
+    belongs), not also "is required" for the key it meant."""
+    meant = {
+        (str(item["loc"][-1]), str(key))
+        for item in items
+        if item["type"] == "extra_forbidden"
+        and _misplaced([str(p) for p in item["loc"]], item.get("input"))
+        for key in item["input"]
+    }
+    return [
+        item
+        for item in items
+        if not (item["type"] == "missing" and tuple(map(str, item["loc"])) in meant)
+    ]
+
+
 def _from_validation(error: ValidationError, raw: dict[str, Any]) -> list[Problem]:
     found = []
-    for item in _without_preset_keys(_placement_items(list(error.errors()), raw), raw):
+    items = _without_preset_keys(_placement_items(list(error.errors()), raw), raw)
+    for item in _written_elsewhere(items):
         loc = [str(part) for part in item["loc"]]
         if len(loc) >= 2 and loc[0] == "activation" and loc[1] in _ACTIVATION_KINDS:
             kind = loc.pop(1)
@@ -506,6 +535,15 @@ def _unknown_key(loc: list[str], value: Any, kind: str | None) -> Problem:
                 f"{kind} takes {', '.join(accepted)}",
                 value=value,
             )
+    if _misplaced(loc, value):
+        inner = next(iter(value), "")
+        return problem(
+            path,
+            f"unknown key in [{'.'.join(table)}]: a dotted key {key}.{inner} written there is "
+            f"read as {'.'.join(table)}.{key}.{inner}",
+            f"write {inner} = ... under [{key}]",
+            value=value,
+        )
     if table == ["activation"] and kind is not None:
         known = list(_ACTIVATION_KINDS[kind].model_fields)
     else:

@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from moec.vocab import (
     ActivationSchemeName,
@@ -95,6 +95,10 @@ MAX_INT = 2**31 - 1
 them), and a TOML integer beyond 64 bits is reported with its key instead of reaching code."""
 MAX_FLOAT = 1e6
 """Largest value of a float key (scaling factors, clamp limits, GiB, GB/s)."""
+MIN_FLOAT = 1e-6
+"""Smallest value of a positive float key (its reciprocal is MAX_FLOAT): a smaller one, such
+as 1e-300, is 0 or a denormal in the float32 the kernels compute in (a SiTU beta of 1e-300
+divides by 0: every output nan)."""
 MIN_BANDWIDTH = 1e-3
 """Smallest bandwidth a key takes, GB/s (1 MB/s, as `moec explain --bandwidth`): below it the
 cost model prices a message in numbers of hundreds of digits."""
@@ -104,7 +108,22 @@ QuantScheme = SchemeName
 Arch = ArchName
 PositiveInt = Annotated[int, Field(gt=0, le=MAX_INT)]
 Count = Annotated[int, Field(ge=0, le=MAX_INT)]
-PositiveFloat = Annotated[float, Field(gt=0, le=MAX_FLOAT)]
+
+
+def _not_tiny(value: float) -> float:
+    if value < MIN_FLOAT:
+        raise ValueError(
+            f"is below {MIN_FLOAT:g}, the smallest a float key takes: values near 0 underflow "
+            f"in the float32 the kernels compute in (1e-300 is 0 there) ({MIN_FLOAT:g} or more)"
+        )
+    return value
+
+
+PositiveFloat = Annotated[
+    float,
+    Field(gt=0, le=MAX_FLOAT, json_schema_extra={"minimum": MIN_FLOAT}),
+    AfterValidator(_not_tiny),
+]
 Bandwidth = Annotated[float, Field(ge=MIN_BANDWIDTH, le=MAX_FLOAT)]
 
 

@@ -462,7 +462,7 @@ def _fused_shared(spec: Spec) -> Iterator[Problem]:
             '"separate", or set model.n_shared_experts',
             value="fused",
         )
-    if spec.quant.shared_scheme != spec.quant.scheme:
+    elif spec.quant.shared_scheme != spec.quant.scheme:  # (none to fuse: no scheme to match)
         yield problem(
             "quant.shared_scheme",
             f"fused shared experts need the routed experts' scheme {spec.quant.scheme}",

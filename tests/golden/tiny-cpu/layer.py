@@ -18,7 +18,7 @@ import weakref
 import torch
 from torch import nn
 
-from . import progress, stages, weights
+from . import expert_weights, progress, stages, weights
 
 NAME = "tiny_cpu"
 DTYPE = torch.bfloat16
@@ -247,6 +247,11 @@ class MoELayer(nn.Module):
                     f"{NAME}: load_state_dict: {name} is {type(tensor).__name__}, not a "
                     "torch.Tensor; the layer is unchanged"
                 )
+            sparse = expert_weights.layout_problem(tensor)
+            if sparse:  # (nn.Module's copy_ would fail on it after copying the others)
+                raise ValueError(
+                    f"{NAME}: load_state_dict: {name}: {sparse}; the layer is unchanged"
+                )
             if tensor.dtype != own.dtype:
                 raise TypeError(
                     f"{NAME}: load_state_dict: {name} is {tensor.dtype}, the layer's "
@@ -262,19 +267,51 @@ class MoELayer(nn.Module):
                     f"{NAME}: load_state_dict: {name} is a meta tensor (a shape without values); "
                     "the layer is unchanged"
                 )
-        return super().load_state_dict(state_dict, strict, assign)
+            wrong = expert_weights.state_problem(name, tensor, weights.LAYER_WEIGHTS)
+            if wrong:
+                raise ValueError(
+                    f"{NAME}: load_state_dict: {name}: {wrong}; the layer is unchanged"
+                )
+        # checked: _load_from_state_dict need not read the values again
+        self._state_checked = True
+        try:
+            return super().load_state_dict(state_dict, strict, assign)
+        finally:
+            self._state_checked = False
 
     def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
         """Where a parent's load_state_dict reaches this layer too: a tensor of another dtype
-        is an error (nothing of this layer copied), and a load of every parameter sets the
-        weights."""
+        or shape, no tensor, or values no layer runs on (nan, a scale <= 0) is an error and
+        nothing of this layer is copied (nn.Module's would copy the others); a load of every
+        parameter sets the weights."""
         error_msgs = args[-1]
+        # the values, by this layer's load_state_dict
+        checked = getattr(self, "_state_checked", False)
         for name, own in self._parameters.items():
             tensor = state_dict.get(prefix + name)
-            if isinstance(tensor, torch.Tensor) and tensor.dtype != own.dtype:
+            if tensor is None:  # missing: nn.Module's names it where strict
+                continue
+            if not isinstance(tensor, torch.Tensor):
+                wrong = f" is {type(tensor).__name__}, not a torch.Tensor"
+            elif expert_weights.layout_problem(tensor):
+                wrong = f": {expert_weights.layout_problem(tensor)}"
+            elif tensor.dtype != own.dtype:
+                wrong = f" is {tensor.dtype}, the layer's {own.dtype}"
+            elif tensor.shape != own.shape:
+                wrong = f" is {list(tensor.shape)}, the layer's {list(own.shape)}"
+            elif tensor.is_meta:
+                wrong = " is a meta tensor (a shape without values)"
+            elif not checked:
+                problem = expert_weights.state_problem(
+                    name, tensor, weights.LAYER_WEIGHTS
+                )
+                wrong = f": {problem}" if problem else ""
+            else:
+                wrong = ""
+            if wrong:
                 error_msgs.append(
-                    f"{NAME}: {prefix}{name} is {tensor.dtype}, the layer's {own.dtype}; "
-                    "nothing of the layer was copied (load a checkpoint with load_weights)"
+                    f"{NAME}: {prefix}{name}{wrong}; nothing of the layer was copied (load a "
+                    "checkpoint with load_weights)"
                 )
                 return
         errors = len(error_msgs)
