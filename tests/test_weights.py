@@ -91,6 +91,38 @@ def test_transformers_fused_in_memory_names(saved, load_layer):
     _check_equal(load_layer(spec).MoELayer().load_weights(state, "mlp."), block)
 
 
+def _shared_renamed(tensors: dict, fuse: bool) -> dict:
+    """The checkpoint with its shared expert named as Flint's and Lara-Mini's (shared_expert.*)
+    or, fuse=True, with gate and up stacked in one shared_experts.gate_up_proj (MiniMax-M3's)."""
+    shared = f"{hf_oracle.PREFIX}shared_experts."
+    if not fuse:
+        return {
+            k.replace(shared, f"{hf_oracle.PREFIX}shared_expert."): v for k, v in tensors.items()
+        }
+    renamed = dict(tensors)
+    gate, up = renamed.pop(f"{shared}gate_proj.weight"), renamed.pop(f"{shared}up_proj.weight")
+    renamed[f"{shared}gate_up_proj.weight"] = torch.cat([gate, up])
+    return renamed
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["shared_expert", "fused gate_up"])
+def test_other_names_of_the_shared_expert_load_from_a_file(saved, load_layer, tmp_path, fuse):
+    folder, block, spec = saved
+    tensors = _shared_renamed(_moe_tensors(folder), fuse)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp_path / "moe.safetensors")
+    layer = load_layer(spec).MoELayer()
+    _check_equal(layer.load_weights(tmp_path / "moe.safetensors", hf_oracle.PREFIX), block)
+
+
+def test_a_fused_shared_gate_up_of_odd_rows_is_a_problem(saved, load_layer):
+    folder, block, spec = saved
+    tensors = _shared_renamed(_moe_tensors(folder), fuse=True)
+    name = f"{hf_oracle.PREFIX}shared_experts.gate_up_proj.weight"
+    tensors[name] = tensors[name][1:]
+    with pytest.raises(ValueError, match=r"gate_up_proj.weight: shape \[\d+, 64\], expected \[2 x"):
+        load_layer(spec).MoELayer().load_weights(tensors, hf_oracle.PREFIX)
+
+
 def test_two_names_for_one_weight_are_a_problem(saved, load_layer):
     """A checkpoint holding one weight twice, fused and per expert, or under two spellings of
     an expert's number: which value is meant is unknown, so it is reported, not one taken."""

@@ -586,27 +586,6 @@ def _runtime_problems(spec: dict, dtype: torch.dtype, device: torch.device) -> l
     return found
 
 
-_SHARED_EXPERT = re.compile(r"^shared_expert\.")
-"""Flint's and Lara-Mini's shared expert (one MLP, shared_expert.{gate,up,down}_proj)."""
-
-
-_FUSED_SHARED = "shared_experts.gate_up_proj.weight"
-"""MiniMax-M3's shared expert: one Linear of [gate; up], [2I, H]."""
-
-
-def _moec_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A block's state dict under the names load_weights reads: shared_expert.* (Flint's,
-    Lara-Mini's) as shared_experts.*, which it is; a fused shared gate_up_proj as its two
-    halves, gate_proj and up_proj."""
-    named = {_SHARED_EXPERT.sub("shared_experts.", key): value for key, value in tensors.items()}
-    fused = named.pop(_FUSED_SHARED, None)
-    if fused is not None:
-        gate, up = fused.chunk(2, dim=0)
-        named["shared_experts.gate_proj.weight"] = gate
-        named["shared_experts.up_proj.weight"] = up
-    return named
-
-
 def _replace_block(model: nn.Module, name: str, package, hashed: bool) -> None:
     """Move the block's weights into a new MoELayer and put a MoecMoE in the block's place."""
     block = model.get_submodule(name)
@@ -614,7 +593,7 @@ def _replace_block(model: nn.Module, name: str, package, hashed: bool) -> None:
     # gate_up_proj tensor by _expert_weights_format
     layer = package.MoELayer(device=block.experts.gate_up_proj.device)  # type: ignore[union-attr]
     try:
-        layer.load_weights(_moec_names(block.state_dict()))
+        layer.load_weights(block.state_dict())
     except ValueError as error:  # the package's WeightError lists every tensor
         raise MoecError([problem(name, str(error))], kind="usage") from None
     parent, _, attribute = name.rpartition(".")

@@ -36,7 +36,14 @@ from .weight_formats import Pair, WeightFormat
 _PROJ = r"(gate_proj|up_proj|down_proj|w1|w3|w2)"
 _FIELD = r"(weight|weight_scale_inv|weight_scale|scale|input_scale)"
 _EXPERT = re.compile(rf"experts\.(\d+)\.{_PROJ}\.{_FIELD}")
-_SHARED = re.compile(rf"(?:shared_experts|shared_mlp)\.{_PROJ}\.{_FIELD}")
+_SHARED = re.compile(rf"(?:shared_experts|shared_expert|shared_mlp)\.{_PROJ}\.{_FIELD}")
+"""The shared experts' projections: DeepSeek's and HF's shared_experts, Flint's and Lara-Mini's
+shared_expert, Granite's shared_mlp."""
+_FUSED_SHARED = re.compile(
+    r"(?:shared_experts|shared_expert)\.gate_up_proj\.(weight|weight_scale_inv|weight_scale|scale)"
+)
+"""A shared expert's gate and up stacked in one matrix [gate; up] (MiniMax-M3's), or their
+block scales stacked likewise."""
 _PROJECTIONS = {"w1": "gate", "w3": "up", "w2": "down"}
 """DeepSeek's names of the gated MLP's projections."""
 _GATE_NAMES = (
@@ -330,6 +337,16 @@ def _collect(tensors, prefix: str, logical: set[int], spec: LayerWeights):
             elif expert in logical:
                 key = ("expert", expert, _proj(match.group(2)), _field(match.group(3)))
                 put(key, tensor, name)
+        elif (match := _FUSED_SHARED.fullmatch(name)) and spec.n_shared:
+            if tensor.dim() != 2 or tensor.shape[0] % 2:
+                problems.append(
+                    f"{prefix}{name}: shape {list(tensor.shape)}, expected [2 x rows, cols]: "
+                    "the shared experts' gate and up stacked"
+                )
+            else:
+                gate, up = tensor.chunk(2, dim=0)
+                put(("shared", None, "gate", _field(match.group(1))), gate, name)
+                put(("shared", None, "up", _field(match.group(1))), up, name)
         elif match := _SHARED.fullmatch(name):
             if spec.n_shared:
                 put(("shared", None, _proj(match.group(1)), _field(match.group(2))), tensor, name)
