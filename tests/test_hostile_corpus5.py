@@ -271,3 +271,33 @@ def test_explain_keeps_a_users_file_whose_first_line_reads_like_a_plans(first, t
     assert cli(capsys, "explain", TINY, "-o", plan)[0] == 0
     assert cli(capsys, "explain", TINY, "--tokens", "4", "-o", plan)[0] == 0
     assert "T = 4:" in plan.read_text()
+
+
+# --- --set of a whole table -----------------------------------------------------------------
+
+
+def test_a_table_set_on_the_command_line_keeps_the_files_other_keys(capsys):
+    """--set router={...} put its table in the place of the file's [router]: router={} reset
+    the file's routing to the defaults and still validated. A table now sets the keys it holds,
+    as the dotted keys would: the file's noaux_tc stays, and refuses the softmax beside it."""
+    err = refused(capsys, "validate", TINY, "--set", 'router={scoring_func="softmax"}')
+    assert 'router.scoring_func = "softmax": noaux_tc needs sigmoid-family scoring' in err
+    assert err == refused(capsys, "validate", TINY, "--set", "router.scoring_func=softmax")
+    code, out, _ = cli(capsys, "explain", TINY, "--format", "json", "--set", "router={}")
+    plain = cli(capsys, "explain", TINY, "--format", "json")[1]
+    assert code == 0 and out == plain
+    code, out, _ = cli(
+        capsys, "explain", TINY, "--format", "json", "--set", "router={n_group=1, topk_group=1}"
+    )
+    dotted = cli(
+        capsys,
+        "explain",
+        TINY,
+        "--format",
+        "json",
+        "--set",
+        "router.n_group=1",
+        "--set",
+        "router.topk_group=1",
+    )[1]
+    assert code == 0 and out == dotted and out != plain

@@ -379,9 +379,21 @@ def apply_overrides(raw: dict[str, Any], overrides, source: str) -> tuple[dict[s
                 found = problem(key, f"{part} is not a table", "a key inside a table", value=value)
                 raise MoecError([found.located(None, "--set")], source, kind="usage")
             node = child
-        node[parts[-1]] = value
-        paths.add(key)
+        _set(node, parts[-1], value, key, paths)
     return raw, paths
+
+
+def _set(node: dict[str, Any], name: str, value: Any, key: str, paths: set[str]) -> None:
+    """node[name] = value; a table (--set router={scoring_func="softmax"}) is merged key by key
+    into the table already there, as the dotted keys it holds would be, not put in its place
+    (which would drop the file's other keys of that table)."""
+    paths.add(key)
+    here = node.get(name)
+    if isinstance(value, dict) and isinstance(here, dict):
+        for inner, inner_value in value.items():
+            _set(here, inner, inner_value, f"{key}.{inner}", paths)
+    else:
+        node[name] = value
 
 
 # --- pydantic errors to problems ----------------------------------------------------------
