@@ -48,6 +48,13 @@ def parse_tokens(text: str | None) -> list[int]:
             "moec explain",
             kind="usage",
         )
+    twice = next((t for t in tokens if tokens.count(t) > 1), None)
+    if twice is not None:  # a cost row twice (moec tune refuses the same)
+        raise MoecError(
+            [problem("--tokens", f"names {twice} twice", "each token count once", value=text)],
+            "moec explain",
+            kind="usage",
+        )
     return tokens
 
 

@@ -301,3 +301,9 @@ def test_a_table_set_on_the_command_line_keeps_the_files_other_keys(capsys):
         "router.topk_group=1",
     )[1]
     assert code == 0 and out == dotted and out != plain
+
+
+def test_explain_refuses_a_token_count_written_twice(capsys):
+    """explain printed the same cost row twice for --tokens 1,4,1; tune refuses it already."""
+    err = refused(capsys, "explain", TINY, "--tokens", "1,4,1")
+    assert err == 'moec explain: --tokens = "1,4,1": names 1 twice (each token count once)\n'
