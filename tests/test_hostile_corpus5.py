@@ -307,3 +307,12 @@ def test_explain_refuses_a_token_count_written_twice(capsys):
     """explain printed the same cost row twice for --tokens 1,4,1; tune refuses it already."""
     err = refused(capsys, "explain", TINY, "--tokens", "1,4,1")
     assert err == 'moec explain: --tokens = "1,4,1": names 1 twice (each token count once)\n'
+
+
+@pytest.mark.parametrize("value", ["[]", "[[]]", "[[], []]"])
+def test_an_empty_placement_is_one_problem(value, capsys):
+    """parallel.placement = [] gave three lines for one mistake (0 ranks, 0 physical experts,
+    every expert without a replica)."""
+    err = refused(capsys, "validate", TINY, "--set", f"parallel.placement={value}")
+    assert err.count("\n") == 1
+    assert "parallel.placement: places no experts, the layer has 16 physical experts" in err

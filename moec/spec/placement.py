@@ -37,6 +37,9 @@ def of(parallel, experts: int) -> list[list[int]]:
 
 def problems(placement: list[list[int]], experts: int, redundant: int, ranks: int) -> list[str]:
     """What is wrong with `placement` for this layer (empty: nothing)."""
+    if not any(placement):  # one mistake: the consequences below would each repeat it
+        held = f"{experts + redundant} physical experts on {ranks} rank{'s' * (ranks > 1)}"
+        return [f"places no experts, the layer has {held}"]
     found = []
     if len(placement) != ranks:
         found.append(f"has {len(placement)} ranks, the layer ep_size = {ranks}")
