@@ -11,7 +11,7 @@ import torch
 
 from moec.runtime.scale_layout import to_mn_major
 
-from .specs import HIDDEN, SCHEMES, V3, norm_error
+from .specs import HIDDEN, SCHEMES, SMALL, SMALL_HIDDEN, V3, norm_error
 from .test_layer import BOUND
 
 pytestmark = pytest.mark.skipif(
@@ -74,31 +74,7 @@ def test_auto_layer_splits_its_gemms_by_token_count(load_layer, tokens):
     assert error <= BOUND["fp8_block"]
 
 
-SMALL_MXFP4 = """
-name = "gpu_small_mxfp4"
-[model]
-hidden_size = 1024
-moe_intermediate_size = 512
-n_routed_experts = 32
-num_experts_per_tok = 4
-n_shared_experts = 1
-[router]
-scoring_func = "sigmoid"
-topk_method = "noaux_tc"
-n_group = 4
-topk_group = 2
-norm_topk_prob = true
-routed_scaling_factor = 2.5
-[quant]
-scheme = "mxfp4"
-checkpoint = "quantized"
-[experts]
-layout = "contiguous"
-[target]
-device = "cuda"
-arch = "sm90"
-max_num_tokens = 4096
-"""
+MXFP4 = ["name=gpu_small_mxfp4", "quant.scheme=mxfp4", "quant.checkpoint=quantized"]
 
 
 @pytest.mark.parametrize("tokens", [64, 2048])
@@ -106,8 +82,8 @@ def test_mxfp4_experts_on_deep_gemm_equal_torch_backend(load_layer, tokens):
     """mxfp4 experts stored as exact e4m3 blocks, through DeepGEMM's fp8 GEMMs, against the
     torch backend's mxfp4 layer on the same weights: both quantize activations to e4m3 (1 x 128
     and 1 x 32 groups), each within 2**-3 of unquantized activations (tests/test_quantized.py)."""
-    package = load_layer(SMALL_MXFP4, "experts.gemm_backend=deep_gemm")
+    package = load_layer(SMALL, *MXFP4, "experts.gemm_backend=deep_gemm")
     layer = package.MoELayer(device="cuda").random_(0)
     assert layer.w13.dtype == torch.float8_e4m3fn
-    error = against_torch_backend(load_layer, SMALL_MXFP4, [], layer, tokens, 9, hidden=1024)
+    error = against_torch_backend(load_layer, SMALL, MXFP4, layer, tokens, 9, hidden=SMALL_HIDDEN)
     assert error <= 2 * 2**-3

@@ -15,31 +15,14 @@ import torch
 
 from moec.runtime import cuda_graph
 
-SMALL = """
-name = "gpu_copies"
-[model]
-hidden_size = 1024
-moe_intermediate_size = 512
-n_routed_experts = 32
-num_experts_per_tok = 4
-n_shared_experts = 1
-[router]
-scoring_func = "sigmoid"
-topk_method = "noaux_tc"
-n_group = 4
-topk_group = 2
-norm_topk_prob = true
-routed_scaling_factor = 2.5
-[quant]
-scheme = "fp8_block"
-checkpoint = "bf16"
-[experts]
-layout = "contiguous"
-shared_experts = "overlapped"
-[target]
-device = "cuda"
-max_num_tokens = 512
-"""
+from .specs import SMALL, SMALL_HIDDEN
+
+COPIED = [
+    "name=gpu_copies",
+    "quant.scheme=fp8_block",
+    "quant.checkpoint=bf16",
+    "experts.shared_experts=overlapped",
+]
 
 
 def _torch_save_copy(layer):
@@ -55,9 +38,9 @@ def _torch_save_copy(layer):
     ids=["deepcopy", "pickle", "torch.save"],
 )
 def test_a_copy_of_a_layer_that_ran_its_side_stream_computes_the_same(load_layer, make_copy):
-    package = load_layer(SMALL)
+    package = load_layer(SMALL, *COPIED)
     layer = package.MoELayer(device="cuda").random_(0)
-    x = torch.randn(64, 1024, device="cuda").bfloat16()
+    x = torch.randn(64, SMALL_HIDDEN, device="cuda").bfloat16()
     expected = layer(x)  # the shared experts' second stream is made here
     assert layer.side_stream.stream is not None
     twin = make_copy(layer)
