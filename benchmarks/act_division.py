@@ -8,10 +8,9 @@ times the same activation over the rows in use with the division done four ways,
 which of them give div_rn's bits:
 
   div_rn      q = div_rn(x, s), as the package's kernel
-  markstein   moec.runtime.triton_numerics.divide, as the kernels now divide: y = div_rn(1, s)
-              once per group; q0 = x * y; q = q + (x - q * s) * y by fma, twice: Markstein's
-              correction of a faithful quotient with a correctly rounded reciprocal gives the
-              correctly rounded quotient
+  markstein   y = div_rn(1, s) once per group; q = x * y; q = q + (x - q * s) * y by fma,
+              twice: Markstein's correction of a faithful quotient with a correctly rounded
+              reciprocal gives the correctly rounded quotient
   recip       q = x * y alone (not correctly rounded: the bound of what any exact form saves)
   none        q = x (no division: the rest of the kernel's cost)
 
@@ -31,8 +30,6 @@ import triton
 import triton.language as tl
 from common import DEVICE, dump, median_ms
 
-from moec.runtime.triton_numerics import divide
-
 INTER, GROUP, TOP_K = 2048, 128, 8  # DeepSeek-V3's intermediate size, 1x128 groups, top-8
 MODES = ("div_rn", "markstein", "recip", "none")
 
@@ -44,9 +41,15 @@ def _divide(x, s, MODE: tl.constexpr):
         return tl.math.div_rn(x, s[:, :, None])
     elif MODE == "none":
         return x
+    s = s[:, :, None]
+    y = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    q = x * y
     if MODE == "markstein":
-        return divide(x, s[:, :, None])  # the packages' kernels' own
-    return x * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)[:, :, None]
+        corrected = q
+        for _ in tl.static_range(2):
+            corrected = tl.math.fma(tl.math.fma(-corrected, s, x), y, corrected)
+        q = tl.where(y == 0.0, q, corrected)  # an infinite scale: x * 0, as div_rn
+    return q
 
 
 @triton.jit

@@ -23,7 +23,6 @@ import triton.language as tl
 
 from .scale_layout import mn_major as mn_major_empty
 from .triton_numerics import (
-    divide,
     group_scale,
     launch_options,
     round_output,
@@ -90,7 +89,7 @@ def _act_quant_kernel(
         if QUANT == "group":
             out = tl.reshape(out, (BLOCK_M, BLOCK_I // GROUP_SIZE, GROUP_SIZE))
             scale = group_scale(tl.max(tl.abs(out), axis=2), POW2_SCALES)
-            q = tl.reshape(divide(out, scale[:, :, None]), (BLOCK_M, BLOCK_I))
+            q = tl.reshape(tl.math.div_rn(out, scale[:, :, None]), (BLOCK_M, BLOCK_I))
             offs_g = tl.program_id(1) * (BLOCK_I // GROUP_SIZE) + tl.arange(
                 0, BLOCK_I // GROUP_SIZE
             )
@@ -98,7 +97,7 @@ def _act_quant_kernel(
             scale_mask = valid[:, None] & (offs_g * GROUP_SIZE < N)[None, :]
             tl.store(scale_ptrs, scale, mask=scale_mask)
         else:  # "tensor"
-            q = divide(out, tl.load(scale_ptr))
+            q = tl.math.div_rn(out, tl.load(scale_ptr))
         tl.store(out_ptrs, to_e4m3(q, SOFT_ROUND), mask=mask)
 
 

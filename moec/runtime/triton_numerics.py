@@ -3,13 +3,6 @@
 group_scale    max(amax, 1e-10) / 448 (true division), rounded up to a power of two under POW2_SCALES
                (add the mantissa mask to the fp32 bits, keep the exponent: round up unless the
                mantissa is already zero).
-divide         x / scale correctly rounded, as div_rn gives it, from one div_rn per scale:
-               the scale's reciprocal y = RN(1 / s), q = RN(x * y), then twice
-               q = RN(q + (x - q s) y) by fma (the residual x - q s is exact). The first
-               correction makes q faithful; Markstein's theorem makes the second, from a
-               faithful q and a correctly rounded y, the correctly rounded quotient. Each
-               element costs a multiply and four fmas instead of div.rn.f32's dozen
-               instructions and range check (benchmarks/RESULTS.md, run 99).
 to_e4m3        clamp to +-448 and cast to e4m3; under the interpreter (SOFT_ROUND) round to
                nearest even in software first, since its cast does not.
 round_output   round an fp32 tile for a store in the output dtype; under the interpreter a
@@ -27,19 +20,6 @@ def group_scale(amax, POW2_SCALES: tl.constexpr):
         scale_bits = scale.to(tl.int32, bitcast=True) + 0x7FFFFF
         scale = (scale_bits & 0x7F800000).to(tl.float32, bitcast=True)
     return scale
-
-
-@triton.jit
-def divide(x, scale):
-    """x / scale, correctly rounded (see above); scale broadcasts against x, one per group."""
-    y = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
-    q = x * y
-    corrected = q
-    for _ in tl.static_range(2):
-        corrected = tl.math.fma(tl.math.fma(-corrected, scale, x), y, corrected)
-    # an infinite scale (an inf in the group): y = 0 and x * y is div_rn's 0 (NaN for the inf),
-    # where the corrections' residual would be 0 * inf = NaN
-    return tl.where(y == 0.0, q, corrected)
 
 
 @triton.jit

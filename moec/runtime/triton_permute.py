@@ -23,7 +23,6 @@ import triton.language as tl
 from .grouping import rows_shape
 from .scale_layout import mn_major as mn_major_empty
 from .triton_numerics import (
-    divide,
     group_scale,
     launch_options,
     tensor_scale_kernel,
@@ -102,11 +101,11 @@ def quantize_tile(
         columns: tl.constexpr = x.shape[1]
         x = tl.reshape(x.to(tl.float32), (rows, columns // GROUP_SIZE, GROUP_SIZE))
         scale = group_scale(tl.max(tl.abs(x), axis=2), POW2_SCALES)
-        value = tl.reshape(divide(x, scale[:, :, None]), (rows, columns))
+        value = tl.reshape(tl.math.div_rn(x, scale[:, :, None]), (rows, columns))
         return to_e4m3(value, SOFT_ROUND), scale
     elif QUANT == "tensor":
         scale = tl.load(scale_ptr)
-        return to_e4m3(divide(x.to(tl.float32), scale), SOFT_ROUND), scale
+        return to_e4m3(tl.math.div_rn(x.to(tl.float32), scale), SOFT_ROUND), scale
     else:
         return x, 1.0
 
