@@ -30,6 +30,8 @@ import triton
 import triton.language as tl
 from common import DEVICE, dump, median_ms
 
+from moec.runtime.triton_numerics import group_scale, to_e4m3
+
 INTER, GROUP, TOP_K = 2048, 128, 8  # DeepSeek-V3's intermediate size, 1x128 groups, top-8
 MODES = ("div_rn", "markstein", "recip", "none")
 
@@ -37,11 +39,11 @@ MODES = ("div_rn", "markstein", "recip", "none")
 @triton.jit
 def _divide(x, s, MODE: tl.constexpr):
     """x / s for x [R, G, GROUP] and s [R, G] (each group's scale), by MODE."""
+    s = s[:, :, None]
     if MODE == "div_rn":
-        return tl.math.div_rn(x, s[:, :, None])
+        return tl.math.div_rn(x, s)
     elif MODE == "none":
         return x
-    s = s[:, :, None]
     y = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
     q = x * y
     if MODE == "markstein":
@@ -64,9 +66,8 @@ def _act_kernel(h_ptr, out_ptr, scale_ptr, M, N: tl.constexpr, MODE: tl.constexp
     up = tl.load(h_ptrs + N, mask=valid[:, None], other=0.0).to(tl.float32)
     out = gate * tl.sigmoid(gate) * up
     out = tl.reshape(out, (BLOCK_M, BLOCK_I // 128, 128))
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(out), axis=2), 1e-10), 448.0)
-    q = tl.reshape(_divide(out, scale, MODE), (BLOCK_M, BLOCK_I))
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0).to(tl.float8e4nv)
+    scale = group_scale(tl.max(tl.abs(out), axis=2), False)  # the packages' own numerics
+    q = to_e4m3(tl.reshape(_divide(out, scale, MODE), (BLOCK_M, BLOCK_I)), False)
     tl.store(out_ptr + rows[:, None] * N + offs_i[None, :], q, mask=valid[:, None])
     offs_g = tl.program_id(1) * (BLOCK_I // 128) + tl.arange(0, BLOCK_I // 128)
     tl.store(scale_ptr + rows[:, None] * (N // 128) + offs_g[None, :], scale, mask=valid[:, None])
@@ -114,40 +115,29 @@ def main() -> int:
     for tokens in [int(t) for t in args.tokens.split(",")]:
         rows = tokens * (TOP_K + 1)  # the rows in use: routed plus the fused shared expert
         h = torch.randn(rows, 2 * INTER, device=DEVICE).bfloat16()
-        outs = {}
+        reference = None  # div_rn's output at the first tile: every other run is held to it
         for mode in MODES:
             for block_m, block_i, warps in ((1, 2048, 4), (2, 1024, 4), (1, 1024, 4), (2, 2048, 8)):
                 out = torch.empty(rows, INTER, device=DEVICE, dtype=torch.float8_e4m3fn)
                 scale = torch.empty(rows, INTER // GROUP, device=DEVICE)
                 grid = (triton.cdiv(rows, block_m), INTER // block_i)
 
-                def call(
-                    h=h,
-                    rows=rows,
-                    out=out,
-                    scale=scale,
-                    grid=grid,
-                    mode=mode,
-                    bm=block_m,
-                    bi=block_i,
-                    w=warps,
-                ):
+                def call(h=h, rows=rows, out=out, scale=scale, grid=grid, mode=mode, bm=block_m,
+                         bi=block_i, w=warps):  # fmt: skip
                     _act_kernel[grid](h, out, scale, rows, INTER, MODE=mode, BLOCK_M=bm,
                                       BLOCK_I=bi, num_warps=w)  # fmt: skip
 
                 call()
                 us = min(median_ms(call) for _ in range(3)) * 1e3
+                bits = out.view(torch.uint8)
+                reference = bits.clone() if reference is None else reference
                 moved = rows * (2 * INTER * 2 + INTER + INTER // GROUP * 4)
-                same = mode not in outs or bool(torch.equal(out.view(torch.uint8), outs[mode]))
-                outs.setdefault(mode, out.view(torch.uint8).clone())
                 row = {"tokens": tokens, "mode": mode, "tile": [block_m, block_i, warps],
                        "us": round(us, 2), "TB/s": round(moved / us / 1e6, 3),
-                       "same_bits_as_div_rn": bool(torch.equal(out.view(torch.uint8), outs["div_rn"]))
-                       if "div_rn" in outs else None, "tiles_agree": same}  # fmt: skip
+                       "bytes_differing_from_div_rn": int((bits != reference).sum())}  # fmt: skip
                 result["rows"].append(row)
                 print(row, flush=True)
         dump(Path(args.out), result)
-    dump(Path(args.out), result)
     return 0
 
 
