@@ -33,6 +33,9 @@ from . import progress, quant
 from .checkpoint import WeightError, non_finite_count, read_tensors
 from .weight_formats import Pair, WeightFormat
 
+Parts = torch.Tensor | list[torch.Tensor]
+"""A parameter's value: one tensor, or the rows of a stacked one (one per expert)."""
+
 _PROJ = r"(gate_proj|up_proj|down_proj|w1|w3|w2)"
 _FIELD = r"(weight|weight_scale_inv|weight_scale|scale|input_scale)"
 _EXPERT = re.compile(rf"experts\.(\d+)\.{_PROJ}\.{_FIELD}")
@@ -493,8 +496,9 @@ def _split_shared(shared: dict, spec: LayerWeights) -> list[dict]:
     return experts
 
 
-def _assemble(values: dict, experts: list[dict], shared: dict | None, spec) -> dict:
-    """The layer's parameters from converted experts: stacked values and scales."""
+def _assemble(values: dict, experts: list[dict], shared: dict | None, spec) -> dict[str, Parts]:
+    """The layer's parameters from converted experts: values and scales, those of the stacked
+    parameters as lists of the experts' rows."""
     values = _router_values(values, spec)
     if spec.fused_shared and shared is not None:
         experts = experts + _split_shared(shared, spec)
@@ -512,9 +516,12 @@ def _assemble(values: dict, experts: list[dict], shared: dict | None, spec) -> d
     return values
 
 
-def _stack(name: str, parts: list[Pair], single: bool = False) -> dict[str, torch.Tensor]:
-    """[(value, scale)] per expert -> {name: stacked values, name_scale: stacked scales}."""
-    pick = (lambda xs: xs[0]) if single else torch.stack
+def _stack(name: str, parts: list[Pair], single: bool = False) -> dict[str, Parts]:
+    """[(value, scale)] per expert -> {name: the values, name_scale: the scales}, one tensor
+    each for `single`, else a list of the experts' tensors: _copy_in writes each into its row
+    of the stacked parameter, so no stacked copy of all experts is ever made (a bf16
+    DeepSeek-V3 layer is 21 GB: stacking held it three times at once)."""
+    pick = (lambda xs: xs[0]) if single else list
     out = {name: pick([value for value, _ in parts])}
     scales = [scale for _, scale in parts if scale is not None]
     if scales:  # every part of one format: all scaled, or none
@@ -522,23 +529,29 @@ def _stack(name: str, parts: list[Pair], single: bool = False) -> dict[str, torc
     return out
 
 
-def _copy_in(layer, values: dict[str, torch.Tensor]) -> None:
-    """Every value onto the layer's device and checked against its parameter, then copied in:
-    nothing is written unless everything can be."""
-    moved = {}
-    for name, tensor in values.items():
+def _copy_in(layer, values: dict[str, Parts]) -> None:
+    """Every value checked against its parameter, then copied in, a list one expert's row at a
+    time (moved to the layer's device row by row): nothing is written unless everything can
+    be."""
+    for name, value in values.items():
         param = getattr(layer, name)
-        if tuple(tensor.shape) != tuple(param.shape) or tensor.dtype != param.dtype:
+        rows = value if isinstance(value, list) else [value]
+        shapes = {(len(rows), *row.shape) if isinstance(value, list) else row.shape for row in rows}
+        dtypes = {row.dtype for row in rows}
+        if shapes != {tuple(param.shape)} or dtypes != {param.dtype}:
+            built = " / ".join(f"{list(shape)}" for shape in sorted(shapes))
+            kinds = " / ".join(sorted(str(dtype) for dtype in dtypes))
             raise WeightError(
                 [
-                    (
-                        f"{name}: built {list(tensor.shape)} {tensor.dtype}, the layer holds "
-                        f"{list(param.shape)} {param.dtype}"
-                    )
+                    f"{name}: built {built} {kinds}, the layer holds {list(param.shape)} {param.dtype}"
                 ],
                 unchanged=True,
             )
-        moved[name] = tensor.to(param.device)
     with torch.no_grad():
-        for name, tensor in moved.items():
-            getattr(layer, name).data.copy_(tensor)
+        for name, value in values.items():
+            param = getattr(layer, name).data
+            if isinstance(value, list):
+                for row, part in zip(param, value, strict=True):
+                    row.copy_(part)
+            else:
+                param.copy_(value)
