@@ -19,6 +19,7 @@ from pathlib import Path
 from moec import __version__
 from moec.counts import whole_numbers
 from moec.errors import MoecError, os_error, problem, shown_path
+from moec.runtime.output import BROKEN_PIPE, OutputLost, discard
 from moec.spec import cpu
 from moec.spec.models import Parallel
 from moec.vocab import ReplicaChoice
@@ -163,11 +164,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-BROKEN_PIPE = 128 + 13
-"""Exit status when the reader of standard output went away (`| head`): a Unix tool's, killed
-by SIGPIPE, and no message."""
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     cpu.report_to(sys.stderr)  # what --cpu (--set target.device=cpu) changes in a GPU spec
@@ -191,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             return 130
     except OutputLost as lost:
-        _discard(stdout)  # what is still buffered, so that the exit's flush has nothing to fail
+        discard(stdout)  # what is still buffered, so that the exit's flush has nothing to fail
         if lost.errno == errno.EPIPE:
             return BROKEN_PIPE
         failure = OSError(lost.errno, lost.reason)
@@ -200,14 +196,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sys.stdout = stdout
         cpu.report_to(None)
-
-
-class OutputLost(Exception):
-    """A write to standard output failed: its errno and the OS's reason."""
-
-    def __init__(self, number: int, reason: str) -> None:
-        super().__init__(reason)
-        self.errno, self.reason = number, reason
 
 
 class _Output:
@@ -235,19 +223,6 @@ class _Output:
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)
-
-
-def _discard(stream) -> None:
-    """Point the descriptor of `stream` at /dev/null (as Python's docs advise on a broken pipe):
-    what it still buffers is dropped at exit without a second error."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(null, stream.fileno())
-        finally:
-            os.close(null)
-    except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture): nothing to do
-        pass
 
 
 def _refuse_empty(args: argparse.Namespace) -> None:

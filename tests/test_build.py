@@ -45,6 +45,7 @@ def test_build_writes_the_package(tmp_path, capsys):
         "quant.py",
         "reference.py",  # and those of the self-check (python -m tiny_cpu.check)
         "self_check.py",
+        "output.py",
         "torch_matmul.py",
         "torch_select.py",
         "weight_formats.py",

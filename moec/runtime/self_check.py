@@ -24,6 +24,7 @@ import time
 import torch
 
 from . import reference
+from .output import BROKEN_PIPE, OutputLost, discard
 
 BOUND = {"bf16": (2**-7, "2**-7"), "quantized": (2**-5 + 2**-7, "2**-5 + 2**-7")}
 DEFAULT_TOKENS = (1, 64, 4096)
@@ -31,9 +32,6 @@ WARMUP = {"cuda": 3, "cpu": 0}
 """Runs before the timed ones, after the checked run (which compiles the kernels)."""
 REPEATS = {"cuda": 20, "cpu": 3}
 """Timed runs (their median is reported) unless --repeats says otherwise."""
-BROKEN_PIPE = 128 + 13
-"""Exit status when the reader of standard output went away: a Unix tool's, killed by SIGPIPE,
-and no message (as `moec`'s)."""
 
 
 def main(name: str, layer_class, plan: dict, torch_gated, argv=None) -> int:
@@ -51,7 +49,7 @@ def main(name: str, layer_class, plan: dict, torch_gated, argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     except OutputLost as lost:
-        _discard(sys.stdout)  # what it still buffers: the exit's flush has nothing to fail
+        discard(sys.stdout)  # what it still buffers: the exit's flush has nothing to fail
         if lost.errno == errno.EPIPE:
             return BROKEN_PIPE
         print(f"{name}.check: cannot write to standard output: {lost.reason}", file=sys.stderr)
@@ -82,14 +80,6 @@ def check(name: str, layer_class, plan: dict, torch_gated, args) -> int:
     return 0
 
 
-class OutputLost(Exception):
-    """A write to standard output failed: its errno and the OS's reason."""
-
-    def __init__(self, number: int | None, reason: str) -> None:
-        super().__init__(reason)
-        self.errno, self.reason = number, reason
-
-
 def say(line: str) -> None:
     """Print a line of the report, at once (a row of a long check shows when it is done); a
     failed write is OutputLost."""
@@ -97,19 +87,6 @@ def say(line: str) -> None:
         print(line, flush=True)
     except OSError as error:
         raise OutputLost(error.errno, error.strerror or str(error)) from None
-
-
-def _discard(stream) -> None:
-    """Point the descriptor of `stream` at /dev/null (as Python's docs advise on a broken pipe):
-    what it still buffers is dropped at exit without a second error."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(null, stream.fileno())
-        finally:
-            os.close(null)
-    except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture): nothing to do
-        pass
 
 
 def needs_interpreter(device: str, plan: dict) -> bool:
