@@ -201,10 +201,28 @@ def test_replica_choice_errors(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_command_writes_a_placement_the_spec_takes(tmp_path, capsys):
-    load = tmp_path / "load.json"
+PLACED = """
+name = "placed"
+[model]
+hidden_size = 256
+moe_intermediate_size = 128
+n_routed_experts = 12
+num_experts_per_tok = 2
+[parallel]
+dispatch = "all2all"
+ep_size = 8
+redundant_experts = 4
+placement = "placement.json"
+"""
+"""A spec naming the placement file that `moec eplb` writes in write_placement."""
+
+
+def write_placement(folder, capsys) -> dict:
+    """`moec eplb` of EPLB's README load into folder/placement.json (twice: the second replaces
+    its own file); the file's data. Checks what it prints and holds."""
+    load = folder / "load.json"
     load.write_text(json.dumps({"format": "moec-load", "load": README_LOAD[0]}))
-    out = tmp_path / "placement.json"
+    out = folder / "placement.json"
     argv = ["eplb", str(load), "-o", str(out), "--ranks", "8", "--nodes", "2",
             "--redundant", "4", "--groups", "4"]  # fmt: skip
     assert main(argv) == 0
@@ -218,21 +236,33 @@ def test_command_writes_a_placement_the_spec_takes(tmp_path, capsys):
     assert data["imbalance"]["replica_choice"] == "static"
     assert [e for rank in data["physical_to_logical"] for e in rank] == README_PLACEMENT[0]
     assert main(argv) == 0  # its own file: replaced
-    spec = """
-name = "placed"
-[model]
-hidden_size = 256
-moe_intermediate_size = 128
-n_routed_experts = 12
-num_experts_per_tok = 2
-[parallel]
-dispatch = "all2all"
-ep_size = 8
-redundant_experts = 4
-placement = "placement.json"
-"""
-    loaded = parse_spec(spec, "<spec>", folder=tmp_path)
+    return data
+
+
+def test_command_writes_a_placement_the_spec_takes(tmp_path, capsys):
+    data = write_placement(tmp_path, capsys)
+    loaded = parse_spec(PLACED, "<spec>", folder=tmp_path)
     assert loaded.spec.parallel.placement == data["physical_to_logical"]
+
+
+def test_a_placement_path_of_the_command_line_starts_in_the_current_folder(
+    tmp_path, capsys, monkeypatch
+):
+    """A relative placement path in the spec is found beside the spec; given by --set, where the
+    command runs (as a shell completed it): here two files of one name, two placements."""
+    beside_spec = write_placement(tmp_path, capsys)
+    here = tmp_path / "work"
+    here.mkdir()
+    moved = [rank[1:] + rank[:1] for rank in beside_spec["physical_to_logical"]]  # also valid
+    (here / "placement.json").write_text(json.dumps({**beside_spec, "physical_to_logical": moved}))
+    monkeypatch.chdir(here)
+    set_here = ["parallel.placement=placement.json"]
+    placed = parse_spec(PLACED, "<spec>", folder=tmp_path).spec.parallel.placement
+    assert placed == beside_spec["physical_to_logical"]
+    assert parse_spec(PLACED, "<spec>", set_here, folder=tmp_path).spec.parallel.placement == moved
+    (tmp_path / "placed.toml").write_text(PLACED)
+    assert main(["validate", str(tmp_path / "placed.toml"), "--set", set_here[0]]) == 0
+    assert main(["validate", str(tmp_path / "placed.toml")]) == 0
 
 
 def test_command_errors(tmp_path, capsys):

@@ -167,8 +167,9 @@ def parse_spec(
     overrides: list[str] | tuple[str, ...] = (),
     folder: Path | None = None,
 ) -> LoadedSpec:
-    """Check a spec given as TOML text; `folder` is where its relative file names (a
-    placement file) start (default: the current folder)."""
+    """Check a spec given as TOML text; `folder` is where the relative file names it holds (a
+    placement file) start (default: the current folder); those of `overrides` start in the
+    current folder."""
     if text.startswith("\ufeff"):  # tomli's message would be "Invalid statement" at 1:1
         raise MoecError(
             [
@@ -248,7 +249,9 @@ def check_raw(
             return found.located(line_of(lines, "model.preset"), f"from preset {preset_name}")
         return found.located(line_of(lines, found.path))
 
-    raw, read_problem = _read_placement(raw, folder)
+    # a file named in the spec is found beside it; one named by --set, where the command runs
+    on_command_line = _from_set("parallel.placement", set_paths, lines)
+    raw, read_problem = _read_placement(raw, None if on_command_line else folder)
     if read_problem is not None:
         raise MoecError([locate(read_problem)], source)
     try:
