@@ -25,7 +25,18 @@ import time
 
 import deep_gemm
 import torch
-from psum_remainder import BLOCK, EXPERTS, HIDDEN, INTER, TOPK, fp8, layout, weights, write_rows
+from psum_remainder import (
+    BLOCK,
+    EXPERTS,
+    HIDDEN,
+    INTER,
+    TOPK,
+    fp8,
+    layout,
+    uniform_counts,
+    weights,
+    write_rows,
+)
 
 SHAPES = {"gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
 
@@ -110,9 +121,7 @@ def main() -> None:
     rows_out = []
     for tokens in map(int, args.tokens.split(",")):
         routed = tokens * TOPK
-        random_counts = torch.bincount(
-            torch.randint(0, EXPERTS, (routed,), device="cuda"), minlength=EXPERTS
-        ).tolist()
+        random_counts = uniform_counts(routed)
         ws = {gemm: weights(n, k) for gemm, (n, k) in SHAPES.items()}
         layouts = {
             "even": [routed // EXPERTS] * EXPERTS + [tokens],  # the shared expert: group 257

@@ -36,6 +36,12 @@ def layout(counts: list[int]) -> tuple[torch.Tensor, int]:
     return torch.tensor(ends, dtype=torch.int32, device="cuda"), start
 
 
+def uniform_counts(routed: int) -> list[int]:
+    """Each routed expert's rows for `routed` uniformly random expert choices (T x top-k)."""
+    choices = torch.randint(0, EXPERTS, (routed,), device="cuda")
+    return torch.bincount(choices, minlength=EXPERTS).tolist()
+
+
 def fp8(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn)
 
@@ -83,9 +89,7 @@ def main() -> None:
     rows_out = []
     for tokens in map(int, args.tokens.split(",")):
         routed = tokens * TOPK
-        random_counts = torch.bincount(
-            torch.randint(0, EXPERTS, (routed,), device="cuda"), minlength=EXPERTS
-        ).tolist()
+        random_counts = uniform_counts(routed)
         cases = {"even": [routed // EXPERTS] * EXPERTS, "random": random_counts}
         shapes = {"gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
         ws = {gemm: weights(n, k) for gemm, (n, k) in shapes.items()}
