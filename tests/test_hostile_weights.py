@@ -219,6 +219,8 @@ def test_values_no_layer_can_hold_are_refused(package, name, make, problem):
     or bf16 (weights quantized on load) once converted."""
     checkpoint = _checkpoint()
     checkpoint[name] = make(checkpoint[name])
+    if name.endswith("proj.weight"):  # a float weight, quantized on load, comes without a scale
+        del checkpoint[name + "_scale_inv"]
     error = _refused(package.MoELayer().random_(0), checkpoint)
     assert len(error.problems) == 1 and error.problems[0].startswith(problem)
 
@@ -254,6 +256,22 @@ def test_other_fp8_formats_convert_exactly(package, dtype):
         down = checkpoint[f"experts.{e}.down_proj.weight"]
         want = _dequantized(down, checkpoint[f"experts.{e}.down_proj.weight_scale_inv"])
         assert torch.equal(_dequantized(layer.w2[e], layer.w2_scale[e]), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_float_weight_beside_its_scale_is_refused(package, dtype):
+    """Float weights in a quantized checkpoint are quantized on load, but a float weight with a
+    scale beside it may be e4m3 values widened without their scale: taking it would be wrong by
+    the scale, dropping the scale silently too. Refused, naming both; without the scale the
+    same float weight loads."""
+    checkpoint = _checkpoint()
+    name = "experts.1.up_proj.weight"
+    checkpoint[name] = checkpoint[name].to(dtype)
+    error = _refused(package.MoELayer().random_(0), checkpoint)
+    assert len(error.problems) == 1
+    assert error.problems[0].startswith(f"{name}_scale_inv: beside a {dtype} weight {name}")
+    del checkpoint[name + "_scale_inv"]
+    package.MoELayer().load_weights(checkpoint)
 
 
 def test_e5m2_too_wide_for_e4m3_is_refused_naming_tensor_and_dtype(package):
@@ -424,3 +442,29 @@ def test_weight_error_message_is_bounded_but_keeps_every_problem():
     assert text.endswith("and 11 more problems")
     assert "the layer is unchanged" not in text
     assert "y" * 1000 not in str(WeightError(["y" * 1000]))
+
+
+def test_the_layers_own_tensors_reordered_load_as_given(package):
+    """A checkpoint of views of the layer's own parameters (its experts swapped): each row is
+    read before any row is written."""
+    layer = package.MoELayer().load_weights(_checkpoint())
+    swapped = _checkpoint()
+    for proj in SHAPES:
+        for field in ("weight", "weight_scale_inv"):
+            a, b = f"experts.0.{proj}_proj.{field}", f"experts.1.{proj}_proj.{field}"
+            swapped[a], swapped[b] = swapped[b], swapped[a]
+    expected = package.MoELayer().load_weights(swapped)
+    own = {k: v for k, v in layer.state_dict().items()}
+    views = _checkpoint()
+    for proj, rows in (("gate", slice(0, 128)), ("up", slice(128, 256))):
+        for e, source in ((0, 1), (1, 0), (2, 2), (3, 3)):
+            views[f"experts.{e}.{proj}_proj.weight"] = own["w13"][source, rows]
+    for e, source in ((0, 1), (1, 0), (2, 2), (3, 3)):
+        views[f"experts.{e}.down_proj.weight"] = own["w2"][source]
+    for e in range(4):
+        for proj in SHAPES:
+            views[f"experts.{e}.{proj}_proj.weight_scale_inv"] = swapped[
+                f"experts.{e}.{proj}_proj.weight_scale_inv"
+            ]
+    layer.load_weights(views)
+    assert torch.equal(layer.w13, expected.w13) and torch.equal(layer.w2, expected.w2)

@@ -547,6 +547,19 @@ def _copy_in(layer, values: dict[str, Parts]) -> None:
                 ],
                 unchanged=True,
             )
+    # A value may be a view of a parameter (the layer's own tensors, re-ordered): copied first,
+    # so that no row is read after another row's write replaced it.
+    held = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    values = {
+        name: (
+            [row.clone() if row.untyped_storage().data_ptr() in held else row for row in value]
+            if isinstance(value, list)
+            else value.clone()
+            if value.untyped_storage().data_ptr() in held
+            else value
+        )
+        for name, value in values.items()
+    }
     with torch.no_grad():
         for name, value in values.items():
             param = getattr(layer, name).data

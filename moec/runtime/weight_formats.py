@@ -111,7 +111,15 @@ class WeightFormat:
                 problems.append(f"{wname}: shape {list(value.shape)}, expected {list(shape)}")
                 return None
             if value.element_size() != 1:
-                # A float weight where fp8 is expected: quantize it, as a bf16 checkpoint is.
+                # A float weight where fp8 is expected: quantize it, as a bf16 checkpoint is;
+                # beside a scale it may be fp8 values widened without it (wrong by the scale).
+                if scale is not None:
+                    problems.append(
+                        f"{sname}: beside a {value.dtype} weight {wname}: a scale goes with "
+                        "e4m3 values; give the float weight without its scale (quantized on "
+                        "load), or its e4m3 values with it"
+                    )
+                    return None
                 return self._from_wide(value, wname, problems)
             if value.dtype != torch.float8_e4m3fn and value.dtype not in _OTHER_FP8:
                 problems.append(
