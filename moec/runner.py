@@ -4,7 +4,7 @@ Prints the output checksum, the forward time, and, when the spec's backend is no
 max relative error against the torch backend on the same weights and input. Checks before it
 allocates anything that the forward fits: at most max_num_tokens tokens, and the memory of its
 peak within what the device has free: making the weights (moec/spec/memory.py: making_bytes,
-three copies of them), or the forward and the run's own copies (layer_bytes, run_bytes). On a
+two copies of them), or the forward and the run's own copies (layer_bytes, run_bytes). On a
 terminal, stderr shows which step it is at (moec/runtime/progress.py), and the package's own line
 while weights are made or loaded.
 """
@@ -150,7 +150,7 @@ def _check_bound(loaded: LoadedSpec, tokens: int) -> None:
 def _check_memory(loaded: LoadedSpec, tokens: int, compared: bool, weights: int) -> None:
     """Raise before allocating when the run's peak needs more memory than the device has free:
     the layer's `weights` bytes of parameters while random_ or load_weights makes them
-    (making_bytes: three copies and a projection's quantization scratch), or, after, a forward
+    (making_bytes: two copies and a projection's quantization scratch), or, after, a forward
     of `tokens` tokens and what the run keeps beside it; with the torch backend's layer too when
     `compared` (made and run after the first, which stays)."""
     spec = loaded.spec

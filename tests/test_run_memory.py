@@ -1,5 +1,5 @@
-"""`moec run` checks its real peak before it allocates: random weights are made at about three
-times their size (moec/spec/memory.py: making_bytes), measured here by scripts/weights_peak.py."""
+"""`moec run` checks its real peak before it allocates: random weights are made at about two and
+a half times their size (moec/spec/memory.py: making_bytes), measured by scripts/weights_peak.py."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_room_for_the_peak_runs(load_layer, capsys, monkeypatch):
 
 def test_the_estimate_covers_the_measured_peak_of_random_weights(tmp_path):
     """random_'s peak resident memory, measured in a fresh process, at dims whose projections are
-    large enough that the allocator returns them (8M values): over the three copies the
+    large enough that the allocator returns them (8M values): over the two copies the
     estimate counts, and under the estimate."""
     dims = [
         "model.hidden_size=4096",

@@ -86,15 +86,15 @@ def run_bytes(spec: Spec, tokens: int, compared: bool) -> float:
     return held + scratch + 8 * values * (3 if compared else 2)
 
 
-WEIGHT_COPIES = 3
+WEIGHT_COPIES = 2
 """Copies of one rank's weights alive at once while random_ (or load_weights) makes them
-(moec/runtime/expert_weights.py): the parameters, every expert converted to its format (a list
-kept until the end) and their stack, one tensor per parameter, copied into the parameters."""
-SCRATCH_PER_VALUE = 36
+(moec/runtime/expert_weights.py): the parameters, and every expert converted to its format (a
+list kept until the end, written into the parameters one expert's rows at a time)."""
+SCRATCH_PER_VALUE = 40
 """Bytes per value of the widest projection that making the weights takes beside the copies:
 the expert being made (its fp32 draw and the draw scaled by 1/sqrt(fan_in), the quantizer's fp32
 temporaries, its projections held until they are concatenated: 12 to 16 bytes) and the freed
-blocks the allocator keeps; measured 14 to 15 (fp8_block) and 30 to 33 (bf16)."""
+blocks the allocator keeps; measured 17 to 18 (fp8_block) and 34 to 35 (bf16)."""
 
 
 def making_bytes(spec: Spec, weights: float) -> float:
@@ -103,9 +103,9 @@ def making_bytes(spec: Spec, weights: float) -> float:
     load_weights peaks as high before the checkpoint's tensors, which it holds on top.
 
     Measured on a CPU (scripts/weights_peak.py: the peak RSS of random_ above the RSS before
-    it), 16 experts + 1 shared: at H=7168, I=2048 3.28x the parameters for fp8_block (this
-    estimate 3.71x) and bf16 (3.35x); at H=4096, I=2048 2.99 to 3.29x for fp8_block (3.71x),
-    3.28x for bf16 (3.35x). At DeepSeek-V3's 256 experts the scratch is under 5% of the
+    it), 16 experts + 1 shared, top-2: at H=7168, I=2048 2.34x the parameters for fp8_block
+    (this estimate 2.79x) and bf16 (2.39x); at H=4096, I=2048 2.35x for fp8_block (2.79x) and
+    2.34x for bf16 (2.39x). At DeepSeek-V3's 256 experts the scratch is under 5% of the
     weights. At small dims (under ~200 MB) glibc keeps more freed blocks: up to 5x, a few
     hundred MB.
     """
