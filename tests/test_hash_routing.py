@@ -166,3 +166,16 @@ def test_hash_layer_compiles_fullgraph_equal_to_eager(hash_layer):
     assert torch.equal(compiled(x, ids), expected)
     assert not torch.equal(compiled(x, _ids(7, 11)), expected)  # the ids reach the op
     torch._dynamo.reset()
+
+
+def test_a_compiled_hash_layer_refuses_missing_ids_and_compiles_after(hash_layer):
+    """The checks run inside the custom op: a compiled call without token ids raises the
+    layer's own error, and does not leave Dynamo skipping forward for a later fullgraph."""
+    torch._dynamo.reset()
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(9))
+    ids = _ids(7, 10)
+    with pytest.raises(ValueError, match="is hash-routed: forward"):
+        torch.compile(hash_layer, backend="aot_eager")(x)
+    compiled = torch.compile(hash_layer, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x, ids), hash_layer(x, ids))
+    torch._dynamo.reset()

@@ -23,6 +23,7 @@ tensor parallelism each rank keeps 1/tp of every intermediate, with expert paral
 experts; fused shared experts are appended to the routed ones as `n_shared` extra experts.
 """
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -166,6 +167,8 @@ def count_router_parts(layer) -> None:
     are not all zero (one for a weight the checkpoint stores in bf16, as DeepSeek's do; at
     least one). The kernels read only those: the same logits, fewer GEMMs. A host sync: when
     the weights are set, never in a forward."""
+    if layer.gate_parts.is_meta:  # a refused load of a meta layer: nothing to count
+        return
     used = layer.gate_parts.flatten(1).ne(0).any(dim=1).tolist()
     layer.router_parts = max((i + 1 for i, nonzero in enumerate(used) if nonzero), default=1)
 
@@ -181,6 +184,34 @@ def layout_problem(tensor: torch.Tensor) -> str:
         return "a nested tensor: pass it dense"
     if tensor.layout != torch.strided:
         return f"a {tensor.layout} tensor: pass it dense (tensor.to_dense())"
+    return ""
+
+
+def assign_problem(tensors: dict[str, torch.Tensor]) -> str:
+    """Why `tensors`, the parameters a load_state_dict(..., assign=True) leaves the layer with
+    (the given tensors, the others as they are), cannot all be its parameters ("" when they
+    can): assign makes each given tensor the parameter itself, which the kernels read as dense
+    rows and load_weights and random_ write in place, so each must be contiguous (an expanded
+    tensor repeats one row in memory) and own its memory (no two overlap)."""
+    spans = []
+    for name, tensor in tensors.items():
+        if tensor.is_meta or tensor.numel() == 0:
+            continue
+        if not tensor.is_contiguous():
+            kind = "an expanded tensor" if 0 in tensor.stride() else "not contiguous"
+            return (
+                f"{name} is {kind} (strides {list(tensor.stride())}); assign=True makes it "
+                "the parameter: pass tensor.contiguous(), or load without assign (a copy)"
+            )
+        start = tensor.data_ptr()
+        spans.append((tensor.device, start, start + tensor.numel() * tensor.element_size(), name))
+    spans.sort(key=lambda span: (str(span[0]), span[1]))
+    for before, after in itertools.pairwise(spans):
+        if before[0] == after[0] and after[1] < before[2]:
+            return (
+                f"{before[3]} and {after[3]} share memory; assign=True makes each the "
+                "parameter: pass copies (tensor.clone()), or load without assign"
+            )
     return ""
 
 

@@ -115,6 +115,17 @@ class MoELayer(nn.Module):
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Route each token to its top-2 experts and return the weighted sum plus the shared experts."""
+        if torch.compiler.is_compiling() and _traceable(x):
+            # torch.compile sees one opaque op, as serving engines treat an MoE layer: its
+            # fake gives the output's shape; the graph and CUDA graphs capture around it. The
+            # checks run inside the op, when the graph runs: an error raised while Dynamo
+            # traces would make it skip forward from then on, for every layer of the package.
+            return moe_forward(x, list(self.parameters()), self.op_id)
+        self._check(x)
+        return self._forward(x)
+
+    def _check(self, x: torch.Tensor) -> None:
+        """Raise unless the layer has weights on one device and x is a [T, H] tensor there."""
         if not self.weights_set:
             raise ValueError(
                 f"{NAME}: the layer has no weights yet: call load_weights(checkpoint) or "
@@ -135,11 +146,6 @@ class MoELayer(nn.Module):
         devices = {tensor.device for tensor in self._parameters.values()}
         if len(devices) != 1 or x.device not in devices or x.is_meta:
             self._refuse_devices(x, devices)
-        if torch.compiler.is_compiling():
-            # torch.compile sees one opaque op, as serving engines treat an MoE layer: its
-            # fake gives the output's shape; the graph and CUDA graphs capture around it.
-            return moe_forward(x, list(self.parameters()), self.op_id)
-        return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """The forward's computation, after the checks."""
@@ -270,6 +276,12 @@ class MoELayer(nn.Module):
                 raise ValueError(
                     f"{NAME}: load_state_dict: {name}: {wrong}; the layer is unchanged"
                 )
+        given = {name: state_dict[name] for name in names & set(expected)}
+        wrong = self._placement_problem(given, assign) if given else ""
+        if wrong:
+            raise ValueError(
+                f"{NAME}: load_state_dict: {wrong}; the layer is unchanged"
+            )
         # checked: _load_from_state_dict need not read the values again
         self._state_checked = True
         try:
@@ -312,12 +324,40 @@ class MoELayer(nn.Module):
                     "checkpoint with load_weights)"
                 )
                 return
+        given = {
+            name: state_dict[prefix + name]
+            for name in self._parameters
+            if prefix + name in state_dict
+        }
+        if given and not checked:
+            assign = args[0].get("assign_to_params_buffers", False)  # (local_metadata)
+            wrong = self._placement_problem(given, assign, prefix)
+            if wrong:
+                error_msgs.append(f"{NAME}: {wrong}; nothing of the layer was copied")
+                return
         errors = len(error_msgs)
         super()._load_from_state_dict(state_dict, prefix, *args)
         if len(error_msgs) == errors and all(
             prefix + name in state_dict for name in self._parameters
         ):
             self.weights_set = True
+
+    def _placement_problem(self, given: dict, assign: bool, prefix: str = "") -> str:
+        """Why the parameters `given` cannot be loaded ("" when they can): copied (not
+        `assign`), into a layer on the meta device, which holds no memory to copy into;
+        assigned, they would leave a parameter expanded or overlapping another (named after
+        `prefix`, the layer's in its parent)."""
+        if assign:
+            kept = {**self._parameters, **given}
+            return expert_weights.assign_problem(
+                {prefix + n: t for n, t in kept.items()}
+            )
+        if any(own.is_meta for own in self._parameters.values()):
+            return (
+                "the layer is on the meta device, which holds no values to copy into: load "
+                "with assign=True, or move it with .to_empty(device=...) first"
+            )
+        return ""
 
     def to_empty(self, *, device, recurse: bool = True) -> "MoELayer":
         """Parameters on `device`, uninitialized again: load_weights or random_ before the next
@@ -440,9 +480,12 @@ def moe_forward(
     x: torch.Tensor, params: list[torch.Tensor], layer: int
 ) -> torch.Tensor:
     """MoELayer.forward as a torch custom op: the layer `layer` (an op_id), whose parameters
-    are `params` (passed so the graph depends on them), on tokens x."""
+    are `params` (passed so the graph depends on them), on tokens x; checked as the eager
+    forward checks it."""
+    this = _LAYERS[layer]
     with torch.no_grad():
-        return _LAYERS[layer]._forward(x)
+        this._check(x)
+        return this._forward(x)
 
 
 @moe_forward.register_fake
@@ -454,6 +497,16 @@ def _written(args: tuple, kwargs: dict) -> str:
     """How a call of .to was written, for its message: .to('nonsense')."""
     named = (f"{key}={value!r}" for key, value in kwargs.items())
     return f".to({', '.join([*map(repr, args), *named])})"
+
+
+def _traceable(value) -> bool:
+    """Whether a traced forward passes `value` to the custom op: a dense tensor (anything else
+    the checks refuse there, as they do in an eager forward)."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.layout == torch.strided
+        and not value.is_nested
+    )
 
 
 def _rank(group) -> int:
