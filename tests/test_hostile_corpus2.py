@@ -131,12 +131,12 @@ SPEC_FILES = {
     ),
     "a quoted key with a dot": (
         _spec(TEXT, HIDDEN, '"hidden_size.x" = 256\n' + HIDDEN),
-        "model.hidden_size.x = 256: unknown key in [model] (did you mean hidden_size?)",
+        'model."hidden_size.x" = 256: unknown key in [model] (did you mean hidden_size?)',
     ),
     "an empty quoted key": (_spec(TEXT, HIDDEN, '"" = 256\n' + HIDDEN), "unknown key in [model]"),
     "an escape character in a key": (
         _spec(TEXT, HIDDEN, '"hid\\u001bden" = 256\n' + HIDDEN),
-        "model.hid\\x1bden = 256",
+        'model."hid\\x1bden" = 256',
     ),
     "a byte order mark": ("\ufeff" + TEXT, "byte order mark"),
     "a NUL byte": (TEXT + "\x00", "TOML syntax"),

@@ -218,19 +218,19 @@ HIDDEN_LINE = "hidden_size = 256\n"
 DOTTED = {  # the spec text's change -> the whole message after the file name and line
     "its own table's name": (
         (HIDDEN_LINE, "model.hidden_size = 256\n"),
-        ":6: model.model = {hidden_size = 256}: unknown key in [model]: a dotted key "
+        ":7: model.model = {hidden_size = 256}: unknown key in [model]: a dotted key "
         "model.hidden_size written there is read as model.model.hidden_size (write "
         "hidden_size = ... under [model])",
     ),
     "another table's name": (
         ("topk_method", 'quant.scheme = "bf16"\ntopk_method'),
-        ':13: router.quant = {scheme = "bf16"}: unknown key in [router]: a dotted key '
+        ':15: router.quant = {scheme = "bf16"}: unknown key in [router]: a dotted key '
         "quant.scheme written there is read as router.quant.scheme (write scheme = ... under "
         "[quant])",
     ),
     "a required key written under another table": (
         (HIDDEN_LINE, "", "topk_method", "model.hidden_size = 256\ntopk_method"),
-        ":12: router.model = {hidden_size = 256}: unknown key in [router]: a dotted key "
+        ":14: router.model = {hidden_size = 256}: unknown key in [router]: a dotted key "
         "model.hidden_size written there is read as router.model.hidden_size (write "
         "hidden_size = ... under [model])",
     ),
@@ -241,7 +241,8 @@ DOTTED = {  # the spec text's change -> the whole message after the file name an
 def test_a_dotted_key_inside_a_table_says_where_it_belongs(case, tmp_path, capsys):
     """`model.hidden_size = 256` under [model] is model.model.hidden_size to TOML: it was two
     problems, 'model.hidden_size: is required' and 'model.model = {...}: unknown key in [model]
-    (known keys: ...)', neither saying what happened. Now it is one, saying so."""
+    (known keys: ...)', neither saying what happened. Now it is one, saying so, at the line of
+    the dotted key (it was the table's header line: the locator kept no line for model.model)."""
     changes, message = DOTTED[case]
     text = TINY.read_text()
     for old, new in zip(changes[::2], changes[1::2], strict=True):

@@ -664,8 +664,8 @@ def test_key_lines_know_tables_dotted_and_inline_keys():
     assert lines["router.n_group"] == 3
     assert lines["quant"] == 4
     assert lines["quant.scheme"] == 5
-    assert lines["experts"] == 6
-    assert lines["experts.layout"] == 7
+    assert lines["experts"] == lines["experts.0"] == 6
+    assert lines["experts.0.layout"] == 7  # the first table of the array
     assert line_of(lines, "quant.weight_block.0") == 4
     assert line_of(lines, "target.arch") is None
 

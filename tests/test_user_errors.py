@@ -541,7 +541,7 @@ def test_keys_reach_the_terminal_escaped(tmp_path, capsys):
     assert code == 2 and "\x1b" not in err and "\x07" not in err
     assert "\\x1b]0;title\\x07" in err
     code, out, err = cli(capsys, "validate", TINY, "--set", "model.hidden_s\u0456ze=1")
-    assert code == 2 and "model.hidden_s\\u0456ze" in err and "did you mean hidden_size" in err
+    assert code == 2 and 'model."hidden_s\\u0456ze"' in err and "did you mean hidden_size" in err
 
 
 @pytest.mark.parametrize("command", ["validate", "build", "explain"])

@@ -22,7 +22,7 @@ from typing import Any
 
 from moec.errors import MoecError, problem
 from moec.resources import shipped_schema_path
-from moec.spec import hf_families, hf_layers, hf_refused
+from moec.spec import hf_families, hf_layers, hf_nulls, hf_refused
 from moec.spec.hf_family import Family
 from moec.spec.hf_values import ConfigReader
 from moec.spec.loader import RepeatedKey, apply_overrides, check_raw, read_user_text, unique_keys
@@ -184,11 +184,12 @@ def spec_data_from_config(
             ],
             kind="usage",
         )
-    outer = ConfigReader(config, set_keys)
+    outer = ConfigReader(config, set_keys, absent_nulls=hf_nulls.EVERY_TYPE)
     source = hf_families.moe_source(outer, model_type)
     if source is None:  # text_config unusable: nothing else to read
         outer.raise_problems()
         raise AssertionError("moe_source records a problem where it finds no MoE keys")
+    source.reader.absent_nulls = hf_nulls.absent_nulls(source.model_type)
     layer_type = hf_families.check_layer_type(source, layer_type)
     family, reader = hf_families.FAMILIES[source.model_type], source.reader
     hf_refused.check_keys(reader, source.model_type)
@@ -273,8 +274,9 @@ def _shared_from_width(
 
 
 def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
-    """The router keys; a key left out (or null), or one the model type has none of (Mixtral:
-    every routing key), takes the default of its model type."""
+    """The router keys; a key left out (or null, where transformers reads null so: hf_nulls),
+    or one the model type has none of (Mixtral: every routing key), takes the default of its
+    model type."""
     router: dict[str, Any] = {}
     for key in ("scoring_func", "topk_method"):  # "" stays, for the spec's rules to report
         value = _family_value(reader, family, key, reader.text)
@@ -384,7 +386,13 @@ def _quant_from(reader: ConfigReader, moe: ConfigReader) -> dict[str, Any]:
     quantization = reader.table("quantization_config", "quant")
     if quantization is None:
         return {"scheme": "bf16"}
-    sub = ConfigReader(quantization, reader.set_keys, "quantization_config.", reader.problems)
+    sub = ConfigReader(
+        quantization,
+        reader.set_keys,
+        "quantization_config.",
+        reader.problems,
+        absent_nulls=hf_nulls.QUANTIZATION,
+    )
     method = sub.text("quant_method", "quant", required=True)
     block = sub.integers("weight_block_size", "quant.weight_block")
     activation = sub.text("activation_scheme", "quant.activation_scheme")
@@ -434,7 +442,9 @@ def _quant_from(reader: ConfigReader, moe: ConfigReader) -> dict[str, Any]:
 
 def _expert_dtype(quantization: ConfigReader, moe: ConfigReader) -> str | None:
     """DeepSeek-V4's `expert_dtype` ("fp8" or "fp4"), from quantization_config or beside it."""
-    holder = quantization if quantization.config.get("expert_dtype") is not None else moe
+    # transformers moves the one beside it in only where quantization_config has none (a null
+    # there is fp8 experts, not the other one)
+    holder = quantization if "expert_dtype" in quantization.config else moe
     expert_dtype = holder.text("expert_dtype", "quant.scheme")
     if expert_dtype not in (None, "fp8", "fp4") and not holder.overridden("quant.scheme"):
         holder.report(

@@ -84,6 +84,8 @@ SPARSE_STEP = {
 MoE unless listed in mlp_only_layers, and only where (i + 1) % decoder_sparse_step == 0 (its
 default 1)."""
 HINT = "a config whose model has MoE layers"
+_INTEGER = "a JSON integer without quotes"
+_TYPES = 'a list of "dense" and "sparse"'
 
 
 def check_moe_layers(reader: ConfigReader, model_type: str) -> None:
@@ -93,12 +95,11 @@ def check_moe_layers(reader: ConfigReader, model_type: str) -> None:
     rule = FIRST_K_DENSE.get(model_type)
     if rule is None:
         return
-    config = reader.config
-    layers = _count(config.get("num_hidden_layers"))
+    layers = _count(reader.get("num_hidden_layers", hint=_INTEGER))
     shown_layers = f"num_hidden_layers = {layers}"
     if layers is None:
         layers, shown_layers = rule.layers, f"num_hidden_layers (absent: {rule.layers})"
-    types = config.get("mlp_layer_types")
+    types = reader.get("mlp_layer_types", hint=_TYPES)
     if rule.layer_types and isinstance(types, list):
         if all(kind == "dense" for kind in types[:layers]):
             reader.report(
@@ -108,7 +109,7 @@ def check_moe_layers(reader: ConfigReader, model_type: str) -> None:
                 HINT,
             )
         return
-    written = config.get(rule.key)
+    written = reader.get(rule.key, hint=_INTEGER)
     dense = _count(written)
     if written is None:
         dense = rule.dense
@@ -132,12 +133,10 @@ def _check_sparse_step(reader: ConfigReader, dense: tuple[int, ...], default_lay
     """Qwen3-MoE's rule: a problem when mlp_only_layers and decoder_sparse_step leave no layer
     MoE (each key as written, or transformers' default)."""
     config = reader.config
-    layers = _count(config.get("num_hidden_layers"))
+    layers = _count(reader.get("num_hidden_layers", hint=_INTEGER))
     layers = default_layers if layers is None else layers
-    only = config.get("mlp_only_layers")
-    only = list(dense) if only is None else only
-    step = config.get("decoder_sparse_step")
-    step = 1 if step is None else step
+    only = reader.get("mlp_only_layers", list(dense), hint="a list of layer indices")
+    step = reader.get("decoder_sparse_step", 1, hint=_INTEGER)
     if not isinstance(only, list) or type(step) is not int or step <= 0 or layers <= 0:
         return  # not this check's to report
     if any(index not in only and (index + 1) % step == 0 for index in range(layers)):

@@ -295,7 +295,7 @@ def check_keys(reader: ConfigReader, model_type: str) -> None:
     """Record a problem for each key of KEY_CHECKS[model_type] the config sets otherwise, and
     for each per-layer SwiGLU limit (LAYER_LIMITS) that clamps."""
     for check in KEY_CHECKS.get(model_type, ()):
-        value = reader.config.get(check.key)
+        value = reader.get(check.key, hint=check.hint)
         if value is None and check.default is not None:  # transformers' default is refused
             message = f"absent, so transformers' default {_literal(check.default)}, which"
             reader.problems.append(
@@ -315,13 +315,13 @@ def check_keys(reader: ConfigReader, model_type: str) -> None:
     if differs is not None:
         key, default, why = differs
         hint = '"sum", or no shared experts'
-        if reader.config.get(key) is None:
+        if reader.get(key, hint=hint) is None:
             message = f"absent, so transformers' default {json.dumps(default)}, which {why}"
             reader.problems.append(problem(reader.prefix + key, message, hint))
         else:
             reader.report(key, reader.config[key], why, hint)
     for key in LAYER_LIMITS.get(model_type, ()):
-        limits = reader.config.get(key)
+        limits = reader.get(key, hint="a list of 0 (no clamp)")
         if limits is not None and not _all_zero(limits):
             reader.report(
                 key,
@@ -340,7 +340,7 @@ def _literal(value: Any) -> str:
 
 def _granite_hybrid_moe(reader: ConfigReader) -> tuple[str, str] | None:
     """GraniteMoeHybrid without experts (num_local_experts 0): every MLP the dense shared_mlp."""
-    experts = reader.config.get("num_local_experts")
+    experts = reader.get("num_local_experts", hint="a JSON integer without quotes")
     if type(experts) is int and experts == 0:
         return "num_local_experts", "every layer's MLP is the dense shared_mlp"
     return None
@@ -349,25 +349,26 @@ def _granite_hybrid_moe(reader: ConfigReader) -> tuple[str, str] | None:
 def _jamba_moe(reader: ConfigReader) -> tuple[str, str] | None:
     """Jamba's MoE layers are i % expert_layer_period == expert_layer_offset, each a
     JambaSparseMoeBlock only when num_experts > 1 (else a dense JambaMLP)."""
-    experts = reader.config.get("num_experts", reader.config.get("num_local_experts"))
     key = "num_experts" if "num_experts" in reader.config else "num_local_experts"
+    experts = reader.get(key, hint=_INTEGER)
     if type(experts) is int and experts == 1:
         return key, "with one expert every layer's feed_forward is a dense JambaMLP"
-    layers = reader.config.get("num_hidden_layers", JAMBA_DEFAULTS["num_hidden_layers"])
-    offset = reader.config.get("expert_layer_offset", JAMBA_DEFAULTS["expert_layer_offset"])
+    layers = reader.get("num_hidden_layers", JAMBA_DEFAULTS["num_hidden_layers"], _INTEGER)
+    offset = reader.get("expert_layer_offset", JAMBA_DEFAULTS["expert_layer_offset"], _INTEGER)
     if type(layers) is int and type(offset) is int and 0 <= layers <= offset:
         return "num_hidden_layers", f"the MoE layers start at expert_layer_offset = {offset}"
     return None
 
 
+_INTEGER = "a JSON integer without quotes"
 JAMBA_DEFAULTS = {"num_hidden_layers": 32, "expert_layer_offset": 1}
 """transformers' JambaConfig values of the keys a config leaves out."""
 
 
 def _cohere_average(reader: ConfigReader) -> tuple[str, Any, str] | None:
     """Cohere2-MoE's shared experts averaged with the routed ones (its default strategy)."""
-    shared = reader.config.get("num_shared_experts", 0)
-    strategy = reader.config.get("shared_expert_combination_strategy")
+    shared = reader.get("num_shared_experts", 0, _INTEGER)
+    strategy = reader.get("shared_expert_combination_strategy", hint='"sum" or "average"')
     if type(shared) is int and shared > 0 and strategy != "sum":
         why = (
             "adds the shared experts as (routed + shared) / 2, where moec's layer computes "

@@ -1,9 +1,12 @@
 """Typed reads of a HF config.json: each value checked against the type its key takes.
 
-A read returns the value as written, or None when the key is absent or null (HF's "not set");
-a value of the wrong type is recorded as a problem naming the config key, never coerced (no
-"false" taken for true, no 0 for 1). Where a --set key overrides the spec key a config key
-becomes, a wrong value there is dropped instead: the override replaces it.
+A read returns the value as written, or None when the key is absent; a value of the wrong type
+is recorded as a problem naming the config key, never coerced (no "false" taken for true, no 0
+for 1). A null is the key left out only where transformers reads it so (hf_nulls: a key whose
+default is None, or one transformers' configuration does not define); elsewhere it is
+recorded as a problem too, since transformers refuses it or keeps None (a None
+norm_topk_prob is falsy, where the default is true). Where a --set key overrides the spec key
+a config key becomes, a wrong value there is dropped instead: the override replaces it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,25 @@ _INTEGERS = _Type("a list of integers", "e.g. [128, 128]")
 _OBJECT = _Type("a JSON object", 'e.g. {"quant_method": "fp8", "weight_block_size": [128, 128]}')
 
 
+NULL_MESSAGE = (
+    "null is not this key left out: transformers' configuration refuses it here, or keeps "
+    "None where its default is another value"
+)
+"""What a refused null is told (the problem's value shows `null`)."""
+
+
+class _JsonNull:
+    """A problem's value that shows as JSON's null (Problem.format shows None as `None`)."""
+
+    def __repr__(self) -> str:
+        return "null"
+
+    __str__ = __repr__
+
+
+JSON_NULL = _JsonNull()
+
+
 class ConfigReader:
     """Reads the keys of one JSON object (the config, or a table inside it)."""
 
@@ -41,12 +63,15 @@ class ConfigReader:
         set_keys: set[str] | frozenset[str] = frozenset(),
         prefix: str = "",
         problems: list[Problem] | None = None,
+        absent_nulls: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
         self.set_keys = set_keys
         self.prefix = prefix
         """Dotted path of this object in the config ("" at the top)."""
         self.problems: list[Problem] = [] if problems is None else problems
+        self.absent_nulls = absent_nulls
+        """The keys whose null is the key left out (hf_nulls); any other null is refused."""
 
     def integer(self, key: str, spec_key: str, required: bool = False) -> int | None:
         """An integer (not a bool, not a float)."""
@@ -72,18 +97,46 @@ class ConfigReader:
         """A JSON object."""
         return self._read(key, spec_key, required, _is_table, _OBJECT)
 
+    def get(self, key: str, default: Any = None, hint: str = "a value") -> Any:
+        """The value of `key` as written, unchecked; `default` when it is left out, or null
+        where that is the key left out (a null refused is recorded, `hint` saying what the key
+        takes, and `default` returned)."""
+        value = self.config.get(key)
+        if value is None:
+            if key in self.config:
+                self.refuse_null(key, hint)
+            return default
+        return value
+
+    def refuse_null(self, key: str, hint: str) -> None:
+        """Record that `key` is null, unless its null is the key left out (or is recorded)."""
+        path = self.prefix + key
+        if key in self.absent_nulls or any(
+            p.path == path and p.message == NULL_MESSAGE for p in self.problems
+        ):
+            return
+        self.problems.append(
+            problem(path, NULL_MESSAGE, f"{hint}, or leave the key out", value=JSON_NULL)
+        )
+
     def report(self, key: str, value: Any, message: str, hint: str) -> None:
         """Record a problem with the value of `key`."""
         self.problems.append(problem(self.prefix + key, message, hint, value=value))
 
     def raise_problems(self) -> None:
-        """Raise one MoecError with every problem recorded, if any."""
-        if self.problems:
-            raise MoecError(list(self.problems), kind="usage")
+        """Raise one MoecError with every problem recorded, if any: a key whose null is refused
+        is that one problem (not also what its value left out would have been)."""
+        nulls = {p.path for p in self.problems if p.message == NULL_MESSAGE}
+        found = [p for p in self.problems if p.path not in nulls or p.message == NULL_MESSAGE]
+        if found:
+            raise MoecError(list(dict.fromkeys(found)), kind="usage")
 
     def _read(self, key: str, spec_key: str, required: bool, fits, expected: _Type) -> Any:
         value = self.config.get(key)
         overridden = self.overridden(spec_key)
+        if value is None and key in self.config and not required and not overridden:
+            self.refuse_null(key, expected.hint)
+            return None
         if value is None:
             if required and not overridden:
                 state = "is missing from config.json" + (" (null)" if key in self.config else "")

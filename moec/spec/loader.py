@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from moec.errors import MoecError, Problem, override_list, path_argument, problem
 from moec.spec import cpu, models, placement, rules
-from moec.spec.locate import key_lines, line_of, long_number
+from moec.spec.locate import dotted, key_lines, line_of, long_number, split_dotted
 from moec.spec.normalize import normalize
 from moec.spec.presets import PRESETS, apply_preset
 
@@ -290,8 +290,8 @@ def _read_placement(
 def _from_set(path: str, set_paths: set[str], lines: dict[str, int]) -> bool:
     """Whether the value at `path` came from --set: a set key, a value inside one, or a table
     that only --set wrote."""
-    parts = path.split(".")
-    tables = {".".join(parts[:n]) for n in range(1, len(parts) + 1)} - set(lines)
+    parts = split_dotted(path)
+    tables = {dotted(parts[:n]) for n in range(1, len(parts) + 1)} - set(lines)
     for key in set_paths:
         if path == key or path.startswith(key + "."):
             return True
@@ -382,7 +382,7 @@ def apply_overrides(raw: dict[str, Any], overrides, source: str) -> tuple[dict[s
                 found = problem(key, f"{part} is not a table", "a key inside a table", value=value)
                 raise MoecError([found.located(None, "--set")], source, kind="usage")
             node = child
-        _set(node, parts[-1], value, key, paths)
+        _set(node, parts[-1], value, dotted(parts), paths)
     return raw, paths
 
 
@@ -394,7 +394,7 @@ def _set(node: dict[str, Any], name: str, value: Any, key: str, paths: set[str])
     here = node.get(name)
     if isinstance(value, dict) and isinstance(here, dict):
         for inner, inner_value in value.items():
-            _set(here, inner, inner_value, f"{key}.{inner}", paths)
+            _set(here, inner, inner_value, dotted([*split_dotted(key), inner]), paths)
     else:
         node[name] = value
 
@@ -490,19 +490,64 @@ def _written_elsewhere(items: list[Any]) -> list[Any]:
     ]
 
 
+def _location(item: Mapping[str, Any]) -> tuple[list[str], str | None]:
+    """An error's key path, and the activation kind pydantic's location names (taken out of
+    the path: the user wrote [activation], not [activation.silu_clamped])."""
+    loc = [str(part) for part in item["loc"]]
+    if len(loc) >= 2 and loc[0] == "activation" and loc[1] in _ACTIVATION_KINDS:
+        return loc[:1] + loc[2:], loc[1]
+    return loc, None
+
+
+def _misspelt_required(items: list[Any]) -> list[Any]:
+    """An unknown key whose closest known key (the one its message would suggest) is a
+    required key left out is that key misspelt: one problem, not also "is required". The
+    items without those "is required" ones, each unknown key that misspells one holding the
+    required key's path under "meant"."""
+    missing = {}
+    for index, item in enumerate(items):
+        if item["type"] == "missing":
+            loc, kind = _location(item)
+            missing[(tuple(loc), kind)] = index
+    paired: set[int] = set()  # the "is required" items told by an unknown key
+    kept = list(items)
+    for index, item in enumerate(items):
+        loc, kind = _location(item)
+        if item["type"] != "extra_forbidden" or not loc or _misplaced(loc, item.get("input")):
+            continue
+        if kind is not None and any(
+            loc[-1] in cls.model_fields for cls in _ACTIVATION_KINDS.values()
+        ):
+            continue  # another kind's key: "belongs to kind = ..." says more
+        close = difflib.get_close_matches(loc[-1], _known_keys(loc[:-1], kind), n=1, cutoff=0.6)
+        required = missing.get((tuple(loc[:-1] + close), kind)) if close else None
+        if required is not None and required not in paired:
+            paired.add(required)
+            kept[index] = {**item, "meant": dotted(loc[:-1] + close)}
+    return [item for index, item in enumerate(kept) if index not in paired]
+
+
+def _known_keys(table: list[str], kind: str | None) -> list[str]:
+    """The keys accepted in `table` (under activation `kind`, that kind's)."""
+    if table == ["activation"] and kind is not None:
+        return list(_ACTIVATION_KINDS[kind].model_fields)
+    return _fields_at(table)
+
+
 def _from_validation(error: ValidationError, raw: dict[str, Any]) -> list[Problem]:
     found = []
     items = _without_preset_keys(_placement_items(list(error.errors()), raw), raw)
-    for item in _written_elsewhere(items):
-        loc = [str(part) for part in item["loc"]]
-        if len(loc) >= 2 and loc[0] == "activation" and loc[1] in _ACTIVATION_KINDS:
-            kind = loc.pop(1)
-        else:
-            kind = None
-        path = ".".join(loc)
+    for item in _misspelt_required(_written_elsewhere(items)):
+        loc, kind = _location(item)
+        path = dotted(loc)
         kind_of = item["type"]
         value = item.get("input")
-        if kind_of == "extra_forbidden":
+        if "meant" in item:
+            where = f"[{dotted(loc[:-1])}]" if loc[:-1] else "the top level"
+            meant = item["meant"]
+            hint = f"did you mean {split_dotted(meant)[-1]}? {meant} is required, not set"
+            found.append(problem(path, f"unknown key in {where}", hint, value=value))
+        elif kind_of == "extra_forbidden":
             found.append(_unknown_key(loc, value, kind))
         elif kind_of == "missing":
             found.append(problem(path, "is required", _required_hint(loc)))
@@ -539,7 +584,7 @@ def _from_validation(error: ValidationError, raw: dict[str, Any]) -> list[Proble
 
 def _unknown_key(loc: list[str], value: Any, kind: str | None) -> Problem:
     key, table = loc[-1], loc[:-1]
-    path = ".".join(loc)
+    path = dotted(loc)
     if table == ["activation"] and kind is not None:
         owners = [k for k, cls in _ACTIVATION_KINDS.items() if key in cls.model_fields]
         if owners:
@@ -554,17 +599,14 @@ def _unknown_key(loc: list[str], value: Any, kind: str | None) -> Problem:
         inner = next(iter(value), "")
         return problem(
             path,
-            f"unknown key in [{'.'.join(table)}]: a dotted key {key}.{inner} written there is "
-            f"read as {'.'.join(table)}.{key}.{inner}",
-            f"write {inner} = ... under [{key}]",
+            f"unknown key in [{dotted(table)}]: a dotted key {dotted([key, inner])} written "
+            f"there is read as {dotted([*table, key, inner])}",
+            f"write {dotted([inner])} = ... under [{key}]",
             value=value,
         )
-    if table == ["activation"] and kind is not None:
-        known = list(_ACTIVATION_KINDS[kind].model_fields)
-    else:
-        known = _fields_at(table)
+    known = _known_keys(table, kind)
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    where = f"[{'.'.join(table)}]" if table else "the top level"
+    where = f"[{dotted(table)}]" if table else "the top level"
     hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(known)}"
     return problem(path, f"unknown key in {where}", hint, value=value)
 
