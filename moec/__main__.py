@@ -1,7 +1,8 @@
-"""`python -m moec ...`: the moec command line."""
+"""`python -m moec ...`: the moec command line (moec.entry, which a Ctrl-C at start-up ends
+cleanly)."""
 
 import sys
 
-from moec.cli import main
+from moec.entry import main
 
 sys.exit(main())

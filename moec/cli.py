@@ -18,6 +18,7 @@ from pathlib import Path
 
 from moec import __version__
 from moec.counts import whole_numbers
+from moec.entry import INTERRUPTED
 from moec.errors import MoecError, os_error, problem, shown_path
 from moec.runtime.output import BROKEN_PIPE, OutputLost, discard
 from moec.spec import cpu
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             print(os_error(error, where, "cannot read or write").report(), file=sys.stderr)
             return 2
         except KeyboardInterrupt:
-            return 130
+            return INTERRUPTED
     except OutputLost as lost:
         discard(stdout)  # what is still buffered, so that the exit's flush has nothing to fail
         if lost.errno == errno.EPIPE:
@@ -443,7 +444,7 @@ def _schema(args: argparse.Namespace) -> int:
         print(schema_text(), end="")
         return 0
     out = Path(args.out) if args.out else schema_path()
-    write_text(out, schema_text(), is_moec_schema, make_parents=True)
+    write_text(out, schema_text(), is_moec_schema, make_parents=True, recorded=True)
     print(f"wrote {shown_path(out)}")
     return 0
 

@@ -329,7 +329,7 @@ def command(
         load, placement, replica_choice, redundant_experts=redundant, nodes=nodes, groups=groups
     )
     text = json.dumps(data, indent=1)
-    write_text(Path(out), text + "\n", is_placement_file)
+    write_text(Path(out), text + "\n", is_placement_file, recorded=True)
     policy = (
         "hierarchical"
         if groups % nodes == 0

@@ -178,10 +178,10 @@ def is_explain_output(head: bytes) -> bool:
 
 def write(output: str | bytes, out: str | None) -> None:
     """Print `output`, or write it to the file `out` (replacing only an earlier output of
-    explain, never through a link); binary output (png) needs a file."""
+    explain, unchanged since, never through a link); binary output (png) needs a file."""
     if out is not None:
         data = output if isinstance(output, bytes) else output.encode()
-        write_bytes(Path(out), data, is_explain_output)
+        write_bytes(Path(out), data, is_explain_output, recorded=True)
     elif isinstance(output, bytes):
         raise MoecError(
             [problem("--out", "is required for --format png (binary output)", "-o plan.png")],

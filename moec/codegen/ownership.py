@@ -12,8 +12,8 @@ fifo, unreadable): moec then cannot tell its files from anyone else's, and says 
 Leftovers of killed builds (`.<name>.moec-<hex>` staging folders, `.<name>.moec-previous`)
 are recognized by the marker, which a build writes into its staging folder before anything
 else: a leftover holds the marker and only files it lists (one may be cut short: it was being
-written), or nothing at all. A folder of such a name without the marker is left alone, whatever
-it holds: a name alone never makes a folder moec's.
+written). A folder of such a name without the marker is left alone, whatever it holds, even
+nothing: a name alone never makes a folder moec's.
 """
 
 from __future__ import annotations
@@ -135,13 +135,17 @@ def package_holding(folder: Path) -> Path | None:
 
 def foreign_reason(folder: Path, leftover: bool = False) -> str | None:
     """Why `folder` is not a previous moec build (None when it is one). With `leftover`, a
-    killed build's staging folder: files may be cut short, and it may be empty."""
+    killed build's staging folder: files may be cut short, and the marker must be there."""
     if os.path.islink(folder) or not os.path.isdir(folder):
         return f"it is {kind_of(folder)}, not a folder"
     try:
         entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
     except OSError as error:
         return f"its list of files cannot be read: {error.strerror or error}"
+    if not entries and leftover:
+        # A build killed between its mkdir and the marker leaves one too, but so may a user:
+        # without the marker moec cannot tell, and leaves it (an empty folder costs nothing).
+        return "it is empty, with no .moec-build marker"
     if not entries:
         return None  # an empty folder: replacing it loses nothing
     listed, damage = _listed(folder)

@@ -12,9 +12,11 @@ leaves the previous package whole; the next build removes the leftovers of kille
 Builds into one folder take an exclusive flock on it, so two racing builds run one after the
 other and both end with a whole package. Folders and files are created with the user's umask.
 
-`write_text` (moec init -o, moec schema -o) replaces one file atomically, and only a file moec
-wrote. Every OS failure becomes a MoecError of kind "io" naming the path and the OS reason;
-names are checked against the file system's NAME_MAX and PATH_MAX before anything is written.
+`write_text` and `write_bytes` (`-o` of init, explain, schema, eplb, tune) replace one file
+atomically, and only a file moec wrote; explain, schema and eplb keep a record of what they
+wrote beside it (`records`), so that a file edited since is left alone too. Every OS failure
+becomes a MoecError of kind "io" naming the path and the OS reason; names are checked against
+the file system's NAME_MAX and PATH_MAX before anything is written.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from moec.codegen import records
 from moec.codegen.ownership import (
     MARKER,
     foreign_reason,
@@ -180,7 +183,10 @@ def _exchange(first: Path, second: Path) -> bool:
 
 def _remove_leftovers(target: Path) -> None:
     """Remove the staging folders of earlier builds of `target` that were killed (the caller
-    holds the folder lock, so no live build owns one). Best effort: a failure is no error."""
+    holds the folder lock, so no live build owns one): those holding moec's marker
+    (foreign_reason with leftover). Any other folder of such a name is left alone, even an
+    empty one that a build killed before it wrote its marker leaves. Best effort: a failure
+    is no error."""
     for entry in os.scandir(target.parent):
         if not is_leftover_name(entry.name, target.name):
             continue
@@ -282,34 +288,52 @@ def _pathconf(path: Path, name: str, default: int) -> int:
 
 
 def write_text(
-    path: Path, text: str, written_by_moec: Callable[[bytes], bool], make_parents: bool = False
+    path: Path,
+    text: str,
+    written_by_moec: Callable[[bytes], bool],
+    make_parents: bool = False,
+    recorded: bool = False,
 ) -> None:
     """Write `text` (UTF-8) to the file `path` as write_bytes does."""
-    write_bytes(path, text.encode("utf-8"), written_by_moec, make_parents)
+    write_bytes(path, text.encode("utf-8"), written_by_moec, make_parents, recorded)
 
 
 def write_bytes(
-    path: Path, data: bytes, written_by_moec: Callable[[bytes], bool], make_parents: bool = False
+    path: Path,
+    data: bytes,
+    written_by_moec: Callable[[bytes], bool],
+    make_parents: bool = False,
+    recorded: bool = False,
 ) -> None:
     """Write `data` to the file `path` atomically (a temporary file beside it, renamed over
     it). An existing file is replaced only when `written_by_moec(its bytes)`; a folder, a
-    link or a special file there is refused. Raise MoecError when refused or the OS refuses."""
+    link or a special file there is refused. `recorded`: the digest of `data` is kept beside
+    the file (records.record_path), and an existing file is replaced only when its record
+    holds the digest of its bytes too. Raise MoecError when refused or the OS refuses."""
     path = Path(path)
-    check_limits(path.parent, [path.name, f".{path.name}{_STAGING_TAG}xxxxxxxx"])
+    names = [path.name, f".{path.name}{_STAGING_TAG}xxxxxxxx", records.record_path(path).name]
+    check_limits(path.parent, names)
     try:
         parent = make_folder(path.parent) if make_parents else _existing_folder(path.parent)
-        refuse_unless_moec_file(path, written_by_moec)
-        temporary = parent / f".{path.name}{_STAGING_TAG}{secrets.token_hex(4)}"
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            with os.fdopen(descriptor, "wb") as handle:
-                handle.write(data)
-            os.replace(temporary, path)
-        finally:
-            if os.path.lexists(temporary):
-                os.unlink(temporary)
+        refuse_unless_moec_file(path, written_by_moec, recorded)
+        _replace(parent, path, data)
+        if recorded:  # after the file: a write cut short between the two is refused next time
+            _replace(parent, records.record_path(path), records.record_bytes(data))
     except OSError as error:
         raise _named(error, path) from None
+
+
+def _replace(parent: Path, path: Path, data: bytes) -> None:
+    """Put `data` at `path` in one rename, from a temporary file beside it in `parent`."""
+    temporary = parent / f".{path.name}{_STAGING_TAG}{secrets.token_hex(4)}"
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    finally:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
 
 
 def _existing_folder(folder: Path) -> Path:
@@ -325,10 +349,18 @@ def _existing_folder(folder: Path) -> Path:
     return folder
 
 
-def refuse_unless_moec_file(path: Path, written_by_moec: Callable[[bytes], bool]) -> None:
+def refuse_unless_moec_file(
+    path: Path, written_by_moec: Callable[[bytes], bool], recorded: bool = False
+) -> None:
     """MoecError (usage) unless `path` is absent or a regular file that `written_by_moec`
-    recognizes: what write_bytes may replace. Callers that work long before they write ask
-    first."""
+    recognizes (and, `recorded`, whose record holds its digest): what write_bytes may replace.
+    Callers that work long before they write ask first."""
+    record = records.record_path(path)
+    if recorded and not records.is_replaceable(record):
+        reason = f"is {kind_of(record)}, not the record moec keeps of {path.name}"
+        hint = "move it away, or write to another path"
+        raise MoecError([problem("", reason, hint)], str(record), kind="usage")
+    hint = "remove it first, or write to another path"
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -341,7 +373,8 @@ def refuse_unless_moec_file(path: Path, written_by_moec: Callable[[bytes], bool]
         reason, hint = f"is {kind_of(path)}, not a regular file", "another path"
     elif not written_by_moec(_head(path)):
         reason = "exists and was not written by moec; it is left as it is"
-        hint = "remove it first, or write to another path"
+    elif recorded and (unrecorded := records.unrecorded_reason(path)):
+        reason = f"{unrecorded}; it is left as it is"
     else:
         return
     raise MoecError([problem("", reason, hint)], str(path), kind="usage")
