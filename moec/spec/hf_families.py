@@ -374,6 +374,6 @@ def _v4_layer_counts(reader: ConfigReader) -> tuple[str, dict[str, int] | None]:
         types = types[:layers]
         return "mlp_layer_types", {name: types.count(name) for name in LAYER_TYPES}
     hashed = reader.integer("num_hash_layers", "router.topk_method")
-    hashed = V4_DEFAULT_HASH_LAYERS if hashed is None else min(max(hashed, 0), layers)
+    hashed = min(max(V4_DEFAULT_HASH_LAYERS if hashed is None else hashed, 0), layers)
     key = "num_hash_layers" if "num_hash_layers" in reader.config else "mlp_layer_types"
     return key, {"hash_moe": hashed, "moe": layers - hashed}

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from moec.spec.hf_values import ConfigReader
+from moec.spec.hf_values import JSON_NULL, ConfigReader
 
 
 @dataclass(frozen=True)
@@ -62,16 +62,20 @@ class Family:
 
     def key(self, reader: ConfigReader, name: str) -> str:
         """The config key that holds DeepSeek's `name`: the one of this family's names the
-        config writes (a problem when it writes two with different values), else the first."""
+        config writes (a problem when it writes two with different values, a null among them),
+        else the first; a name written null only is returned, for the reader to judge."""
         names = self.keys.get(name, (name,))
-        present = [key for key in names if reader.config.get(key) is not None]
-        values = {json.dumps(reader.config[key], sort_keys=True) for key in present}
+        # a null is written too: transformers reads an alias's null over the other name's value
+        written = [key for key in names if key in reader.config]
+        values = {json.dumps(reader.config[key], sort_keys=True) for key in written}
         if len(values) > 1:
-            first = f"{present[0]} = {json.dumps(reader.config[present[0]])}"
+            first = f"{written[0]} = {json.dumps(reader.config[written[0]])}"
+            second = reader.config[written[1]]
             reader.report(
-                present[1],
-                reader.config[present[1]],
+                written[1],
+                JSON_NULL if second is None else second,
                 f"says otherwise than {first}: two names of one key",
-                f"one of {' or '.join(present)}",
+                f"one of {' or '.join(written)}",
             )
-        return present[0] if present else names[0]
+        present = [key for key in written if reader.config[key] is not None]
+        return (present or written or names)[0]

@@ -6,7 +6,9 @@ since a spec of its MoE layer describes nothing the model computes.
 transformers' rule per model type: the layers from `first_k_dense_replace` on (DeepSeek-V2 and
 V3, Kimi-K2, GLM-4.5 and GLM-4.5V's text model, dots1, Sarvam, Mistral-4, Param2; DeepSeek-V2
 ignores `moe_layer_freq`), or `mlp_layer_types[i] == "sparse"`, that list derived from
-`first_k_dense_replace` when a config leaves it out (DeepSeek-V3.2, GLM-5, ...), or the layers
+`first_k_dense_replace` when a config leaves it out (DeepSeek-V3.2, GLM-5, ...) or from a count
+of the model type's own, whatever first_k_dense_replace says (GLM-4.7-Flash, GLM-5-Next, Beam,
+MiMo-V2-Flash, HY-V3, Laguna: the first 1 or 3 layers dense; Mellum, MiniMax-M3: none), or the layers
 after the first `num_dense_layers` (AFMoE, LFM2-MoE). A key left out takes transformers'
 default for the model type (FIRST_K_DENSE).
 """
@@ -33,10 +35,19 @@ class DenseFirst:
     """transformers' num_hidden_layers when the config leaves it out."""
     layer_types: bool = False
     """Whether the model reads `mlp_layer_types` ("dense" / "sparse" per layer) first."""
+    fixed: bool = False
+    """Whether transformers, when the config leaves `mlp_layer_types` out, makes the first
+    `dense` layers dense whatever the config's `key` says (it reads no such key: GLM-4.7-Flash,
+    GLM-5-Next, Beam, ...), so that a config's `key` is not followed."""
 
 
 def _first_k(dense: int | None, layers: int, layer_types: bool = False) -> DenseFirst:
     return DenseFirst("first_k_dense_replace", dense, layers, layer_types)
+
+
+def _fixed(dense: int, layers: int) -> DenseFirst:
+    """A model type whose mlp_layer_types, left out, is `dense` dense layers, then sparse."""
+    return DenseFirst("first_k_dense_replace", dense, layers, True, fixed=True)
 
 
 FIRST_K_DENSE = {
@@ -59,17 +70,17 @@ FIRST_K_DENSE = {
     "axk2": _first_k(1, 48, True),
     "unlimited_ocr_text": _first_k(1, 12, True),
     "minicpm5_moe": _first_k(1, 28, True),
-    "glm4_moe_lite": _first_k(None, 47, True),
-    "glm5_next_text": _first_k(None, 45, True),
-    "mimo_v2_flash": _first_k(None, 48, True),
-    "hy_v3": _first_k(None, 80, True),
-    "beam": _first_k(None, 52, True),
-    "mellum": _first_k(None, 28, True),
+    "glm4_moe_lite": _fixed(1, 47),
+    "glm5_next_text": _fixed(3, 45),
+    "mimo_v2_flash": _fixed(1, 48),
+    "hy_v3": _fixed(1, 80),
+    "beam": _fixed(3, 52),
+    "mellum": _fixed(0, 28),
     "deepseek_ocr2_text": _first_k(None, 32, True),
     "cohere2_moe": _first_k(None, 40, True),
-    "minimax_m3_vl_text": _first_k(None, 60, True),
-    "laguna": _first_k(None, 40, True),
-    "dots3_note_text": _first_k(None, 46, True),
+    "minimax_m3_vl_text": _fixed(0, 60),
+    "laguna": _fixed(1, 40),
+    "dots3_note_text": _first_k(1, 46, True),
     "afmoe": DenseFirst("num_dense_layers", 1, 32),
     "lfm2_moe": DenseFirst("num_dense_layers", 2, 32),
 }
@@ -108,6 +119,16 @@ def check_moe_layers(reader: ConfigReader, model_type: str) -> None:
                 'leaves the model no MoE layer: no layer is "sparse"',
                 HINT,
             )
+        return
+    if rule.fixed:
+        first = min(rule.dense or 0, layers)
+        if first >= layers:
+            message = (
+                "absent, so transformers' default, which leaves the model no MoE layer: the "
+                f"first {first} layers are dense (it reads no {rule.key}), and the model has "
+                f"{shown_layers}"
+            )
+            reader.problems.append(problem(reader.prefix + "mlp_layer_types", message, HINT))
         return
     written = reader.get(rule.key, hint=_INTEGER)
     dense = _count(written)

@@ -217,6 +217,15 @@ _INKLING2_SCORES = KeyCheck(
     '"sigmoid"',
 )
 KEY_CHECKS = {
+    "cohere2_moe": (
+        KeyCheck(
+            "expert_selection_fn",
+            ("softmax", "sigmoid"),
+            "is a router transformers' Cohere2-MoE block refuses (it scores with a softmax or "
+            "a sigmoid only)",
+            '"softmax" or "sigmoid"',
+        ),
+    ),
     "laguna": (
         KeyCheck(
             "moe_router_logit_softcapping",
@@ -313,8 +322,7 @@ def check_keys(reader: ConfigReader, model_type: str) -> None:
     other = OTHER_MATH.get(model_type)
     differs = other(reader) if other is not None else None
     if differs is not None:
-        key, default, why = differs
-        hint = '"sum", or no shared experts'
+        key, default, why, hint = differs
         if reader.get(key, hint=hint) is None:
             message = f"absent, so transformers' default {json.dumps(default)}, which {why}"
             reader.problems.append(problem(reader.prefix + key, message, hint))
@@ -365,7 +373,7 @@ JAMBA_DEFAULTS = {"num_hidden_layers": 32, "expert_layer_offset": 1}
 """transformers' JambaConfig values of the keys a config leaves out."""
 
 
-def _cohere_average(reader: ConfigReader) -> tuple[str, Any, str] | None:
+def _cohere_average(reader: ConfigReader) -> tuple[str, Any, str, str] | None:
     """Cohere2-MoE's shared experts averaged with the routed ones (its default strategy)."""
     shared = reader.get("num_shared_experts", 0, _INTEGER)
     strategy = reader.get("shared_expert_combination_strategy", hint='"sum" or "average"')
@@ -374,16 +382,30 @@ def _cohere_average(reader: ConfigReader) -> tuple[str, Any, str] | None:
             "adds the shared experts as (routed + shared) / 2, where moec's layer computes "
             "routed + shared"
         )
-        return "shared_expert_combination_strategy", "average", why
+        return "shared_expert_combination_strategy", "average", why, '"sum", or no shared experts'
+    return None
+
+
+def _hy_v3_no_shared(reader: ConfigReader) -> tuple[str, Any, str, str] | None:
+    """HY-V3's shared expert is moe_intermediate_size x num_shared_experts wide, and HYV3MLP
+    reads a width of 0 as unset: num_shared_experts 0 makes it intermediate_size wide."""
+    shared = reader.get("num_shared_experts", hint=_INTEGER)
+    if type(shared) is int and shared == 0:
+        why = (
+            "makes transformers' HY-V3 shared expert intermediate_size wide, not absent "
+            "(HYV3MLP reads a width of 0 as unset), and moec's shared experts are "
+            "n_shared_experts x moe_intermediate_size wide"
+        )
+        return "num_shared_experts", 1, why, "a count of at least 1"
     return None
 
 
 NO_MOE_LAYERS = {"granitemoehybrid": _granite_hybrid_moe, "jamba": _jamba_moe}
 """model_type -> (the key, why) where a config leaves the model without an MoE layer."""
 NO_MOE_HINT = "a config whose model has MoE layers"
-OTHER_MATH = {"cohere2_moe": _cohere_average}
-"""model_type -> (the key, transformers' default of it, why) where keys together change the
-math (a KeyCheck reads one)."""
+OTHER_MATH = {"cohere2_moe": _cohere_average, "hy_v3": _hy_v3_no_shared}
+"""model_type -> (the key, transformers' default of it, why, hint) where keys together change
+the math, or a value does otherwise than it says (a KeyCheck reads one)."""
 
 
 def _all_zero(limits: object) -> bool:

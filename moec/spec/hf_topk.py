@@ -109,12 +109,12 @@ TOP_K_FAMILIES = {
             "norm_topk_prob": (),
         },
     ),
-    "qwen3_omni_moe_text": Family(
+    "qwen3_omni_moe_text": Family(  # its configuration reads no num_local_experts
         "softmax",
         "greedy",
         True,
         0,
-        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_experts", "num_local_experts")},
+        keys={**_SOFTMAX_TOP_K, "n_routed_experts": ("num_experts",)},
     ),
     # a top-k router without a bias, ungrouped, unscaled, and a shared expert added in full:
     # Cohere2-MoE's (num_shared_experts x intermediate_size wide; the softmax of the top-k
@@ -129,7 +129,7 @@ TOP_K_FAMILIES = {
         keys={
             **_TOP_K_ONLY,
             "scoring_func": ("expert_selection_fn",),
-            "n_routed_experts": ("num_experts", "num_local_experts"),
+            "n_routed_experts": ("num_experts",),  # its configuration reads no num_local_experts
             "n_shared_experts": ("num_shared_experts",),
             "moe_intermediate_size": ("intermediate_size",),
         },
