@@ -2,14 +2,23 @@
 (issue 27's lead for a grouped GEMM of moec's own).
 
 With `use_psum_layout=True` DeepGEMM starts every expert at a 128-aligned row and, on sm90,
-computes each of its row blocks whole (only its sm100 kernels trim a partial block's MMA). So the
-same routed rows cost more when the experts' counts are not multiples of 128. This times the
-layer's two GEMMs (DeepSeek-V3: gate/up N=4096 K=7168, down N=7168 K=2048; 256 routed experts
-plus the shared one fused as group 257 with T rows) on the same number of rows laid out as
+streams each row block's weight tile whole and computes its rows 64 at a time (a math warpgroup
+whose 64 rows are all padding skips its MMAs; only its sm100 kernels trim a block's MMA to 16-row
+steps). So the same routed rows cost more when the experts' counts are not multiples of 128.
+This times the layer's two GEMMs (DeepSeek-V3: gate/up N=4096 K=7168, down N=7168 K=2048; 256
+routed experts plus the shared one fused as group 257 with T rows) on the same number of rows
+laid out as
   even    T*8/256 rows per expert (no partial block at T=4096 and 16384),
   random  the counts of T*8 uniformly random expert choices (a partial block per expert),
 in turn, 3 rounds, CUDA-event medians. If the time follows the row blocks, not the rows, a GEMM
 that finishes a partial block with a smaller tile gains up to the difference.
+
+--tails 1,32,64,65,128 adds, per T, cases *tail+N*: T*8/256 + N rows for every routed expert, so
+each expert has one partial block of N rows (N = 128: two whole blocks). What one such block
+costs beside a whole one says what binds it: DeepGEMM's sm90 kernel already skips the MMAs of a
+math warpgroup whose 64 rows are all padding, so if a block of 1 row costs what one of 64 rows
+costs, and that is near a whole block's cost, the tail is bound by streaming the expert's weight
+tile through the SM, not by its MMAs, and trimming the MMA further cannot pay.
 
     cd benchmarks && python psum_remainder.py --tokens 4096,16384 --out $OUT/psum_remainder.json
 """
@@ -82,6 +91,7 @@ def timed(fn, repeats: int = 20) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", default="4096,16384")
+    parser.add_argument("--tails", default="", help="tail sizes N for the tail+N cases")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -91,6 +101,8 @@ def main() -> None:
         routed = tokens * TOPK
         random_counts = uniform_counts(routed)
         cases = {"even": [routed // EXPERTS] * EXPERTS, "random": random_counts}
+        for tail in filter(None, args.tails.split(",")):
+            cases[f"tail+{tail}"] = [routed // EXPERTS + int(tail)] * EXPERTS
         shapes = {"gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
         ws = {gemm: weights(n, k) for gemm, (n, k) in shapes.items()}
         built = {}
@@ -115,7 +127,7 @@ def main() -> None:
             row = dict(
                 tokens=tokens,
                 layout=name,
-                useful_rows=routed + tokens,
+                useful_rows=sum(cases[name]) + tokens,
                 allocated_rows=rows,
                 row_blocks=blocks,
                 gate_up_ms=round(min(times[name]["gate_up"]), 4),
