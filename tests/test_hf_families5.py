@@ -25,8 +25,10 @@ import warnings
 import hf_oracle
 import pytest
 import torch
-from test_hf_more_families import summed_terms
+from test_hf_more_families import _checkpoint, summed_terms
+from test_integration_families import _block_bound
 
+import moec
 from moec.errors import MoecError
 from moec.integrations.transformers import patch_model
 from moec.spec import load_spec
@@ -430,6 +432,24 @@ def test_model_types_once_not_checked_match_transformers(model, tmp_path, cache_
     if model == "minimax_m3_vl_text":  # GPT-OSS's SwiGLU, clamped: moec's oai_swiglu
         assert (spec.activation.kind, spec.activation.limit) == ("oai_swiglu", 1.0)
     check_patched_model(tmp_path, cache_dir)
+    check_saved_block(tmp_path, cache_dir)
+
+
+def check_saved_block(folder, cache_dir) -> None:
+    """load_weights from the file save_pretrained wrote, under the names transformers writes
+    for this model (Laguna's bias under experts., Inkling-2's interleaved experts.w13_weight
+    under model.llm.), with the spec check_patched_model took: the first MoE block as
+    transformers' within the float32 bound."""
+    reference = load(folder)
+    name = hf_oracle.moe_names(reference)[0]
+    source, prefix = _checkpoint(folder, name)
+    spec = folder / "spec.toml"
+    dims = load_spec(spec).spec.model
+    layer = moec.load(spec, cache_dir=cache_dir).MoELayer(device="cpu").load_weights(source, prefix)
+    x = torch.randn(11, dims.hidden_size, generator=torch.Generator().manual_seed(1))
+    expected = hf_oracle.oracle(reference.get_submodule(name), x)
+    error = (layer(x) - expected).abs().max().item()
+    assert error <= _block_bound(dims) * expected.abs().max().item()
 
 
 def test_cohere2_softmax_of_top_k_is_renormalized(tmp_path, capsys):

@@ -16,7 +16,9 @@ bias beside the gate as e_score_correction_bias (EXAONE-MoE, MiniMax-M2, LFM2-Mo
 router gate.wg.weight and its shared expert shared_mlp.{gate,up,down}_proj.weight; Granite's
 router.weight (router.layer.weight in its checkpoints, Jamba's router.weight) and its fused
 experts input_linear.weight [E, 2I, H] and output_linear.weight [E, H, I] (transformers'
-experts.gate_up_proj and experts.down_proj under their checkpoint names).
+experts.gate_up_proj and experts.down_proj under their checkpoint names); Inkling-2's fused
+experts experts.w13_weight [E, 2I, H], the rows of gate and up interleaved (gate row i at 2i, up
+row i at 2i + 1), and experts.w2_weight [E, H, I]; Laguna's bias as experts.e_score_correction_bias.
 
 Every expert becomes w13 = [gate; up] [2I, H] and w2 = down [H, I] in its `WeightFormat`; with
 tensor parallelism each rank keeps 1/tp of every intermediate, with expert parallelism its own
@@ -60,19 +62,23 @@ _GATE_NAMES = (
 """The router weight's names: HF's and DeepSeek's, AFMoE's, Hunyuan's, Granite's and Jamba's,
 Granite's checkpoints'."""
 _FUSED_NAMES = {
-    "experts.gate_up_proj": "experts.gate_up_proj",
-    "experts.down_proj": "experts.down_proj",
-    "input_linear.weight": "experts.gate_up_proj",
-    "output_linear.weight": "experts.down_proj",
+    "experts.gate_up_proj": "gate_up",
+    "experts.down_proj": "down",
+    "input_linear.weight": "gate_up",
+    "output_linear.weight": "down",
+    "experts.w13_weight": "gate_up_interleaved",
+    "experts.w2_weight": "down",
 }
-"""The fused experts' names -> transformers' in-memory name of the same tensor (Granite's
-checkpoints store them as input_linear / output_linear)."""
+"""The fused experts' names -> what each holds for every routed expert: gate_up [gate; up]
+[2I, H] (transformers' in memory, Granite's checkpoints), gate_up_interleaved (gate and up rows
+alternating: Inkling-2's checkpoints) or down [H, I]."""
 _BIAS_NAMES = (
     "gate.e_score_correction_bias",
     "gate.bias",
     "gate.expert_bias",
     "e_score_correction_bias",
     "expert_bias",
+    "experts.e_score_correction_bias",
 )
 """The router's correction bias: HF's and DeepSeek's names, then the other models' (above)."""
 
@@ -356,7 +362,7 @@ def _collect(tensors, prefix: str, logical: set[int], spec: LayerWeights):
         elif name in _FUSED_NAMES:
             if tensor.dim() != 3 or tensor.shape[0] != spec.routed_experts:
                 inter, hidden = spec.intermediate, spec.hidden
-                gate_up = _FUSED_NAMES[name].endswith("gate_up_proj")
+                gate_up = _FUSED_NAMES[name] != "down"
                 rows, cols = (2 * inter, hidden) if gate_up else (hidden, inter)
                 problems.append(
                     f"{prefix}{name}: shape {list(tensor.shape)}, expected "
@@ -392,16 +398,20 @@ def _collect(tensors, prefix: str, logical: set[int], spec: LayerWeights):
 
 
 def _split_fused(put, name: str, fused: torch.Tensor, logical: set[int]) -> None:
-    """transformers' fused in-memory experts (or Granite's checkpoint names of them) -> the
-    gate / up / down weights of the experts this rank holds (an id beyond the tensor is left
-    missing, to be reported)."""
+    """Fused experts (_FUSED_NAMES) -> the gate / up / down weights of the experts this rank
+    holds (an id beyond the tensor is left missing, to be reported)."""
+    layout = _FUSED_NAMES[name]
     for expert in sorted(e for e in logical if e < fused.shape[0]):
-        if _FUSED_NAMES[name].endswith("gate_up_proj"):
-            half = fused.shape[1] // 2
-            put(("expert", expert, "gate", "weight"), fused[expert, :half], f"{name}[{expert}]")
-            put(("expert", expert, "up", "weight"), fused[expert, half:], f"{name}[{expert}]")
+        label = f"{name}[{expert}]"
+        if layout == "down":
+            put(("expert", expert, "down", "weight"), fused[expert], label)
+            continue
+        if layout == "gate_up_interleaved":
+            gate, up = fused[expert, 0::2], fused[expert, 1::2]
         else:
-            put(("expert", expert, "down", "weight"), fused[expert], f"{name}[{expert}]")
+            gate, up = fused[expert].chunk(2, dim=0)
+        put(("expert", expert, "gate", "weight"), gate, label)
+        put(("expert", expert, "up", "weight"), up, label)
 
 
 def _field(name: str) -> str:
