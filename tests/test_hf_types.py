@@ -122,7 +122,14 @@ def test_a_value_out_of_range_is_reported_as_written(change, fragment, tmp_path,
 
 
 @pytest.mark.parametrize(
-    "key", ["hidden_size", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok"]
+    "key",
+    [
+        "model_type",
+        "hidden_size",
+        "moe_intermediate_size",
+        "n_routed_experts",
+        "num_experts_per_tok",
+    ],
 )
 @pytest.mark.parametrize("how", ["absent", "null"])
 def test_a_required_key_missing_or_null(key, how, tmp_path, capsys):

@@ -240,7 +240,7 @@ def test_init_per_tensor_fp8(tmp_path, capsys):
     [
         ({"hidden_act": "gelu"}, 'hidden_act = "gelu"'),
         ({"model_type": "llama"}, 'model_type = "llama"'),
-        ({"model_type": None}, "model_type = None"),
+        ({"model_type": None}, "model_type: is missing from config.json (null)"),
         ({"hidden_size": None}, "hidden_size: is missing"),
         ({"quantization_config": {"quant_method": "awq"}}, "quantization_config.quant_method"),
         (

@@ -159,6 +159,18 @@ def spec_data_from_config(
             [problem("--from-hf", "is not a JSON object", "a HF config.json")], kind="usage"
         )
     model_type = config.get("model_type")
+    if model_type is None:  # left out, or a JSON null: no value to show
+        written = " (null)" if "model_type" in config else ""
+        raise MoecError(
+            [
+                problem(
+                    "model_type",
+                    f"is missing from config.json{written}",
+                    f"a DeepSeek-family MoE config names its model type, one of {_KNOWN_SHOWN}",
+                )
+            ],
+            kind="usage",
+        )
     refused = hf_refused.refused_type(model_type)
     if refused is not None:
         raise MoecError(
