@@ -215,8 +215,9 @@ def _block_divides(spec: Spec) -> Iterator[Problem]:
 def _block_divides_shared(spec: Spec) -> Iterator[Problem]:
     """With block scales on separate shared experts, their per-rank width (n_shared x the
     intermediate size) is a multiple of block_n: the checkpoint scales gate and up apart, and
-    the layer's [gate; up] weight keeps one scale per block_n rows. (Fused shared experts are
-    routed experts of the intermediate size, which block_divides_intermediate checks.)"""
+    the layer's [gate; up] weight keeps one scale per block_n rows; an mx scheme's groups of 32
+    also divide hidden_size, its gate/up input. (Fused shared experts are routed experts of
+    the intermediate size, which block_divides_intermediate checks.)"""
     quant, model = spec.quant, spec.model
     if quant.shared_scheme not in BLOCK_SCHEMES or not model.n_shared_experts:
         return
@@ -228,6 +229,14 @@ def _block_divides_shared(spec: Spec) -> Iterator[Problem]:
         block, what = quant.weight_block[0], "block_n"
     else:
         block, what = 128, "block_n"
+    if block == 32 and model.hidden_size % 32:  # mx: the gate/up input in groups of 32 too
+        yield problem(
+            "model.hidden_size",
+            f"the shared scheme {quant.shared_scheme}'s groups of 32 columns do not divide "
+            "hidden_size (the shared experts' gate/up input)",
+            "a multiple of 32, or quant.shared_scheme fp8_block, fp8_per_tensor or bf16",
+            value=model.hidden_size,
+        )
     width = model.n_shared_experts * model.moe_intermediate_size // spec.parallel.tp_size
     if width % block:
         yield problem(
