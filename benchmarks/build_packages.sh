@@ -60,6 +60,6 @@ if $MOEC validate benchmarks/specs/v3.toml --set parallel.ep_size=2 \
       --set target.max_num_tokens=4096
     $MOEC build "${v3_fp8[@]}" --set name=bench_v3_fp8_ep2_ll_$backend --set parallel.ep_size=2 \
       --set parallel.dispatch=deepep_low_latency --set experts.gemm_backend=$backend \
-      --set parallel.max_tokens_per_rank=128 --set target.max_num_tokens=128
+      --set parallel.max_tokens_per_rank=128 --set target.max_num_tokens=128 --set experts.layout=masked
   done
 fi
