@@ -242,6 +242,12 @@ def _refuse_empty(args: argparse.Namespace) -> None:
                 f"moec {args.command}",
                 kind="usage",
             )
+        if value is not None and "\0" in value:  # the OS takes no path with one: ValueError
+            raise MoecError(
+                [problem(option, "holds a NUL byte, which no path can", "a path", value=value)],
+                f"moec {args.command}",
+                kind="usage",
+            )
 
 
 _FILE_ONLY = {

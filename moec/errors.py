@@ -211,6 +211,12 @@ def path_argument(value: Any, name: str, call: str, optional: bool = False) -> s
             call,
             kind="usage",
         )
+    if "\0" in text:  # the OS takes no path with one: open() and stat() raise ValueError
+        raise MoecError(
+            [problem(name, "holds a NUL byte, which no path can", "a path", value=text)],
+            call,
+            kind="usage",
+        )
     return text
 
 
