@@ -6,7 +6,7 @@ written."""
 from __future__ import annotations
 
 import pytest
-from clihelp import refused, snapshot
+from clihelp import cli, refused, snapshot
 from conftest import EXAMPLES
 
 import moec
@@ -63,3 +63,46 @@ def test_a_python_path_argument_with_a_nul_byte_is_a_usage_error(call, says, tmp
     assert caught.value.kind == "usage"
     assert str(caught.value) == f"{says}: holds a NUL byte, which no path can (a path)"
     assert snapshot(tmp_path) == {}
+
+
+# --- a HOME that names no folder --------------------------------------------------------------
+
+
+@pytest.fixture
+def no_home(monkeypatch):
+    """HOME set to "~" (not absolute: Path.home() raises RuntimeError), MOEC_TUNING_DIR unset."""
+    monkeypatch.setenv("HOME", "~")
+    monkeypatch.delenv("MOEC_TUNING_DIR", raising=False)
+
+
+@pytest.mark.parametrize("command", ["validate", "explain"])
+def test_a_home_that_is_no_folder_plans_with_the_shipped_tables(command, no_home, capsys):
+    """validate and explain exited 1 with RuntimeError('Could not determine home directory.')
+    from looking up the user's tuned tables in ~/.cache/moec/tuned."""
+    code, out, err = cli(capsys, command, TINY)
+    assert (code, err) == (0, "")
+    assert out.startswith("ok") if command == "validate" else "tiny_cpu" in out
+
+
+def test_the_tuning_folder_without_a_home_names_moec_tuning_dir(no_home):
+    from moec.plan.environment import Environment, user_tuning_dir
+
+    with pytest.raises(MoecError) as caught:
+        user_tuning_dir()
+    assert caught.value.kind == "io"
+    assert str(caught.value) == (
+        "moec tune: MOEC_TUNING_DIR: is not set and this user has no home folder "
+        "(set MOEC_TUNING_DIR to a folder for the tuned tables)"
+    )
+    assert Environment.detect().tuning_dir is None
+
+
+def test_the_cache_without_a_home_says_where_it_is_looked_for(no_home, monkeypatch, capsys):
+    """It began "<spec>: MOEC_CACHE_DIR", naming no spec."""
+    monkeypatch.delenv("MOEC_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    err = refused(capsys, "run", TINY, "--tokens", "2")
+    assert err == (
+        "moec.load: MOEC_CACHE_DIR: is not set and this user has no home folder (set "
+        "MOEC_CACHE_DIR (or pass cache_dir=) to a folder you may write to)\n"
+    )

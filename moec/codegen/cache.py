@@ -29,6 +29,7 @@ def cache_root() -> Path:
     except (RuntimeError, KeyError):  # no HOME and no password entry
         raise MoecError(
             [problem("MOEC_CACHE_DIR", "is not set and this user has no home folder", _CACHE_HINT)],
+            "moec.load",
             kind="io",
         ) from None
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moec.errors import MoecError, problem
 from moec.plan.tables import SHIPPED_TABLES, TUNED_DIR, table_error
 from moec.spec.loader import read_user_json
 
@@ -30,15 +31,41 @@ where there is no such file)."""
 
 def user_tuning_dir() -> Path:
     """Where `moec tune` writes tables and the tile pass looks first: $MOEC_TUNING_DIR, else
-    ~/.cache/moec/tuned."""
+    ~/.cache/moec/tuned; a MoecError naming MOEC_TUNING_DIR where neither is known."""
     folder = os.environ.get(TUNING_DIR_ENV)
-    return Path(folder) if folder else Path.home() / ".cache" / "moec" / "tuned"
+    if folder:
+        return Path(folder)
+    home = _home()
+    if home is None:
+        raise MoecError(
+            [
+                problem(
+                    TUNING_DIR_ENV,
+                    "is not set and this user has no home folder",
+                    "set MOEC_TUNING_DIR to a folder for the tuned tables",
+                )
+            ],
+            "moec tune",
+            kind="io",
+        )
+    return home / ".cache" / "moec" / "tuned"
+
+
+def _home() -> Path | None:
+    """The user's home folder; None where HOME is unset or not absolute (Path.home() raises
+    RuntimeError on "~") and there is no password entry."""
+    try:
+        return Path.home()
+    except (RuntimeError, KeyError):
+        return None
 
 
 def shown(path: Path) -> str:
     """`path` with the home folder written ~, as users see it."""
-    home = Path.home()
-    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+    home = _home()
+    if home is None or not path.is_relative_to(home):
+        return str(path)
+    return f"~/{path.relative_to(home)}"
 
 
 def read_table(path: Path, where: str) -> dict[str, Any]:
@@ -79,7 +106,11 @@ class Environment:
     def detect(cls) -> Environment:
         """This machine: its importable packages and the user's tuning folder."""
         found = frozenset(n for n in OPTIONAL_PACKAGES if importlib.util.find_spec(n) is not None)
-        return cls(found, user_tuning_dir())
+        try:
+            folder: Path | None = user_tuning_dir()
+        except MoecError:  # no home and no MOEC_TUNING_DIR: no user's tables to look up
+            folder = None
+        return cls(found, folder)
 
     def has(self, module: str) -> bool:
         return module in self.importable
