@@ -156,7 +156,7 @@ def test_every_wrong_value_is_reported_at_once(tmp_path, capsys):
         ("null", "is not a JSON object"),
         ("7168", "is not a JSON object"),
         (b"\xff\xfe{}", "not UTF-8"),
-        ("\ufeff{}", "not JSON"),
+        ("\ufeff{}", "starts with a UTF-8 byte order mark (BOM)"),
         (
             '{"model_type": "deepseek_v3", "model_type": "llama"}',
             'the key "model_type" appears twice',

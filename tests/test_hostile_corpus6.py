@@ -106,3 +106,18 @@ def test_the_cache_without_a_home_says_where_it_is_looked_for(no_home, monkeypat
         "moec.load: MOEC_CACHE_DIR: is not set and this user has no home folder (set "
         "MOEC_CACHE_DIR (or pass cache_dir=) to a folder you may write to)\n"
     )
+
+
+# --- a config.json that starts with a byte order mark -----------------------------------------
+
+
+def test_a_config_with_a_byte_order_mark_says_so_in_moecs_words(tmp_path, capsys):
+    """It said json's "Unexpected UTF-8 BOM (decode using utf-8-sig)", advice to a programmer;
+    transformers reads config.json as UTF-8 and refuses it too."""
+    config = tmp_path / "config.json"
+    config.write_bytes(b'\xef\xbb\xbf{"model_type": "deepseek_v3"}')
+    err = refused(capsys, "init", "--from-hf", config)
+    assert err == (
+        f"{config}: --from-hf: starts with a UTF-8 byte order mark (BOM), which transformers "
+        "does not read: save it without one (a HF config.json)\n"
+    )

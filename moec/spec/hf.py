@@ -116,6 +116,11 @@ def _read_json(config_path: Path) -> Any:
         raise fail(f"not UTF-8 text: {error.reason}") from None
     except ValueError as error:  # not a regular file, or too large
         raise fail(f"cannot read: {error}") from None
+    if text.startswith("\ufeff"):  # json's message would tell the user to decode "utf-8-sig"
+        raise fail(
+            "starts with a UTF-8 byte order mark (BOM), which transformers does not read: "
+            "save it without one"
+        )
     try:
         return json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as error:
