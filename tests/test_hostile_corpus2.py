@@ -110,7 +110,7 @@ def _spec(text: str, old: str = "", new: str = "") -> str:
 NAME = 'name = "tiny_cpu"'
 HIDDEN = "hidden_size = 256"
 SPEC_FILES = {
-    "a table twice": (TEXT + "\n[model]\nhidden_size = 1\n", "Cannot declare ('model',) twice"),
+    "a table twice": (TEXT + "\n[model]\nhidden_size = 1\n", "Cannot declare model twice"),
     "an array of tables for a table": (
         _spec(TEXT, "[router]", "[[router]]"),
         "must be a table ([router] with its keys)",

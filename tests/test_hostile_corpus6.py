@@ -121,3 +121,29 @@ def test_a_config_with_a_byte_order_mark_says_so_in_moecs_words(tmp_path, capsys
         f"{config}: --from-hf: starts with a UTF-8 byte order mark (BOM), which transformers "
         "does not read: save it without one (a HF config.json)\n"
     )
+
+
+# --- tomli's keys, written as TOML writes them ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("[model]\nhidden_size = 1\n[model]\n", ":4: TOML syntax: column 7: Cannot declare model twice"),
+        ("model = {hidden_size = 1}\n[model.sub]\n", ":3: TOML syntax: column 11: Cannot declare model.sub twice"),
+        ('[router."a.b"]\n[router."a.b"]\n', ':3: TOML syntax: column 14: Cannot declare router."a.b" twice'),
+        ("model.x = {a = 1}\nmodel.x.b = 2\n", ":3: TOML syntax: column 14: Cannot mutate immutable namespace model.x"),
+    ],
+    ids=["table twice", "inline then header", "quoted key", "inline table extended"],
+)  # fmt: skip
+def test_a_key_in_a_toml_syntax_error_is_a_toml_key(text, says, tmp_path, capsys):
+    """tomli quotes a key as a Python tuple: "Cannot declare ('model', 'sub') twice"."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text('name = "x"\n' + text)
+    err = refused(capsys, "validate", spec)
+    assert err == f"{spec}{says} (see https://toml.io)\n"
+
+
+def test_a_key_in_a_set_tables_syntax_error_is_a_toml_key(capsys):
+    err = refused(capsys, "validate", TINY, "--set", 'router={"it\'s"={b=1}, "it\'s".b=2}')
+    assert 'is not one TOML value: Cannot mutate immutable namespace "it\'s".b (e.g.' in err

@@ -6,11 +6,13 @@ with all of them, or returns a `LoadedSpec`.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import errno
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -161,6 +163,26 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     return parse_spec(text, str(path), overrides, folder=path.parent)
 
 
+_KEY_PART = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""
+_KEY_TUPLE = re.compile(rf"\((?:{_KEY_PART})(?:, (?:{_KEY_PART}))*,?\)")
+"""A key tomli writes in its messages as a Python tuple: ('model', 'sub')."""
+
+
+def _toml_reason(error: tomli.TOMLDecodeError) -> str:
+    """tomli's message, a key it quotes as a Python tuple written as TOML writes it (model.sub,
+    router."a.b")."""
+    message = error.msg if hasattr(error, "msg") else str(error)
+
+    def as_key(found: re.Match[str]) -> str:
+        try:
+            parts = ast.literal_eval(found.group())
+        except (ValueError, SyntaxError):
+            return found.group()
+        return dotted(parts) if isinstance(parts, tuple) else found.group()
+
+    return _KEY_TUPLE.sub(as_key, message)
+
+
 def parse_spec(
     text: str,
     source: str = "<spec>",
@@ -189,7 +211,7 @@ def parse_spec(
             [problem("", _TOO_DEEP, "a spec nests tables and arrays a few levels")], source
         ) from None
     except tomli.TOMLDecodeError as error:
-        message = error.msg if hasattr(error, "msg") else str(error)
+        message = _toml_reason(error)
         line = getattr(error, "lineno", None)
         column = getattr(error, "colno", None)
         where = f"column {column}: " if column else ""
@@ -341,7 +363,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     except tomli.TOMLDecodeError as error:
         if text[:1] not in ('"', "'", "[", "{") and "\n" not in text:
             return key, text
-        reason = error.msg if hasattr(error, "msg") else str(error)
+        reason = _toml_reason(error)
     except ValueError:  # an integer of more digits than Python converts
         digits = sum(c.isdigit() for c in text)
         raise MoecError(
