@@ -1,7 +1,9 @@
 """A sixth hostile corpus: a path holding a NUL byte (which no OS path can) given to `-o`,
 `--from-hf` or a path argument of the Python API is one message naming it, not Python's
-ValueError "embedded null byte" from stat() or open(); ... Each is exit 2, one line, nothing
-written."""
+ValueError "embedded null byte"; a HOME that names no folder plans with the shipped tables (it
+was a traceback); a config.json with a byte order mark says so in moec's words; a TOML syntax
+error quotes its key as TOML writes it, not as a Python tuple. Each refusal is exit 2, one line,
+nothing written."""
 
 from __future__ import annotations
 
