@@ -100,10 +100,12 @@ def test_the_tuning_folder_without_a_home_names_moec_tuning_dir(no_home):
 
 
 def test_the_cache_without_a_home_says_where_it_is_looked_for(no_home, monkeypatch, capsys):
-    """It began "<spec>: MOEC_CACHE_DIR", naming no spec."""
+    """It began "<spec>: MOEC_CACHE_DIR", naming no spec. (A spec of its own: one this process
+    has loaded before is imported again from sys.modules, with no cache folder to look up.)"""
     monkeypatch.delenv("MOEC_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    err = refused(capsys, "run", TINY, "--tokens", "2")
+    fresh = "name=tiny_cpu_no_home"
+    err = refused(capsys, "run", TINY, "--set", fresh, "--tokens", "2")
     assert err == (
         "moec.load: MOEC_CACHE_DIR: is not set and this user has no home folder (set "
         "MOEC_CACHE_DIR (or pass cache_dir=) to a folder you may write to)\n"
