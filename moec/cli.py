@@ -19,7 +19,7 @@ from pathlib import Path
 from moec import __version__
 from moec.counts import whole_numbers
 from moec.entry import INTERRUPTED
-from moec.errors import MoecError, os_error, problem, shown_path
+from moec.errors import MoecError, os_error, problem, refuse_nul, shown_path
 from moec.runtime.output import BROKEN_PIPE, OutputLost, discard
 from moec.spec import cpu
 from moec.spec.models import Parallel
@@ -242,12 +242,8 @@ def _refuse_empty(args: argparse.Namespace) -> None:
                 f"moec {args.command}",
                 kind="usage",
             )
-        if value is not None and "\0" in value:  # the OS takes no path with one: ValueError
-            raise MoecError(
-                [problem(option, "holds a NUL byte, which no path can", "a path", value=value)],
-                f"moec {args.command}",
-                kind="usage",
-            )
+        if value is not None:
+            refuse_nul(value, option, f"moec {args.command}")
 
 
 _FILE_ONLY = {

@@ -211,13 +211,19 @@ def path_argument(value: Any, name: str, call: str, optional: bool = False) -> s
             call,
             kind="usage",
         )
-    if "\0" in text:  # the OS takes no path with one: open() and stat() raise ValueError
+    refuse_nul(text, name, call)
+    return text
+
+
+def refuse_nul(text: str, name: str, call: str) -> None:
+    """A usage MoecError naming `name` where the path `text` holds a NUL byte: the OS takes no
+    path with one (open() and stat() raise ValueError, a traceback)."""
+    if "\0" in text:
         raise MoecError(
             [problem(name, "holds a NUL byte, which no path can", "a path", value=text)],
             call,
             kind="usage",
         )
-    return text
 
 
 def override_list(overrides: Any, call: str) -> tuple[str, ...]:

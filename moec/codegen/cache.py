@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from moec.errors import MoecError, path_argument, problem
+from moec.plan.environment import home_folder
 from moec.spec import LoadedSpec
 
 _CACHE_HINT = "set MOEC_CACHE_DIR (or pass cache_dir=) to a folder you may write to"
@@ -24,14 +25,14 @@ def cache_root() -> Path:
     base = os.environ.get("MOEC_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME")
     if base:
         return Path(base) / "moec"
-    try:
-        return Path.home() / ".cache" / "moec"
-    except (RuntimeError, KeyError):  # no HOME and no password entry
+    home = home_folder()
+    if home is None:
         raise MoecError(
             [problem("MOEC_CACHE_DIR", "is not set and this user has no home folder", _CACHE_HINT)],
             "moec.load",
             kind="io",
-        ) from None
+        )
+    return home / ".cache" / "moec"
 
 
 def _build_cached(loaded: LoadedSpec, folder: Path):

@@ -35,7 +35,7 @@ def user_tuning_dir() -> Path:
     folder = os.environ.get(TUNING_DIR_ENV)
     if folder:
         return Path(folder)
-    home = _home()
+    home = home_folder()
     if home is None:
         raise MoecError(
             [
@@ -51,7 +51,7 @@ def user_tuning_dir() -> Path:
     return home / ".cache" / "moec" / "tuned"
 
 
-def _home() -> Path | None:
+def home_folder() -> Path | None:
     """The user's home folder; None where HOME is unset or not absolute (Path.home() raises
     RuntimeError on "~") and there is no password entry."""
     try:
@@ -62,7 +62,7 @@ def _home() -> Path | None:
 
 def shown(path: Path) -> str:
     """`path` with the home folder written ~, as users see it."""
-    home = _home()
+    home = home_folder()
     if home is None or not path.is_relative_to(home):
         return str(path)
     return f"~/{path.relative_to(home)}"
