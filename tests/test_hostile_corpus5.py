@@ -113,6 +113,17 @@ STATE_VALUES = {  # (overrides, change of a state dict, the problem it is)
         "shared_w13_scale: 1 of its 4 scales are zero or negative (a scale is > 0)",
     ),
     "a negative scale": ([], _set("w13_scale", -1.0), "w13_scale: 1 of its 64 scales are zero"),
+    "a scale taking a weight past bf16": (
+        [],
+        _set("w2_scale", 1e38),
+        "w2_scale: expert 0, block (0, 0): its largest weight times its scale exceeds what bf16 "
+        "holds (3.39e+38): not a scale of w2",
+    ),
+    "an mxfp4 scale taking a weight past bf16": (
+        ["quant.scheme=mxfp4", "quant.checkpoint=quantized"],
+        _set("w13_scale", 2.0**127),
+        "w13_scale: expert 0, block (0, 0): its largest weight times its scale exceeds",
+    ),
     "an mxfp8 scale of no power of two": (
         ["quant.scheme=mxfp8"],
         _set("w13_scale", 3.0),
@@ -152,6 +163,23 @@ def test_a_state_dict_of_values_no_layer_runs_on_is_refused(load_layer, case):
     after = layer.state_dict()
     assert all(torch.equal(after[n].view(torch.uint8), before[n].view(torch.uint8)) for n in before)
     assert layer.load_state_dict(before) is not None  # its own values load again
+
+
+def test_a_large_scale_of_small_values_is_loaded(load_layer):
+    """The bound is the product, as load_weights': a scale of 1e36 over e4m3 values of at most
+    2**-4 is a weight of at most 6.25e34, within bf16. A state dict changing only the scale is
+    checked against the layer's own values."""
+    layer = load_layer(TINY).MoELayer().random_(0)
+    values = {name: tensor.clone() for name, tensor in layer.state_dict().items()}
+    values["w2"][0, :128, :128] = 2.0**-4
+    values["w2_scale"][0, 0, 0] = 1e36
+    layer.load_state_dict(values)
+    assert layer.w2_scale[0, 0, 0] == 1e36
+    scale_only = {"w2_scale": values["w2_scale"].clone()}
+    scale_only["w2_scale"][0, 1, 0] = 1e36  # over the layer's own values, of up to 448
+    with pytest.raises(ValueError, match="w2_scale: expert 0, block \\(1, 0\\): its largest"):
+        layer.load_state_dict(scale_only, strict=False)
+    assert layer.w2_scale[0, 1, 0] != 1e36
 
 
 def _other_weights(layer) -> dict:

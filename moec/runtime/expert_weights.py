@@ -34,7 +34,7 @@ import torch
 
 from . import progress, quant
 from .checkpoint import WeightError, non_finite_count, read_tensors
-from .weight_formats import Pair, WeightFormat
+from .weight_formats import BF16_MAX, Pair, WeightFormat, overflowing_block
 
 Parts = torch.Tensor | list[torch.Tensor]
 """A parameter's value: one tensor, or the rows of a stacked one (one per expert)."""
@@ -225,7 +225,8 @@ def state_problem(name: str, tensor: torch.Tensor, spec: LayerWeights) -> str:
     """Why `tensor`, given to load_state_dict for the parameter `name` (its shape and dtype
     already the layer's), holds no values a layer runs on ("" when it does): nan or inf, a
     scale that is not > 0, a hash table id outside the experts (an index past the experts'
-    weights in the kernels). load_weights refuses the same in a checkpoint."""
+    weights in the kernels); overflow_problem checks each weight with its scales. load_weights
+    refuses the same in a checkpoint."""
     rows = max(1, STATE_CHUNK // max(1, tensor[0].numel() if tensor.dim() else 1))
     parts = tensor.split(rows) if tensor.dim() else (tensor,)
     if name == "tid2eid":
@@ -249,6 +250,37 @@ def state_problem(name: str, tensor: torch.Tensor, spec: LayerWeights) -> str:
                 f"{odd} of its {tensor.numel()} scales are no power of two (the layer's "
                 "scales are UE8M0)"
             )
+    return ""
+
+
+def overflow_problem(given: dict, own: dict, spec: LayerWeights) -> str:
+    """Why the tensors given to load_state_dict hold a weight beyond bf16 ("" when none does):
+    a block whose largest value times its scale passes bf16's largest, as load_weights refuses
+    in a checkpoint. The other tensor of a pair not given whole is the layer's own (`own`, by
+    name); values are read only where a scale is above bf16's largest over e4m3's (a weight
+    of smaller scales is within bf16 whatever its values)."""
+    for scale_name in sorted(own):
+        weight_name = scale_name.removesuffix("_scale")
+        if weight_name == scale_name or weight_name not in own:  # (input scales have none)
+            continue
+        if weight_name not in given and scale_name not in given:
+            continue
+        value = given.get(weight_name, own[weight_name])
+        scale = given.get(scale_name, own[scale_name])
+        if value.is_meta or scale.is_meta or not bool((scale > BF16_MAX / quant.E4M3_MAX).any()):
+            continue
+        fmt = spec.shared if weight_name.startswith("shared_") else spec.routed
+        assert fmt is not None  # a layer has shared weights only with a shared format
+        stacked = value.dim() == 3  # [experts, N, K]
+        pairs = zip(value, scale, strict=True) if stacked else [(value, scale)]
+        for index, (v, s) in enumerate(pairs):
+            block = overflowing_block(v, s.to(v.device).float(), fmt.block, fmt.scheme == "mxfp4")
+            if block is not None:
+                where = f"expert {index}, block {block}" if stacked else f"block {block}"
+                return (
+                    f"{scale_name}: {where}: its largest weight times its scale exceeds what "
+                    f"bf16 holds ({BF16_MAX:.4g}): not a scale of {weight_name}"
+                )
     return ""
 
 

@@ -202,7 +202,7 @@ class WeightFormat:
                 )
                 return None
             value, scale = converted
-        overflow = _overflowing_block(value, scale, self.block, self.scheme == "mxfp4")
+        overflow = overflowing_block(value, scale, self.block, self.scheme == "mxfp4")
         if overflow is not None:
             problems.append(
                 f"{sname}: block {overflow}: its largest weight times its scale exceeds what "
@@ -267,7 +267,7 @@ def _block_amax(value: torch.Tensor, block, packed: bool) -> torch.Tensor:
     return quant._blocked(values, *block).amax(dim=(1, 3))
 
 
-def _overflowing_block(value, scale, block, packed: bool) -> str | None:
+def overflowing_block(value, scale, block, packed: bool) -> str | None:
     """The first block whose largest value times its scale is beyond bf16 (None: none is)."""
     product = _block_amax(value, block, packed) * scale.reshape(
         -1 if block is None else scale.shape
