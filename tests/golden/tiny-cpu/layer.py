@@ -279,6 +279,11 @@ class MoELayer(nn.Module):
                     f"{NAME}: load_state_dict: {name}: {wrong}; the layer is unchanged"
                 )
         given = {name: state_dict[name] for name in names & set(expected)}
+        wrong = expert_weights.overflow_problem(given, expected, weights.LAYER_WEIGHTS)
+        if wrong:
+            raise ValueError(
+                f"{NAME}: load_state_dict: {wrong}; the layer is unchanged"
+            )
         wrong = self._placement_problem(given, assign) if given else ""
         if wrong:
             raise ValueError(
@@ -293,9 +298,9 @@ class MoELayer(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
         """Where a parent's load_state_dict reaches this layer too: a tensor of another dtype
-        or shape, no tensor, or values no layer runs on (nan, a scale <= 0) is an error and
-        nothing of this layer is copied (nn.Module's would copy the others); a load of every
-        parameter sets the weights."""
+        or shape, no tensor, or values no layer runs on (nan, a scale <= 0, a weight past bf16)
+        is an error and nothing of this layer is copied (nn.Module's would copy the others); a
+        load of every parameter sets the weights."""
         error_msgs = args[-1]
         # the values, by this layer's load_state_dict
         checked = getattr(self, "_state_checked", False)
@@ -332,6 +337,14 @@ class MoELayer(nn.Module):
             if prefix + name in state_dict
         }
         if given and not checked:
+            wrong = expert_weights.overflow_problem(
+                given, self._parameters, weights.LAYER_WEIGHTS
+            )
+            if wrong:
+                error_msgs.append(
+                    f"{NAME}: {prefix}{wrong}; nothing of the layer was copied"
+                )
+                return
             assign = args[0].get("assign_to_params_buffers", False)  # (local_metadata)
             wrong = self._placement_problem(given, assign, prefix)
             if wrong:
