@@ -7,7 +7,8 @@
 # the tests of LAYER_TESTS (one process: they hold whole layers). Everything lands in $OUT.
 # PROFILE=1: each run's kernels at its largest T; ROUNDS: prefill_ab's rounds (default 3).
 # PROBES: other scripts of benchmarks/ with their arguments, separated by ";", each run there
-# after the prefill runs (output in $OUT/probe_N.log; a script's --out is its own).
+# after the prefill runs (output in $OUT/probe_N.log; a script's --out is its own). SGL_PROBE: one
+# such script run on sgl-deep-gemm (its wheel in .whl/sgl, as `deep_gemm`) while DeepGEMM builds.
 #   RUNS="fp8:bench_v3_fp8_dg_before,bench_v3_fp8_deep_gemm:bench_v3_fp8_torch:2048,4096" \
 #   KERNEL_TESTS="tests/kernel_tests/test_route.py" LAYER_TESTS="tests/gpu/test_deep_gemm.py" \
 #   bash benchmarks/prefill_session.sh
@@ -28,6 +29,13 @@ if [ -n "${KERNEL_TESTS:-}" ]; then
   timeout "${KERNEL_SECONDS:-200}" make gpu-test PY=python3 GPU_DIST="${KERNEL_DIST:-load}" \
     GPU_TESTS="$KERNEL_TESTS" > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests: exit $? ($(( $(date +%s) - start )) s)"; tail -n 3 "$OUT/kernel_tests.log"
+fi
+if [ -n "${SGL_PROBE:-}" ]; then  # a probe on sgl-deep-gemm (the wheel in .whl/sgl) while DeepGEMM builds
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/sgl \
+    .whl/sgl/*.whl || exit 1
+  (cd benchmarks && eval "PYTHONPATH=/tmp/sgl:$PYTHONPATH timeout ${SGL_SECONDS:-300} python3 $SGL_PROBE") \
+    > "$OUT/sgl_probe.log" 2>&1
+  echo "== sgl probe: exit $? ($(( $(date +%s) - start )) s)"; tail -n 30 "$OUT/sgl_probe.log"
 fi
 wait $deps
 echo "deps: exit $? ($(( $(date +%s) - start )) s)"; tail -n 2 "$OUT/deps.log"
