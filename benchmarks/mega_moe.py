@@ -34,18 +34,10 @@ import torch.distributed as dist
 from common import dump, graphed, import_package, in_turn, route
 from prefill_ab import errors
 
+from moec.runtime import quant
+
 ROUNDS = 3
 GROUP = 128  # the tokens' and the shared intermediate's quantization group
-E4M3_MAX = 448.0
-
-
-def quantize_groups(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """e4m3 of a [T, N] with one fp32 scale per 1 x 128 group (amax / 448), as moec's fp8_block."""
-    rows, columns = a.shape
-    groups = a.float().view(rows, columns // GROUP, GROUP)
-    scale = groups.abs().amax(dim=2).clamp(min=1e-10) / E4M3_MAX
-    q = (groups / scale[:, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q.view(rows, columns), scale
 
 
 class FusedLayer:
@@ -103,7 +95,8 @@ class FusedLayer:
         a = (self.buffer.x[:tokens], self.buffer.x_sf[:tokens])  # the pre-dispatch's e4m3 of x
         self.dg.fp8_gemm_nt(a, self.shared13, h)
         gate, up = h[:, : self.inter].float(), h[:, self.inter :].float()
-        self.dg.fp8_gemm_nt(quantize_groups(gate * torch.sigmoid(gate) * up), self.shared2, out)
+        act = quant.quantize_blocks(gate * torch.sigmoid(gate) * up, 1, GROUP, pow2_scales=False)
+        self.dg.fp8_gemm_nt(act, self.shared2, out)
         return out
 
     def __call__(self, x):

@@ -242,7 +242,7 @@ def state_problem(name: str, tensor: torch.Tensor, spec: LayerWeights) -> str:
     nonpositive = sum(int((part <= 0).sum()) for part in parts)
     if nonpositive:
         return f"{nonpositive} of its {tensor.numel()} scales are zero or negative (a scale is > 0)"
-    fmt = spec.shared if name.startswith("shared_") and spec.shared is not None else spec.routed
+    fmt = _format_of(name, spec)
     if fmt.pow2_scales and not name.endswith("input_scale"):
         odd = sum(int((torch.frexp(part.float())[0] != 0.5).sum()) for part in parts)
         if odd:
@@ -269,8 +269,7 @@ def overflow_problem(given: dict, own: dict, spec: LayerWeights) -> str:
         scale = given.get(scale_name, own[scale_name])
         if value.is_meta or scale.is_meta or not bool((scale > BF16_MAX / quant.E4M3_MAX).any()):
             continue
-        fmt = spec.shared if weight_name.startswith("shared_") else spec.routed
-        assert fmt is not None  # a layer has shared weights only with a shared format
+        fmt = _format_of(weight_name, spec)
         stacked = value.dim() == 3  # [experts, N, K]
         pairs = zip(value, scale, strict=True) if stacked else [(value, scale)]
         for index, (v, s) in enumerate(pairs):
@@ -282,6 +281,11 @@ def overflow_problem(given: dict, own: dict, spec: LayerWeights) -> str:
                     f"bf16 holds ({BF16_MAX:.4g}): not a scale of {weight_name}"
                 )
     return ""
+
+
+def _format_of(name: str, spec: LayerWeights) -> WeightFormat:
+    """The format of the layer's parameter `name`: the shared experts' or the routed ones'."""
+    return spec.shared if name.startswith("shared_") and spec.shared is not None else spec.routed
 
 
 def randomize(layer, seed: int, spec: LayerWeights) -> None:
