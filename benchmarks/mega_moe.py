@@ -1,20 +1,26 @@
-"""sgl-deep-gemm's fused SM90 MoE kernel on one GPU, beside moec's layer (issue 27, a probe).
+"""The SGLang fork of DeepGEMM's fused SM90 MoE kernel on one GPU, beside moec's layer (issue 27).
 
-`deep_gemm.fp8_mega_moe` (the SGLang fork of DeepGEMM, PyPI `sgl-deep-gemm`) runs the routed
-experts of a layer as one persistent kernel: each token's rows to its experts, the gate/up GEMM
-with SwiGLU and the intermediate's e4m3 quantization in its epilogue, the down GEMM and the
-weighted sum back to the tokens. Its operands are DeepSeek-V3's fp8 format (e4m3 weights with
-fp32 scales per 128 x 128 block, tokens per 1 x 128 group); its intermediate takes power-of-two
-scales per 1 x 64 group, which moec's fp8_block scheme does not.
+`fp8_mega_moe` (sgl-project/DeepGEMM, pull request 24 at 805f7e8: "MegaMOE adaptation for SM90",
+a DeepGEMM 2.5.0 tree) runs the routed experts of a layer as one persistent kernel: each token's
+rows to its experts, the gate/up GEMM with SwiGLU and the intermediate's e4m3 quantization in its
+epilogue, the down GEMM and the weighted sum back to the tokens. Its operands are DeepSeek-V3's
+fp8 format (e4m3 weights with fp32 scales per 128 x 128 block, tokens per 1 x 128 group); its
+intermediate takes fp32 scales per 1 x 64 group, which moec's fp8_block scheme does not.
+
+The fork is built from source on the GPU (benchmarks/stage_sgl_deep_gemm.sh stages it here,
+prefill_session.sh builds it) and imported as `sgl_deep_gemm`, beside the DeepGEMM that moec's
+layer runs on (`deep_gemm`, 2.6.1): the two are different versions of one library.
 
 For each T the probe routes a random input with moec's layer (its `select` stage), then times:
   moec       moec's whole layer (the built package, `gemm_backend = "auto"`);
-  routed     the fused kernel alone, with its pre-dispatch (x to e4m3, the choices copied);
+  routed     the fused kernel with its inputs written into its buffer (x to e4m3 per 1 x 128
+             group in torch, the choices copied), as the fork's own benchmark does;
+  kernel     the fused kernel alone, on inputs written once;
   shared     the shared expert as DeepGEMM's two dense fp8 GEMMs and a torch activation;
   fused      route + routed + shared: a whole layer on the fused kernel;
 each in a CUDA graph where capture works, in turn for ROUNDS rounds, and each output against the
 torch backend's (the project's reference) on the same weights. Needs torch.distributed with one
-rank (the kernel's buffer is symmetric memory) and the sgl-deep-gemm wheel as `deep_gemm`.
+rank (the kernel's buffer is symmetric memory).
 
     python benchmarks/mega_moe.py --tokens 2048,4096,16384 --out $OUT/mega_moe.json
 """
@@ -44,19 +50,21 @@ class FusedLayer:
     """A DeepSeek-V3 layer on the fused kernel: moec's router and select, the routed experts in
     fp8_mega_moe, the shared expert in DeepGEMM's dense fp8 GEMMs, all on moec's weights."""
 
-    def __init__(self, deep_gemm, package, layer, group, max_tokens: int, fast_math: bool):
+    def __init__(
+        self, fused_lib, deep_gemm, package, layer, group, max_tokens: int, fast_math: bool
+    ):
         dims = package.PLAN["choices"]["dims"]
-        self.dg, self.package, self.layer = deep_gemm, package, layer
+        self.fused_lib, self.dg, self.package, self.layer = fused_lib, deep_gemm, package, layer
         self.experts, self.top_k = dims["routed_experts"], dims["top_k"]
         self.hidden, self.inter = dims["hidden"], dims["intermediate"]
         self.fast_math = fast_math
         e = self.experts
         l1 = (layer.w13[:e], layer.w13_scale[:e])
         l2 = (layer.w2[:e], layer.w2_scale[:e])
-        self.l1, self.l2 = deep_gemm.transform_weights_for_mega_moe_sm90(l1, l2)
+        self.l1, self.l2 = fused_lib.transform_weights_for_mega_moe_sm90(l1, l2)
         self.shared13 = (layer.w13[e], layer.w13_scale[e])
         self.shared2 = (layer.w2[e], layer.w2_scale[e])
-        self.buffer = deep_gemm.get_symm_buffer_for_mega_moe(
+        self.buffer = fused_lib.get_symm_buffer_for_mega_moe(
             group, e, max_tokens, self.top_k, self.hidden, self.inter
         )
         self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -74,25 +82,31 @@ class FusedLayer:
     def choices(self, x):
         weights, ids = route(self.package, self.layer, x)
         k = self.top_k
-        return weights[:, :k].float().contiguous(), ids[:, :k].to(torch.int32).contiguous()
+        return weights[:, :k].float().contiguous(), ids[:, :k].to(torch.int64).contiguous()
 
     def routed(self, x, weights, ids):
         tokens = x.shape[0]
         b = self.buffer
-        self.dg.mega_moe_pre_dispatch_sm90(
-            x, ids, weights, b.x, b.x_sf, b.topk_idx, b.topk_weights, tokens, GROUP, 1.0
-        )
+        xq, x_scale = quant.quantize_blocks(x, 1, GROUP, pow2_scales=False)
+        b.x[:tokens].copy_(xq)
+        b.x_sf[:tokens].copy_(x_scale)
+        b.topk_idx[:tokens].copy_(ids)
+        b.topk_weights[:tokens].copy_(weights)
+        return self.kernel(tokens)
+
+    def kernel(self, tokens: int):
+        """The fused kernel alone, on the inputs routed() last wrote into its buffer."""
         y = self._out(tokens)[0]
-        self.dg.fp8_mega_moe(
-            y, self.l1, self.l2, b, recipe=(128, 128, 128), activation="swiglu",
-            fast_math=self.fast_math, num_tokens_bound=tokens,
+        self.fused_lib.fp8_mega_moe(
+            y, self.l1, self.l2, self.buffer, recipe=(128, 128, 128), activation="swiglu",
+            fast_math=self.fast_math,
         )  # fmt: skip
         return y
 
     def shared(self, x):
         tokens = x.shape[0]
         _, h, out = self._out(tokens)
-        a = (self.buffer.x[:tokens], self.buffer.x_sf[:tokens])  # the pre-dispatch's e4m3 of x
+        a = (self.buffer.x[:tokens], self.buffer.x_sf[:tokens])  # routed()'s e4m3 of x
         self.dg.fp8_gemm_nt(a, self.shared13, h)
         gate, up = h[:, : self.inter].float(), h[:, self.inter :].float()
         act = quant.quantize_blocks(gate * torch.sigmoid(gate) * up, 1, GROUP, pow2_scales=False)
@@ -123,6 +137,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     import deep_gemm
+    import sgl_deep_gemm
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
@@ -133,7 +148,9 @@ def main() -> None:
     package = import_package(args.package)
     layer = package.MoELayer(device="cuda").random_(0)
     start = time.time()
-    fused = FusedLayer(deep_gemm, package, layer, group, max(tokens_list), bool(args.fast_math))
+    fused = FusedLayer(
+        sgl_deep_gemm, deep_gemm, package, layer, group, max(tokens_list), bool(args.fast_math)
+    )
     print(f"fused kernel's weights and buffer: {time.time() - start:.1f} s, "
           f"buffer {fused.buffer.buffer.numel() / 2**30:.2f} GiB")  # fmt: skip
     reference = import_package(args.reference)
@@ -143,6 +160,7 @@ def main() -> None:
         "reference": args.reference,
         "fast_math": bool(args.fast_math),
         "deep_gemm": getattr(deep_gemm, "__version__", "?"),
+        "sgl_deep_gemm": getattr(sgl_deep_gemm, "__version__", "?"),
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "rows": [],
@@ -164,21 +182,26 @@ def main() -> None:
             replays = {
                 "moec": replay(partial(layer, x), "moec", row["failures"]),
                 "routed": replay(partial(fused.routed, x, weights, ids), "routed", row["failures"]),
+                "kernel": replay(partial(fused.kernel, tokens), "kernel", row["failures"]),
                 "shared": replay(partial(fused.shared, x), "shared", row["failures"]),
                 "fused": replay(partial(fused, x), "fused", row["failures"]),
             }
             for name, samples in in_turn(replays, args.rounds).items():
                 row[f"{name}_ms"] = round(statistics.median(samples), 4)
             replays.clear()
+            # the kernel alone is timed on inputs written once: valid only if it leaves them whole
+            again = fused.kernel(tokens).float()
+            routed = fused.routed(x, weights, ids).float()
+            row["kernel_repeat_gap"] = float((again - routed).abs().max() / routed.abs().max())
         except Exception:
             row["failures"]["run"] = traceback.format_exc()[-1500:]
         torch.cuda.empty_cache()
         result["rows"].append(row)
         dump(Path(args.out), result)  # after every T, so that a run cut short keeps its rows
-        times = "  ".join(f"{n} {row[f'{n}_ms']}" for n in ("moec", "routed", "shared", "fused")
+        times = "  ".join(f"{n} {row[f'{n}_ms']}" for n in ("moec", "routed", "kernel", "shared", "fused")
                           if f"{n}_ms" in row)  # fmt: skip
         print(f"T={tokens}: {times} ms ({time.time() - start:.0f} s)")
-        for key in ("moec_errors", "fused_errors", "fused_gap_to_moec"):
+        for key in ("moec_errors", "fused_errors", "fused_gap_to_moec", "kernel_repeat_gap"):
             if key in row:
                 print(f"    {key}: {row[key]}")
         for label, failure in row["failures"].items():

@@ -8,7 +8,8 @@
 # PROFILE=1: each run's kernels at its largest T; ROUNDS: prefill_ab's rounds (default 3).
 # PROBES: other scripts of benchmarks/ with their arguments, separated by ";", each run there
 # after the prefill runs (output in $OUT/probe_N.log; a script's --out is its own). SGL_PROBE: one
-# such script run on sgl-deep-gemm (its wheel in .whl/sgl, as `deep_gemm`) while DeepGEMM builds.
+# such script run first, with the SGLang fork of DeepGEMM (staged at .deps/src/sgl-DeepGEMM by
+# stage_sgl_deep_gemm.sh, built here beside DeepGEMM) importable as `sgl_deep_gemm`.
 #   RUNS="fp8:bench_v3_fp8_dg_before,bench_v3_fp8_deep_gemm:bench_v3_fp8_torch:2048,4096" \
 #   KERNEL_TESTS="tests/kernel_tests/test_route.py" LAYER_TESTS="tests/gpu/test_deep_gemm.py" \
 #   bash benchmarks/prefill_session.sh
@@ -25,21 +26,28 @@ fi
 bash scripts/build_deps.sh --prefix .deps/build --deep-gemm-src .deps/src/DeepGEMM --jobs 8 \
   deep_gemm > "$OUT/deps.log" 2>&1 &
 deps=$!
+if [ -n "${SGL_PROBE:-}" ]; then  # the SGLang fork of DeepGEMM, built beside it (stage_sgl_deep_gemm.sh)
+  [ -d .deps/src/sgl-DeepGEMM/third-party ] || cp -a .deps/src/DeepGEMM/third-party .deps/src/sgl-DeepGEMM/
+  bash scripts/build_deps.sh --prefix .deps/build-sgl --deep-gemm-src .deps/src/sgl-DeepGEMM \
+    --jobs 8 --no-check deep_gemm > "$OUT/sgl_deps.log" 2>&1 &
+  sgl_deps=$!
+fi
 if [ -n "${KERNEL_TESTS:-}" ]; then
   timeout "${KERNEL_SECONDS:-200}" make gpu-test PY=python3 GPU_DIST="${KERNEL_DIST:-load}" \
     GPU_TESTS="$KERNEL_TESTS" > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests: exit $? ($(( $(date +%s) - start )) s)"; tail -n 3 "$OUT/kernel_tests.log"
 fi
-if [ -n "${SGL_PROBE:-}" ]; then  # a probe on sgl-deep-gemm (the wheel in .whl/sgl) while DeepGEMM builds
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/sgl \
-    .whl/sgl/*.whl || exit 1
+wait $deps
+echo "deps: exit $? ($(( $(date +%s) - start )) s)"; tail -n 2 "$OUT/deps.log"
+. .deps/build/env.sh
+if [ -n "${SGL_PROBE:-}" ]; then  # after both builds: the probe imports the fork as sgl_deep_gemm
+  wait $sgl_deps
+  echo "sgl deps: exit $? ($(( $(date +%s) - start )) s)"; tail -n 3 "$OUT/sgl_deps.log"
+  rm -rf /tmp/sgl && mkdir -p /tmp/sgl && cp -rL .deps/build-sgl/DeepGEMM/deep_gemm /tmp/sgl/sgl_deep_gemm
   (cd benchmarks && eval "PYTHONPATH=/tmp/sgl:$PYTHONPATH timeout ${SGL_SECONDS:-300} python3 $SGL_PROBE") \
     > "$OUT/sgl_probe.log" 2>&1
   echo "== sgl probe: exit $? ($(( $(date +%s) - start )) s)"; tail -n 30 "$OUT/sgl_probe.log"
 fi
-wait $deps
-echo "deps: exit $? ($(( $(date +%s) - start )) s)"; tail -n 2 "$OUT/deps.log"
-. .deps/build/env.sh
 for run in ${RUNS:-}; do
   IFS=: read -r label names reference tokens <<< "$run"
   (cd benchmarks && timeout "${RUN_SECONDS:-300}" python3 prefill_ab.py --packages "$names" \
