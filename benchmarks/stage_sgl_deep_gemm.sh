@@ -16,5 +16,5 @@ if [ -e "$target" ]; then  # replace only a copy this script made
 fi
 mkdir -p "$target"
 touch "$target/.staged-by-moec"
-git --git-dir="$mirror" archive "$commit" setup.py csrc deep_gemm LICENSE | tar -x -C "$target"
+git --git-dir="$mirror" archive "$commit" setup.py csrc deep_gemm scripts LICENSE | tar -x -C "$target"
 echo "staged $(git --git-dir="$mirror" rev-parse "$commit") at $target ($(du -sh "$target" | cut -f1))"
