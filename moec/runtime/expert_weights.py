@@ -34,7 +34,13 @@ import torch
 
 from . import progress, quant
 from .checkpoint import WeightError, non_finite_count, read_tensors
-from .weight_formats import BF16_MAX, Pair, WeightFormat, overflowing_block
+from .weight_formats import (
+    BF16_MAX,
+    Pair,
+    WeightFormat,
+    overflow_message,
+    overflowing_block,
+)
 
 Parts = torch.Tensor | list[torch.Tensor]
 """A parameter's value: one tensor, or the rows of a stacked one (one per expert)."""
@@ -276,10 +282,7 @@ def overflow_problem(given: dict, own: dict, spec: LayerWeights) -> str:
             block = overflowing_block(v, s.to(v.device).float(), fmt.block, fmt.scheme == "mxfp4")
             if block is not None:
                 where = f"expert {index}, block {block}" if stacked else f"block {block}"
-                return (
-                    f"{scale_name}: {where}: its largest weight times its scale exceeds what "
-                    f"bf16 holds ({BF16_MAX:.4g}): not a scale of {weight_name}"
-                )
+                return overflow_message(scale_name, where, weight_name)
     return ""
 
 

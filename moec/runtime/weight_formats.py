@@ -204,10 +204,7 @@ class WeightFormat:
             value, scale = converted
         overflow = overflowing_block(value, scale, self.block, self.scheme == "mxfp4")
         if overflow is not None:
-            problems.append(
-                f"{sname}: block {overflow}: its largest weight times its scale exceeds what "
-                f"bf16 holds ({BF16_MAX:.4g}): not a scale of this weight ({wname})"
-            )
+            problems.append(overflow_message(sname, f"block {overflow}", f"this weight ({wname})"))
             return None
         needs_pow2 = self.pow2_scales and self.scheme in ("fp8_block", "mxfp8")
         if needs_pow2 and not torch.equal(scale, quant.round_up_pow2(scale)):
@@ -274,6 +271,15 @@ def overflowing_block(value, scale, block, packed: bool) -> str | None:
     )
     bad = (~(product <= BF16_MAX)).flatten().nonzero()
     return _block_index(int(bad[0]), scale) if len(bad) else None
+
+
+def overflow_message(scale_name: str, where: str, weight: str) -> str:
+    """The refusal of a scale that takes a block of its weight past bf16 (overflowing_block),
+    for a checkpoint's tensors and for a state dict's alike."""
+    return (
+        f"{scale_name}: {where}: its largest weight times its scale exceeds what bf16 holds "
+        f"({BF16_MAX:.4g}): not a scale of {weight}"
+    )
 
 
 def _to_e4m3(value: torch.Tensor, scale: torch.Tensor, block) -> Pair | None:
