@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from pathlib import Path
 
 import hf_oracle
 import pytest
@@ -162,6 +163,11 @@ def test_v2_keys_transformers_ignores_follow_transformers_and_say_so(saved_v2_ke
         'scoring_func = "sigmoid" in the config, but DeepseekV2TopkRouter always scores' in message
     )
     assert "norm_topk_prob = true in the config, but DeepseekV2TopkRouter never" in message
+    _assert_v2_logits_match(reference, model)
+
+
+def _assert_v2_logits_match(reference, model) -> None:
+    """The patched V2 model's logits against transformers' own, within fp32's bound."""
     tokens = hf_oracle.tokens(4)
     with torch.no_grad():
         expected, logits = reference(tokens).logits, model(tokens).logits
@@ -174,8 +180,28 @@ def test_v2_keys_transformers_ignores_follow_transformers_and_say_so(saved_v2_ke
     assert (logits - expected).abs().max().item() <= bound * expected.abs().max().item()
 
 
+def test_v2_init_follows_the_block_and_patches_the_model(saved_v2_keys, cache_dir):
+    """init writes what DeepseekV2's block computes (softmax, unnormalized), saying so: the
+    spec patches the model it came from."""
+    spec = hf_oracle.init_spec(saved_v2_keys)
+    text = Path(spec).read_text()
+    assert 'scoring_func = "sigmoid" is not followed: transformers\' DeepseekV2TopkRouter' in text
+    assert "norm_topk_prob = true is not followed" in text
+    reference, model = _load(saved_v2_keys), _load(saved_v2_keys)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RouterKeysIgnored)  # the spec is the block's already
+        patch_model(model, spec, cache_dir=cache_dir)
+    _assert_v2_logits_match(reference, model)
+
+
 def test_v2_spec_that_follows_the_config_is_refused_naming_both_keys(saved_v2_keys, cache_dir):
-    spec = hf_oracle.init_spec(saved_v2_keys)  # init describes the config: sigmoid, renormalized
+    spec = hf_oracle.init_spec(  # the config's keys: sigmoid, renormalized
+        saved_v2_keys,
+        "--set",
+        'router.scoring_func="sigmoid"',
+        "--set",
+        "router.norm_topk_prob=true",
+    )
     with pytest.raises(MoecError) as error:
         patch_model(_load(saved_v2_keys), spec, cache_dir=cache_dir)
     report = error.value.report()

@@ -251,7 +251,6 @@ def test_init_per_tensor_fp8(tmp_path, capsys):
         ({"topk_method": ""}, 'router.topk_method = ""'),
         ({"quantization_config": "fp8"}, "quantization_config"),
         ({"n_group": 7}, "router.n_group = 7"),
-        ({"scoring_func": "softmax"}, 'router.scoring_func = "softmax"'),
         ({"num_experts_per_tok": 300}, "model.num_experts_per_tok = 300"),
         ({"hidden_size": "7168"}, 'hidden_size = "7168": is a string, not an integer'),
         ({"routed_scaling_factor": -1.0}, "router.routed_scaling_factor = -1.0"),
@@ -357,3 +356,57 @@ def test_init_replaces_its_own_spec_but_not_one_edited_since(tmp_path, capsys):
     code, _, err = init(capsys, "--from-hf", str(config_path), "-o", str(spec_path))
     assert code == 2 and "was not written by moec" in err and "Traceback" not in err
     assert spec_path.read_text() == edited
+
+
+@pytest.mark.parametrize(
+    "change, note, spec_line",
+    [
+        (
+            {"scoring_func": "softmax"},
+            'scoring_func = "softmax" is not followed: transformers\' DeepseekV3TopkRouter always'
+            ' scores with a sigmoid, so this layer\'s router.scoring_func = "sigmoid" (--set'
+            " 'router.scoring_func=\"softmax\"' follows the config instead).",
+            'scoring_func = "sigmoid"',
+        ),
+        (
+            {"topk_method": "group_limited_greedy"},
+            'topk_method = "group_limited_greedy" is not followed: transformers\'',
+            'topk_method = "noaux_tc"',
+        ),
+    ],
+    ids=["softmax", "group_limited_greedy"],
+)
+def test_init_follows_what_the_transformers_block_computes(
+    change, note, spec_line, tmp_path, capsys
+):
+    """A routing key DeepseekV3's router never reads is written as the block computes it (the
+    HF module is the oracle, and patch_model follows it the same way), with a comment naming
+    the config's value and the --set that follows it instead."""
+    config_path = write_config(tmp_path, {**DEEPSEEK_V3, **change})
+    spec_path = tmp_path / "spec.toml"
+    code, out, err = init(capsys, "--from-hf", str(config_path), "-o", str(spec_path))
+    assert (code, err) == (0, "")
+    text = spec_path.read_text()
+    assert f"# {note}" in text
+    assert f"\n{spec_line}\n" in text
+    load_spec(spec_path)  # a valid spec
+
+
+def test_init_refuses_a_malformed_value_the_block_ignores(tmp_path, capsys):
+    """A value no spec takes is refused as written, even where the block never reads it."""
+    config_path = write_config(tmp_path, {**DEEPSEEK_V3, "scoring_func": "softmaxx"})
+    code, out, err = init(capsys, "--from-hf", str(config_path), "-o", str(tmp_path / "s.toml"))
+    assert code == 2 and 'router.scoring_func = "softmaxx"' in err
+    assert not (tmp_path / "s.toml").exists()
+
+
+def test_a_set_key_is_not_followed_to_the_block(tmp_path, capsys):
+    """--set names the value: no comment says the block's."""
+    config_path = write_config(tmp_path, {**DEEPSEEK_V3, "topk_method": "greedy"})
+    spec_path = tmp_path / "spec.toml"
+    argv = ("--from-hf", str(config_path), "-o", str(spec_path), "--set", "router.n_group=1")
+    argv += ("--set", "router.topk_group=1", "--set", 'router.topk_method="greedy"')
+    code, out, err = init(capsys, *argv)
+    assert (code, err) == (0, "")
+    text = spec_path.read_text()
+    assert 'topk_method = "greedy"\n' in text and "is not followed" not in text

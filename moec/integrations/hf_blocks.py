@@ -269,6 +269,25 @@ def block_of(name: str) -> Block:
     return next(block for block in BLOCKS if block.name == name)
 
 
+_HELD_BY = {
+    "kimi_k2": "DeepseekV3MoE",
+    "sarvam_mla": "DeepseekV3MoE",
+    "sarvam_moe": "Glm4MoeMoE",
+    "param2moe": "Glm4MoeMoE",
+}
+"""Model types whose models hold another model type's block (see BLOCKS)."""
+
+
+def block_of_type(model_type: str) -> Block | None:
+    """The MoE block transformers builds for a (text) model type: the block of the models
+    folder of its name ("glm4v_moe_text": glm4v_moe's), or the one _HELD_BY names; None for
+    a model type of no block here."""
+    if model_type in _HELD_BY:
+        return block_of(_HELD_BY[model_type])
+    folder = model_type.removesuffix("_text")
+    return next((block for block in BLOCKS if block.module.split(".")[0] == folder), None)
+
+
 def ignored_keys(block: Block, raw: dict[str, Any]) -> list[tuple[Fixed, Any]]:
     """(fixed key, the config's value) for each key of `raw` (spec data from the config) that
     the block computes otherwise."""
@@ -293,19 +312,20 @@ def follow_block(block: Block, raw: dict[str, Any]) -> list[str]:
         if fixed is _NO_CLAMP:  # silu: no activation table
             limit = raw.pop(table)["swiglu_limit"]
             notes.append(
-                f"swiglu_limit = {_literal(limit)} in the config, but {block.name} "
+                f"swiglu_limit = {literal(limit)} in the config, but {block.name} "
                 f"{fixed.does} (silu)"
             )
             continue
         raw[table][key] = fixed.value
         notes.append(
-            f"{key} = {_literal(config_value)} in the config, but {block.router} {fixed.does} "
-            f"({key} = {_literal(fixed.value)})"
+            f"{key} = {literal(config_value)} in the config, but {block.router} {fixed.does} "
+            f"({key} = {literal(fixed.value)})"
         )
     return notes
 
 
-def _literal(value: Any) -> str:
+def literal(value: Any) -> str:
+    """A value as a spec writes it: true, "sigmoid", 1.5."""
     if isinstance(value, bool):
         return "true" if value else "false"
     return f'"{value}"' if isinstance(value, str) else repr(value)

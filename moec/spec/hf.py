@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from moec.errors import MoecError, problem
+from moec.integrations import hf_blocks
 from moec.resources import shipped_schema_path
 from moec.spec import hf_families, hf_layers, hf_nulls, hf_refused
 from moec.spec.hf_family import Family
 from moec.spec.hf_values import ConfigReader
 from moec.spec.loader import RepeatedKey, apply_overrides, check_raw, read_user_text, unique_keys
 from moec.spec.locate import long_number
+from moec.vocab import ScoringFunc, TopkMethod
 
 _KNOWN_TYPES = hf_families.KNOWN_TYPES
 _SHOWN_TYPES = 12
@@ -223,6 +225,10 @@ def spec_data_from_config(
     activation = _activation_from(reader, family, clamp_as, source.model_type, notes)
     if activation:
         raw["activation"] = activation
+    if clamp_as == "block":  # init's reading: the keys the block fixes are the block's
+        block_notes = _follow_block(reader, family, source.model_type, raw)
+        if notes is not None:
+            notes.extend(block_notes)
     dtype_holder = hf_families.reader_of(source, "torch_dtype", "dtype")
     raw["target"] = {"device": "cuda", "dtype": _dtype_from(dtype_holder)}
     outer.raise_problems()
@@ -331,6 +337,50 @@ def _unused_groups(reader: ConfigReader, family: Family, router: dict[str, Any])
     ]
 
 
+def _follow_block(
+    reader: ConfigReader, family: Family, model_type: str, raw: dict[str, Any]
+) -> list[str]:
+    """Set each key of `raw` that transformers' block for `model_type` computes otherwise than
+    the config says (hf_blocks, as patch_model follows it) to the block's value, unless --set
+    gives it; one sentence for each, naming the config's key and value and what the block
+    does."""
+    block = hf_blocks.block_of_type(model_type)
+    if block is None:
+        return []
+    notes = []
+    for fixed, value in hf_blocks.ignored_keys(block, raw):
+        table, key = fixed.path.split(".")
+        if reader.overridden(fixed.path) or table not in raw:  # (activation: _activation_from's)
+            continue
+        if not _spec_value(key, value):  # a malformed value is the spec's rules' to refuse
+            continue
+        raw[table][key] = fixed.value
+        names = family.keys.get(key, (key,))
+        written = next((name for name in names if name in reader.config), None)
+        said = f"{written} = {hf_blocks.literal(value)}" if written else f"{key} (its default)"
+        notes.append(
+            f"{reader.prefix}{said} is not followed: transformers' {block.router} {fixed.does}, "
+            f"so this layer's {fixed.path} = {hf_blocks.literal(fixed.value)} (--set "
+            f"'{fixed.path}={hf_blocks.literal(value)}' follows the config instead)"
+        )
+    return notes
+
+
+def _spec_value(key: str, value: Any) -> bool:
+    """Whether `value` is one the spec takes for the router or model key `key` (its range
+    aside: a block's experts divide into no groups it ignores)."""
+    if key == "scoring_func":
+        return value in tuple(ScoringFunc)
+    if key == "topk_method":
+        return value in tuple(TopkMethod) and value != TopkMethod.hash
+    if key == "norm_topk_prob":
+        return type(value) is bool
+    if key == "routed_scaling_factor":
+        return type(value) in (int, float) and 0 < value < float("inf")
+    minimum = 0 if key == "n_shared_experts" else 1  # n_group, topk_group
+    return type(value) is int and value >= minimum
+
+
 def _beside_notes(reader: ConfigReader, family: Family) -> list[str]:
     """A sentence for each key of a module beside the MoE block that the config sets (not 0)."""
     notes = []
@@ -368,6 +418,10 @@ def _activation_from(
             activation[spec_key] = default if value is None else value
         return activation
     act = reader.text("hidden_act", "activation")
+    if act not in _SILU_NAMES and not reader.overridden("activation"):
+        # the clamp too is of this activation (a clamped gelu is not silu_clamped)
+        reader.report("hidden_act", act, "is not a gated activation moec knows", '"silu"')
+        return None
     if family.clamps or clamp_as == "config":
         limit = reader.number("swiglu_limit", "activation")
         limit = family.swiglu_limit if limit is None else limit
@@ -375,9 +429,12 @@ def _activation_from(
             return {"kind": "silu_clamped", "swiglu_limit": limit}
     elif notes is not None and not reader.overridden("activation"):
         _note_unread_limit(reader, model_type, notes)
-    if act not in (None, "silu") and not reader.overridden("activation"):
-        reader.report("hidden_act", act, "is not a gated activation moec knows", '"silu"')
     return None
+
+
+_SILU_NAMES = (None, "silu", "swish")
+"""hidden_act values of a SwiGLU expert (left out: transformers' default, silu; "swish" is
+transformers' other name of it)."""
 
 
 def _note_unread_limit(reader: ConfigReader, model_type: str, notes: list[str]) -> None:

@@ -218,6 +218,51 @@ FAMILIES = {
     ),
     **TOP_K_FAMILIES,
 }
+
+_LOCAL_EXPERTS = {"n_routed_experts": ("num_local_experts",)}
+ALIASES = {
+    "deepseek_v2": {"n_routed_experts": ("num_experts",)},
+    "deepseek_v32": {"n_routed_experts": ("num_local_experts", "num_experts")},
+    "deepseek_v4": {**_LOCAL_EXPERTS, "moe_intermediate_size": ("intermediate_size",)},
+    "inkling2_text": {"moe_intermediate_size": ("intermediate_size",)},
+    "inkling2_loop_text": {"moe_intermediate_size": ("intermediate_size",)},
+    **dict.fromkeys(
+        (
+            "deepseek_v3",
+            "glm4_moe",
+            "dots1",
+            "glm4_moe_lite",
+            "glm_moe_dsa",
+            "solar_open",
+            "glm4v_moe_text",
+            "glm5_next_text",
+            "mimo_v2_flash",
+            "sarvam_mla",
+            "sarvam_moe",
+            "param2moe",
+            "axk2",
+            "mistral4",
+            "mistral_large4_text",
+        ),
+        _LOCAL_EXPERTS,
+    ),
+}
+"""The other names a model type's transformers config reads for a key (its `attribute_map`;
+DeepSeek-V3.2's `num_experts`, which its config re-routes), after the family's own: a
+config.json that writes only such a name is read as transformers reads it."""
+FAMILIES = {
+    model_type: replace(
+        family,
+        keys={
+            **family.keys,
+            **{
+                key: tuple(dict.fromkeys((*family.keys.get(key, (key,)), *names)))
+                for key, names in ALIASES.get(model_type, {}).items()
+            },
+        },
+    )
+    for model_type, family in FAMILIES.items()
+}
 """model_type -> its defaults and key names (no name: the block fixes the value)."""
 WRAPPERS = {
     "kimi_k25": ("deepseek_v3", "kimi_k2"),

@@ -240,6 +240,7 @@ KEY_CHECKS = {
     "deepseek_ocr2_text": (_MLP_BIAS, _V2_METHODS),
     "unlimited_ocr_text": (_MLP_BIAS, _V2_METHODS),
     "hy_v3": (_MLP_BIAS,),
+    "deepseek_v4": (_MLP_BIAS,),
     "mistral4": (_MISTRAL_GROUPS,),
     "mistral_large4_text": (_MISTRAL_GROUPS,),
     "axk2": (_AXK2_GROUPS,),
