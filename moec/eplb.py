@@ -28,10 +28,11 @@ from itertools import chain
 from pathlib import Path
 
 from moec.errors import MoecError, problem, shown_path
+from moec.runtime import load_record
 from moec.spec import placement as placements
 from moec.vocab import ReplicaChoice
 
-LOAD_FORMAT = "moec-load"
+LOAD_FORMAT = load_record.FORMAT
 MAX_PHYSICAL = 4096
 """The most physical experts a placement holds (DeepSeek-V3 with EPLB: 288); the balancing and
 its figures are pure Python, quadratic in them (4096 on 4096 ranks: a few seconds)."""

@@ -82,8 +82,8 @@ def test_repeated_ids_choose_alike(hash_layer, saved):
         (None, "hash-routed: forward(x, token_ids) takes the token id of each row of x"),
         (torch.tensor([1, 64, 2]), "token id 64 is outside the hash table's 64 ids"),
         (torch.tensor([1, -1, 2]), "token id -1 is outside the hash table's 64 ids"),
-        (torch.tensor([1.0, 2.0, 3.0]), "token_ids must be 3 int64 or int32 ids"),
-        (torch.tensor([1, 2]), "token_ids must be 3 int64 or int32 ids"),
+        (torch.tensor([1.0, 2.0, 3.0]), "token_ids must be [3] int64 or int32 ids"),
+        (torch.tensor([1, 2]), "token_ids must be [3] int64 or int32 ids"),
     ],
 )
 def test_token_ids_are_checked(hash_layer, ids, message):

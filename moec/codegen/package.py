@@ -70,6 +70,8 @@ def python_sources(plan: Plan) -> dict[str, str]:
         sources["tiles.py"] = render(jinja, "package/tiles.py.j2", {**common, **_tile_fields(plan)})
     sources["check.py"] = render(jinja, "package/check.py.j2", common)
     layer_modules = {"streams"} if side_stream_stages(plan) else set()
+    if plan.layer.record_load:
+        layer_modules.add("load_record")
     for module in runtime_closure(
         (modules - set(GENERATED_MODULES)) | set(CHECK_MODULES) | layer_modules
     ):

@@ -191,7 +191,7 @@ def _checked_times(entry: Any, gpu: str, where: str, key: str) -> BackendTimes:
     return BackendTimes(gpu, where, source, times)
 
 
-TABLE_KEY = re.compile(r"(?:(?:elementwise|backends)/)?[a-z0-9_]+/H\d+/I\d+/E\d+/K\d+")
+TABLE_KEY = re.compile(r"(?:(?:elementwise|backends)/)?[a-z0-9_]+/H[0-9]+/I[0-9]+/E[0-9]+/K[0-9]+")
 """An entry's key in a tuned table (layer_key, or its elementwise/ and backends/ forms)."""
 
 

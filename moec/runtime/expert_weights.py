@@ -47,7 +47,9 @@ Parts = torch.Tensor | list[torch.Tensor]
 
 _PROJ = r"(gate_proj|up_proj|down_proj|w1|w3|w2)"
 _FIELD = r"(weight|weight_scale_inv|weight_scale|scale|input_scale)"
-_EXPERT = re.compile(rf"experts\.(\d+)\.{_PROJ}\.{_FIELD}")
+_EXPERT = re.compile(rf"experts\.(0|[1-9][0-9]*)\.{_PROJ}\.{_FIELD}")
+"""A routed expert's projection, its index in ASCII digits as checkpoints write it: no sign,
+no leading zero, no other script's digits (experts.01. or an Arabic-Indic 1 name no expert)."""
 _SHARED = re.compile(rf"(?:shared_experts|shared_expert|shared_mlp)\.{_PROJ}\.{_FIELD}")
 """The shared experts' projections: DeepSeek's and HF's shared_experts, Flint's and Lara-Mini's
 shared_expert, Granite's shared_mlp."""
@@ -204,7 +206,8 @@ def assign_problem(tensors: dict[str, torch.Tensor]) -> str:
     (the given tensors, the others as they are), cannot all be its parameters ("" when they
     can): assign makes each given tensor the parameter itself, which the kernels read as dense
     rows and load_weights and random_ write in place, so each must be contiguous (an expanded
-    tensor repeats one row in memory) and own its memory (no two overlap)."""
+    tensor repeats one row in memory), hold its values as they are (no negation bit) and own
+    its memory (no two overlap)."""
     spans = []
     for name, tensor in tensors.items():
         if tensor.is_meta or tensor.numel() == 0:
@@ -214,6 +217,11 @@ def assign_problem(tensors: dict[str, torch.Tensor]) -> str:
             return (
                 f"{name} is {kind} (strides {list(tensor.stride())}); assign=True makes it "
                 "the parameter: pass tensor.contiguous(), or load without assign (a copy)"
+            )
+        if tensor.is_neg():  # its memory holds the negated values, which the kernels read
+            return (
+                f"{name} is a view with torch's negation bit set; assign=True makes it the "
+                "parameter: pass tensor.resolve_neg(), or load without assign (a copy)"
             )
         start = tensor.data_ptr()
         spans.append((tensor.device, start, start + tensor.numel() * tensor.element_size(), name))

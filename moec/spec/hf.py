@@ -91,6 +91,18 @@ def _digest(body: bytes) -> str:
 
 def _config_file(path: Path) -> Path:
     """`path`, or `path`/config.json when `path` is a folder."""
+    if str(path) == "-" and not path.exists():
+        raise MoecError(
+            [
+                problem(
+                    "--from-hf",
+                    "is standard input, which moec does not read",
+                    "the path of a HF config.json, or of the folder holding one",
+                )
+            ],
+            "-",
+            kind="usage",
+        )
     if not path.is_dir():
         return path
     if (path / "config.json").exists():

@@ -69,6 +69,11 @@ MAX_TEXT_BYTES = 1 << 22
 """The largest spec or config.json moec reads (4 MiB; real ones are a few KiB)."""
 
 
+STDIN_SAYS = "is standard input, which moec does not read: a spec is read from its file"
+"""What a path "-" (and no file of that name) is told: a spec's relative paths (a placement
+file) are its folder's, so moec reads it from a file."""
+
+
 def read_user_text(path: Path) -> str:
     """The UTF-8 text of a user's input file; OSError, UnicodeDecodeError (its `start` the
     offset), or ValueError for a file that is not a regular file or is over MAX_TEXT_BYTES."""
@@ -140,6 +145,12 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
             [problem("", "is an empty path", "the path of a TOML spec file")], "SPEC", kind="usage"
         )
     path = Path(path)
+    if str(path) == "-" and not path.exists():  # the usual name of standard input
+        raise MoecError(
+            [problem("", STDIN_SAYS, "the path of a TOML spec file, saved first")],
+            "-",
+            kind="usage",
+        )
     try:
         text = read_user_text(path)
     except OSError as error:

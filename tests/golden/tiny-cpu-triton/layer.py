@@ -151,6 +151,8 @@ class MoELayer(nn.Module):
         """The forward's computation, after the checks."""
         if x.shape[0] == 0:
             return torch.empty_like(x)
+        # x itself, unless a view with torch's negation bit (which the kernels do not read)
+        x = x.resolve_neg()
         # topk_weights: fp32[T, K]; topk_ids: i32[T, K]
         topk_weights, topk_ids = stages.select(
             x, self.gate_parts[: self.router_parts], self.gate_bias, self.gate_counters

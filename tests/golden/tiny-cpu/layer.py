@@ -143,6 +143,8 @@ class MoELayer(nn.Module):
         """The forward's computation, after the checks."""
         if x.shape[0] == 0:
             return torch.empty_like(x)
+        # x itself, unless a view with torch's negation bit (which the kernels do not read)
+        x = x.resolve_neg()
         # logits: fp32[T, E]
         logits = stages.router(x, self.gate_weight)
         # topk_weights: fp32[T, K]; topk_ids: i32[T, K]
