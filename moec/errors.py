@@ -113,11 +113,19 @@ def _printable(text: str, keep_newlines: bool = False) -> str:
     escapes: a spec's key, a path or a message reaches the user's terminal, which would obey
     them."""
     pattern = _CONTROL_BUT_NEWLINE if keep_newlines else _CONTROL
-    return pattern.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+    return pattern.sub(lambda found: _escape(found.group()), text)
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+_INVISIBLE = "\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+"""Zero-width characters, line and paragraph separators and the bidirectional controls (a
+right-to-left override would reorder the rest of the line on the user's terminal)."""
+_CONTROL = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_INVISIBLE}]")
+_CONTROL_BUT_NEWLINE = re.compile(f"[\\x00-\\x09\\x0b-\\x1f\\x7f-\\x9f{_INVISIBLE}]")
 
 
 def _key(text: str) -> str:

@@ -57,10 +57,10 @@ def test_spaces_around_a_set_key_and_value_are_toml_spaces(capsys):
 @pytest.mark.parametrize(
     "item, says",
     [
-        ("MODEL.hidden_size=1", "MODEL = {hidden_size = 1}: unknown key in the top level (known"),
+        ("MODEL.hidden_size=1", "MODEL = {hidden_size = 1}: unknown key in the top level (did you mean model?)"),
         ("Model.Hidden_Size=1", "Model = {Hidden_Size = 1}: unknown key in the top level (did you mean model?)"),
         ("model.Hidden_size=1", "model.Hidden_size = 1: unknown key in [model] (did you mean hidden_size?)"),
-        ("router.N_GROUP=1", "router.N_GROUP = 1: unknown key in [router] (known keys: scoring_func"),
+        ("router.N_GROUP=1", "router.N_GROUP = 1: unknown key in [router] (did you mean n_group?)"),
         ("Name=x", 'Name = "x": unknown key in the top level (did you mean name?)'),
     ],
 )  # fmt: skip

@@ -47,9 +47,9 @@ Parts = torch.Tensor | list[torch.Tensor]
 
 _PROJ = r"(gate_proj|up_proj|down_proj|w1|w3|w2)"
 _FIELD = r"(weight|weight_scale_inv|weight_scale|scale|input_scale)"
-_EXPERT = re.compile(rf"experts\.(0|[1-9][0-9]*)\.{_PROJ}\.{_FIELD}")
-"""A routed expert's projection, its index in ASCII digits as checkpoints write it: no sign,
-no leading zero, no other script's digits (experts.01. or an Arabic-Indic 1 name no expert)."""
+_EXPERT = re.compile(rf"experts\.([0-9]+)\.{_PROJ}\.{_FIELD}")
+"""A routed expert's projection, its index in ASCII digits (another script's digits, which int()
+reads too, name no expert)."""
 _SHARED = re.compile(rf"(?:shared_experts|shared_expert|shared_mlp)\.{_PROJ}\.{_FIELD}")
 """The shared experts' projections: DeepSeek's and HF's shared_experts, Flint's and Lara-Mini's
 shared_expert, Granite's shared_mlp."""

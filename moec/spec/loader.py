@@ -552,12 +552,20 @@ def _misspelt_required(items: list[Any]) -> list[Any]:
             loc[-1] in cls.model_fields for cls in _ACTIVATION_KINDS.values()
         ):
             continue  # another kind's key: "belongs to kind = ..." says more
-        close = difflib.get_close_matches(loc[-1], _known_keys(loc[:-1], kind), n=1, cutoff=0.6)
+        close = _closest(loc[-1], _known_keys(loc[:-1], kind))
         required = missing.get((tuple(loc[:-1] + close), kind)) if close else None
         if required is not None and required not in paired:
             paired.add(required)
             kept[index] = {**item, "meant": dotted(loc[:-1] + close)}
     return [item for index, item in enumerate(kept) if index not in paired]
+
+
+def _closest(key: str, known: list[str]) -> list[str]:
+    """The known key `key` likely means, in a list of one (empty: none is close); case aside,
+    as every known key is lower case ("HIDDEN_SIZE" means hidden_size)."""
+    lower = {name.lower(): name for name in known}
+    found = difflib.get_close_matches(str(key).lower(), list(lower), n=1, cutoff=0.6)
+    return [lower[found[0]]] if found else []
 
 
 def _known_keys(table: list[str], kind: str | None) -> list[str]:
@@ -638,7 +646,7 @@ def _unknown_key(loc: list[str], value: Any, kind: str | None) -> Problem:
             value=value,
         )
     known = _known_keys(table, kind)
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    close = _closest(key, known)
     where = f"[{dotted(table)}]" if table else "the top level"
     hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(known)}"
     return problem(path, f"unknown key in {where}", hint, value=value)
