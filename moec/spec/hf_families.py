@@ -219,8 +219,8 @@ FAMILIES = {
     **TOP_K_FAMILIES,
 }
 
-_LOCAL_EXPERTS = {"n_routed_experts": ("num_local_experts",)}
-ALIASES = {
+_LOCAL_EXPERTS: dict[str, tuple[str, ...]] = {"n_routed_experts": ("num_local_experts",)}
+ALIASES: dict[str, dict[str, tuple[str, ...]]] = {
     "deepseek_v2": {"n_routed_experts": ("num_experts",)},
     "deepseek_v32": {"n_routed_experts": ("num_local_experts", "num_experts")},
     "deepseek_v4": {**_LOCAL_EXPERTS, "moe_intermediate_size": ("intermediate_size",)},
