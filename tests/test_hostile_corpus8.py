@@ -5,9 +5,12 @@
 - a Triton layer read an input with torch's negation bit (a view such as `t.conj().imag`) as its
   memory, negated: a wrong output; load_state_dict(..., assign=True) took such a view as a
   parameter;
-- `write_expert_load(path)` wrote over any file, through a symbolic link, into a folder's name,
-  and took an int as a file descriptor (closing stdout for 1);
+- `write_expert_load(path)` wrote over any file (a hand-made load file too), through a symbolic
+  link, into a folder's name or a built package, and took an int as a file descriptor (closing
+  stdout for 1);
 - load_weights read `experts.<i>.` of another script's digits (Arabic-Indic) as expert i;
+- an index naming a missing shard for every tensor was also told "pass that prefix" of a prefix
+  the names do not have;
 - a spec or config path "-" (standard input, which moec does not read) was "No such file";
 - a key of other case than moec's got no suggestion; a right-to-left override or a zero-width
   space in a path reached the terminal as it is.
@@ -115,13 +118,36 @@ def test_write_expert_load_writes_and_rewrites_its_own_file(counting_layer, tmp_
     path = tmp_path / "load.json"
     load = counting_layer.write_expert_load(path)
     assert sum(load) == 5 * 4  # every token's top-k
-    assert json.loads(path.read_text()) == {
+    written = json.loads(path.read_text())
+    assert {key: written[key] for key in ("format", "layer", "load")} == {
         "format": "moec-load",
         "layer": "tiny_cpu",
         "load": load,
     }
-    assert counting_layer.write_expert_load(str(path)) == load  # a load file: replaced
+    assert counting_layer.write_expert_load(str(path)) == load  # its own load file: replaced
     assert sorted(os.listdir(tmp_path)) == ["load.json"]  # no temporary file left
+
+
+def _load_file(folder, **changes):
+    path = folder / "load.json"
+    path.write_text(json.dumps({"format": "moec-load", "load": [1, 2], **changes}))
+    return path
+
+
+def _edited(folder, counting_layer):
+    path = folder / "load.json"
+    counting_layer.write_expert_load(path)
+    written = json.loads(path.read_text())
+    written["load"][0] += 1
+    path.write_text(json.dumps(written))
+    return path
+
+
+def _in_a_package(folder):
+    from moec.cli import main
+
+    assert main(["build", str(TINY), "-o", str(folder / "built")]) == 0
+    return next((folder / "built").iterdir()) / "load.json"
 
 
 @pytest.mark.parametrize(
@@ -138,8 +164,10 @@ def test_write_expert_load_writes_and_rewrites_its_own_file(counting_layer, tmp_
         (lambda d: d, "is a folder"),
         (lambda d: d / "absent" / "load.json", "is in no folder"),
         (lambda d: "", "is no path"),
+        (lambda d: _load_file(d, note="mine"), "exists and is no load file moec wrote"),
+        (_in_a_package, "a package moec built"),
     ],
-    ids=["a-users-file", "a-link", "a-folder", "no-folder", "empty"],
+    ids=["a-users-file", "a-link", "a-folder", "no-folder", "empty", "hand-made", "in-a-package"],
 )
 def test_write_expert_load_refuses_a_path_it_may_not_write(counting_layer, tmp_path, make, says):
     (tmp_path / "target.json").write_text("{}")
@@ -219,3 +247,26 @@ def test_an_invisible_character_in_a_path_is_escaped(char, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     err = refused(capsys, "validate", f"a{char}b.toml")
     assert char not in err and f"a\\u{ord(char):04x}b.toml" in err
+
+
+def test_write_expert_load_refuses_its_own_file_edited(counting_layer, tmp_path):
+    path = _edited(tmp_path, counting_layer)
+    before = path.read_bytes()
+    with pytest.raises(ValueError) as raised:
+        counting_layer.write_expert_load(path)
+    assert "exists and is no load file moec wrote (or it was edited)" in str(raised.value)
+    assert path.read_bytes() == before
+
+
+def test_a_missing_shard_is_the_one_problem(tmp_path, capsys):
+    from clihelp import refused
+
+    names = ["gate.weight", "gate.e_score_correction_bias"]
+    names += [
+        f"experts.{e}.{p}.weight" for e in range(16) for p in ("gate_proj", "up_proj", "down_proj")
+    ]
+    index = {"metadata": {}, "weight_map": dict.fromkeys(names, "missing.safetensors")}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    err = refused(capsys, "run", TINY, "--tokens", "2", "--weights", tmp_path)
+    assert "names the shard missing.safetensors, which is not a file in" in err
+    assert "prefix" not in err

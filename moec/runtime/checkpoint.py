@@ -557,6 +557,12 @@ def _prefix_problem(wanted: _Wanted, found: set[str]) -> str | None:
     `expected`: nothing named like a layer's), naming where the checkpoint has it."""
     if not found or (wanted.seen if wanted.names is not None else wanted.layer_like):
         return None
+    start = len(wanted.prefix)
+    if any(
+        wanted.wants(name) and (wanted.names is not None or LAYER_NAME.match(name[start:]))
+        for name in found
+    ):
+        return None  # the names are under the prefix, their tensors unread (a missing shard)
     head = f'no tensor of the layer is under the prefix "{wanted.prefix}"'
     prefixes = suggest_prefixes(wanted.names, found)
     if prefixes:

@@ -1,19 +1,24 @@
 """The load file a layer's `write_expert_load` writes for `moec eplb`: how many tokens it routed
 to each expert, as {"format": "moec-load", "layer": ..., "load": [...]}.
 
-Written as moec writes every file: it replaces only a load file (one this module wrote, by its
-format), never another file, a folder or a symbolic link, and the new file takes the old one's
-place at once (written beside it, then renamed), so that a reader never sees half a file.
+Written as moec writes every file: it replaces only a load file this module wrote and nobody
+has edited since (its `sha256`, of the rest, still matches), never another file, a folder, a
+symbolic link or a file inside a package moec built, and the new file takes the old one's place
+at once (written beside it, then renamed), so that a reader never sees half a file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 
 FORMAT = "moec-load"
 """The `format` of every load file (moec eplb reads only these)."""
+BUILD_MARKER = ".moec-build"
+"""The file every package moec builds holds (moec/codegen/ownership.py's MARKER): a file
+written into one would be one the next build of it did not write."""
 
 
 def write(path, layer: str, load: list[int]) -> None:
@@ -33,7 +38,8 @@ def write(path, layer: str, load: list[int]) -> None:
     if problem:
         raise ValueError(f"{layer}: write_expert_load: {path!r} {problem}")
     folder = os.path.dirname(os.path.abspath(path))
-    text = json.dumps({"format": FORMAT, "layer": layer, "load": load}) + "\n"
+    record = {"format": FORMAT, "layer": layer, "load": load}
+    text = json.dumps({**record, "sha256": _digest(record)}) + "\n"
     handle, temporary = tempfile.mkstemp(prefix=".moec-load-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
@@ -49,23 +55,44 @@ def _refusal(path: str) -> str:
     """Why `path` may not be written ("" when it may: nothing is there, or a load file)."""
     if os.path.islink(path):
         return "is a symbolic link: write to the file itself, or to a new path"
+    folder = os.path.dirname(os.path.abspath(path))
+    package = _package_holding(folder)
+    if package:
+        return f"is inside {package}, a package moec built: write the load file elsewhere"
     if not os.path.lexists(path):
-        folder = os.path.dirname(os.path.abspath(path))
         return "" if os.path.isdir(folder) else f"is in no folder ({folder} does not exist)"
     if os.path.isdir(path):
         return "is a folder: give a file path, e.g. load.json inside it"
     if not os.path.isfile(path):
         return "is not a regular file"
-    if not _is_load_file(path):
-        return "exists and is no load file moec wrote: choose another path or move it"
+    if not _written_here(path):
+        return "exists and is no load file moec wrote (or it was edited): choose another path"
     return ""
 
 
-def _is_load_file(path: str) -> bool:
-    """Whether the file at `path` is a load file (its JSON's format FORMAT)."""
+def _digest(record: dict) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _written_here(path: str) -> bool:
+    """Whether the file at `path` is a load file this module wrote, unedited since."""
     try:
         with open(path, encoding="utf-8") as file:
             data = json.loads(file.read(1 << 24))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return False
-    return isinstance(data, dict) and data.get("format") == FORMAT
+    if not isinstance(data, dict) or set(data) != {"format", "layer", "load", "sha256"}:
+        return False
+    digest = data.pop("sha256")
+    return data["format"] == FORMAT and digest == _digest(data)
+
+
+def _package_holding(folder: str) -> str:
+    """The package moec built that `folder` is or lies in ("" when none)."""
+    while True:
+        if os.path.isfile(os.path.join(folder, BUILD_MARKER)):
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return ""
+        folder = parent
