@@ -24,7 +24,8 @@ import re
 import stat
 from pathlib import Path
 
-MARKER = ".moec-build"
+from moec.runtime.load_record import BUILD_MARKER as MARKER
+
 _MARKER_TITLE = (
     b"# Written by `moec build`. The next build replaces this folder while it holds only the\n"
     b"# files below, unchanged (and __pycache__); anything else makes moec leave it alone.\n"

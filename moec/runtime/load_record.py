@@ -17,8 +17,9 @@ import tempfile
 FORMAT = "moec-load"
 """The `format` of every load file (moec eplb reads only these)."""
 BUILD_MARKER = ".moec-build"
-"""The file every package moec builds holds (moec/codegen/ownership.py's MARKER): a file
-written into one would be one the next build of it did not write."""
+"""The file every package moec builds holds (moec/codegen/ownership.py reads its name here: a
+built package's layer cannot import moec): a file written into one would be one the next build
+of it did not write."""
 
 
 def write(path, layer: str, load: list[int]) -> None:

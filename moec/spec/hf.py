@@ -26,7 +26,14 @@ from moec.resources import shipped_schema_path
 from moec.spec import hf_families, hf_layers, hf_nulls, hf_refused
 from moec.spec.hf_family import Family
 from moec.spec.hf_values import ConfigReader
-from moec.spec.loader import RepeatedKey, apply_overrides, check_raw, read_user_text, unique_keys
+from moec.spec.loader import (
+    RepeatedKey,
+    apply_overrides,
+    check_raw,
+    read_user_text,
+    refuse_standard_input,
+    unique_keys,
+)
 from moec.spec.locate import long_number
 from moec.vocab import ScoringFunc, TopkMethod
 
@@ -91,18 +98,7 @@ def _digest(body: bytes) -> str:
 
 def _config_file(path: Path) -> Path:
     """`path`, or `path`/config.json when `path` is a folder."""
-    if str(path) == "-" and not path.exists():
-        raise MoecError(
-            [
-                problem(
-                    "--from-hf",
-                    "is standard input, which moec does not read",
-                    "the path of a HF config.json, or of the folder holding one",
-                )
-            ],
-            "-",
-            kind="usage",
-        )
+    refuse_standard_input(path, "--from-hf", "the path of a HF config.json, or of its folder")
     if not path.is_dir():
         return path
     if (path / "config.json").exists():
@@ -168,11 +164,12 @@ def spec_data_from_config(
     spec key `set_keys` (the --set keys) overrides is not checked. `layer_type` picks one of
     DeepSeek-V4's MoE layer types; hash-routed layers are refused by key.
 
-    `clamp_as`: "block" (init's) clamps the SwiGLU where the model type's MoE block does
-    (Family.clamps: DeepSeek-V4's, GLM-5-Next's), so that a config's swiglu_limit that the
-    block never reads is not followed (one sentence saying so goes to `notes`); "config"
-    clamps at any swiglu_limit the config writes, as SGLang's runner does (patch_model's
-    reading, which then follows the block itself unless router_keys="config")."""
+    `clamp_as`: "block" (init's reading) is what the model type's transformers block
+    computes: the SwiGLU clamped where the block clamps (Family.clamps: DeepSeek-V4's,
+    GLM-5-Next's), and every routing key the block fixes (hf_blocks) at the block's value, one
+    sentence in `notes` for each config key not followed; "config" reads the keys as written
+    and clamps at any swiglu_limit, as SGLang's runner does (patch_model's reading, which then
+    follows the block itself unless router_keys="config")."""
     if not isinstance(config, dict):
         raise MoecError(
             [problem("--from-hf", "is not a JSON object", "a HF config.json")], kind="usage"

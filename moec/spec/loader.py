@@ -69,9 +69,13 @@ MAX_TEXT_BYTES = 1 << 22
 """The largest spec or config.json moec reads (4 MiB; real ones are a few KiB)."""
 
 
-STDIN_SAYS = "is standard input, which moec does not read: a spec is read from its file"
-"""What a path "-" (and no file of that name) is told: a spec's relative paths (a placement
-file) are its folder's, so moec reads it from a file."""
+def refuse_standard_input(path: Path, key: str, hint: str) -> None:
+    """A MoecError for the path "-" (where no file has that name): the usual name of standard
+    input, which moec does not read (a spec's relative paths, a placement file, are its
+    folder's; a config.json's folder holds its checkpoint)."""
+    if str(path) == "-" and not path.exists():
+        says = "is standard input, which moec does not read"
+        raise MoecError([problem(key, says, hint)], "-", kind="usage")
 
 
 def read_user_text(path: Path) -> str:
@@ -145,12 +149,7 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
             [problem("", "is an empty path", "the path of a TOML spec file")], "SPEC", kind="usage"
         )
     path = Path(path)
-    if str(path) == "-" and not path.exists():  # the usual name of standard input
-        raise MoecError(
-            [problem("", STDIN_SAYS, "the path of a TOML spec file, saved first")],
-            "-",
-            kind="usage",
-        )
+    refuse_standard_input(path, "", "a spec is read from its file: the path of a TOML spec file")
     try:
         text = read_user_text(path)
     except OSError as error:
