@@ -216,9 +216,14 @@ def test_init_swiglu_limit_becomes_silu_clamped(tmp_path, capsys):
 
 
 def test_init_per_tensor_fp8(tmp_path, capsys):
+    """FineGrainedFP8Config's weight_block_size None is per-tensor scales."""
     config = {
         **DEEPSEEK_V2_LITE,
-        "quantization_config": {"quant_method": "fp8", "activation_scheme": "static"},
+        "quantization_config": {
+            "quant_method": "fp8",
+            "activation_scheme": "static",
+            "weight_block_size": None,
+        },
     }
     spec_path = tmp_path / "spec.toml"
     assert (
@@ -230,6 +235,31 @@ def test_init_per_tensor_fp8(tmp_path, capsys):
         "static",
         "quantized",
     )
+
+
+def test_init_fp8_without_weight_block_size_is_its_default_block(tmp_path, capsys):
+    """Left out, weight_block_size is FineGrainedFP8Config's default (128, 128), as transformers
+    loads the checkpoint, not per-tensor scales; with static activations (per-tensor input
+    scales beside 128x128 weight blocks, which moec does not run) the spec is refused by key."""
+    config = {**DEEPSEEK_V2_LITE, "quantization_config": {"quant_method": "fp8"}}
+    spec_path = tmp_path / "spec.toml"
+    assert (
+        init(capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path))[0] == 0
+    )
+    quant = load_spec(spec_path).spec.quant
+    assert (quant.scheme, quant.weight_block, quant.checkpoint) == (
+        "fp8_block",
+        [128, 128],
+        "quantized",
+    )
+    static = {"quant_method": "fp8", "activation_scheme": "static"}
+    config = {**DEEPSEEK_V2_LITE, "quantization_config": static}
+    refused = tmp_path / "x.toml"
+    code, _, err = init(
+        capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(refused)
+    )
+    assert code == 2 and "activation_scheme" in err and "Traceback" not in err
+    assert not refused.exists()
 
 
 # --- configs moec cannot run: exit 2, one message naming the key, no spec written -------------

@@ -502,8 +502,13 @@ def _quant_from(reader: ConfigReader, moe: ConfigReader) -> dict[str, Any]:
         return {"scheme": "mxfp4", **shared, **written, "checkpoint": "quantized"}
     if method == "mxfp8":
         return {"scheme": "mxfp8", **written, "checkpoint": "quantized"}
-    # a written block, even [] (the spec's rules report it), or one --set gives
-    if method == "fp8" and (block is not None or reader.overridden("quant.weight_block")):
+    # a written block, even [] (the spec's rules report it), one --set gives, or none written:
+    # FineGrainedFP8Config's default is (128, 128); only a written null is per-tensor scales
+    if method == "fp8" and (
+        block is not None
+        or reader.overridden("quant.weight_block")
+        or "weight_block_size" not in quantization
+    ):
         block = [128, 128] if block is None else block  # the --set value replaces it
         return {"scheme": "fp8_block", "weight_block": block, **written, "checkpoint": "quantized"}
     if method == "fp8":

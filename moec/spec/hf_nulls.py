@@ -40,9 +40,10 @@ EVERY_TYPE = frozenset(
 """Keys whose null is the key left out for every model type moec reads."""
 
 QUANTIZATION = frozenset({"weight_block_size", "fmt", "expert_dtype"})
-"""Keys of `quantization_config` whose null transformers reads as moec reads it left out:
-FineGrainedFP8Config's weight_block_size None is per-tensor scales (moec's fp8_per_tensor),
-expert_dtype None not "fp4" (fp8 experts), fmt is not read. Its activation_scheme None fails
+"""Keys of `quantization_config` whose null transformers takes as a value, not a wrong type:
+FineGrainedFP8Config's weight_block_size None is per-tensor scales (moec's fp8_per_tensor; left
+out, it is the class's default (128, 128), which hf._quant_from reads apart), expert_dtype None
+not "fp4" (fp8 experts), fmt is not read. Its activation_scheme None fails
 (`.lower()`), and quant_method is required."""
 
 _DEEPSEEK_V3 = ("scoring_func", "swiglu_limit", "topk_method")
