@@ -262,6 +262,36 @@ def test_init_fp8_without_weight_block_size_is_its_default_block(tmp_path, capsy
     assert not refused.exists()
 
 
+def test_init_notes_the_fp8_loading_keys_it_does_not_follow(tmp_path, capsys):
+    """dequantize = true (transformers runs bf16 weights) and modules_to_not_convert naming
+    the MoE block's modules (kept bf16 there) are not followed: the spec says so in a comment
+    naming the key; modules outside the block (lm_head) and dequantize = false change nothing."""
+    quantization = {
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+        "dequantize": True,
+        "modules_to_not_convert": ["lm_head", "model.layers.3.mlp.experts", "x\ny.mlp"],
+    }
+    config = {**DEEPSEEK_V3, "quantization_config": quantization}
+    spec_path = tmp_path / "spec.toml"
+    assert (
+        init(capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path))[0] == 0
+    )
+    text = spec_path.read_text(encoding="utf-8")
+    comments = [line for line in text.splitlines() if line.startswith("# quantization_config.")]
+    assert len(comments) == 2, text
+    assert "dequantize = true is not followed" in comments[0]
+    assert '"model.layers.3.mlp.experts", "x\\ny.mlp"' in comments[1]
+    assert "lm_head" not in comments[1]
+    assert load_spec(spec_path).spec.quant.scheme == "fp8_block"
+    quantization.update(dequantize=False, modules_to_not_convert=["lm_head"])
+    spec_path.unlink()
+    assert (
+        init(capsys, "--from-hf", str(write_config(tmp_path, config)), "-o", str(spec_path))[0] == 0
+    )
+    assert "# quantization_config." not in spec_path.read_text(encoding="utf-8")
+
+
 # --- configs moec cannot run: exit 2, one message naming the key, no spec written -------------
 
 

@@ -230,7 +230,10 @@ def spec_data_from_config(
     if layer_type == "hash_moe":  # tid2eid[token_id] chooses: a table of vocab_size rows
         raw["router"]["topk_method"] = "hash"
         raw["model"]["vocab_size"] = reader.integer("vocab_size", "model.vocab_size", required=True)
-    raw["quant"] = _quant_from(hf_families.reader_of(source, "quantization_config"), reader)
+    quant_holder = hf_families.reader_of(source, "quantization_config")
+    raw["quant"] = _quant_from(quant_holder, reader)
+    if notes is not None and raw["quant"]["scheme"] != "bf16":
+        notes.extend(_loading_notes(quant_holder, raw["quant"]["scheme"]))
     activation = _activation_from(reader, family, clamp_as, source.model_type, notes)
     if activation:
         raw["activation"] = activation
@@ -526,6 +529,38 @@ def _quant_from(reader: ConfigReader, moe: ConfigReader) -> dict[str, Any]:
     else:
         sub.report("quant_method", method, "is not a scheme moec runs", '"fp8" or "mxfp8"')
     return {"scheme": "bf16"}
+
+
+def _loading_notes(reader: ConfigReader, scheme: str) -> list[str]:
+    """What FineGrainedFP8Config's loading keys change in transformers that this layer does
+    not follow: `dequantize` (bf16 weights and GEMMs) and `modules_to_not_convert` (or MiniMax's
+    `ignored_layers`) naming modules of the MoE block (those weights stay bf16 there)."""
+    quantization = reader.config.get("quantization_config")
+    if not isinstance(quantization, dict):
+        return []
+    notes = []
+    if quantization.get("dequantize") is True:
+        notes.append(
+            f"{reader.prefix}quantization_config.dequantize = true is not followed: transformers "
+            f"dequantizes the weights to bf16 on load and runs bf16 GEMMs; this layer runs "
+            f"{scheme} GEMMs on the checkpoint's weights (its error bound against that module); "
+            "--set quant.scheme=bf16 --set quant.checkpoint=bf16 takes a bf16 checkpoint"
+        )
+    kept = quantization.get("modules_to_not_convert", quantization.get("ignored_layers"))
+    named = [
+        name
+        for name in (kept if isinstance(kept, list) else [])
+        if isinstance(name, str) and ("expert" in name or "mlp" in name)
+    ]
+    if named:
+        shown = ", ".join(json.dumps(name) for name in named[:3])
+        more = f" and {len(named) - 3} more" if len(named) > 3 else ""
+        notes.append(
+            f"{reader.prefix}quantization_config.modules_to_not_convert names {shown}{more}: "
+            f"transformers keeps those weights bf16; this layer quantizes every expert weight "
+            f"it loads to {scheme} (bf16 checkpoint tensors are quantized on load)"
+        )
+    return notes
 
 
 def _expert_dtype(quantization: ConfigReader, moe: ConfigReader) -> str | None:
