@@ -439,9 +439,25 @@ def _activation_from(
         limit = family.swiglu_limit if limit is None else limit
         if limit:  # 0 is how configs say "no clamp"; a negative limit is the spec's to reject
             return {"kind": "silu_clamped", "swiglu_limit": limit}
+        if limit == 0 and family.clamps and clamp_as == "block":
+            _refuse_zero_limit(reader, model_type)
     elif notes is not None and not reader.overridden("activation"):
         _note_unread_limit(reader, model_type, notes)
     return None
+
+
+def _refuse_zero_limit(reader: ConfigReader, model_type: str) -> None:
+    """A swiglu_limit of 0 where the block clamps: transformers' block then clamps its experts'
+    SwiGLU at 0 and they output 0, while 0 is no clamp to moec (and to DeepSeek's code)."""
+    if reader.overridden("activation"):
+        return
+    reader.report(
+        "swiglu_limit",
+        reader.config.get("swiglu_limit"),
+        f"makes transformers' {model_type} MoE block clamp its experts' SwiGLU at 0, so that "
+        "they output 0; moec reads 0 as no clamp, as DeepSeek's code does",
+        "a positive swiglu_limit, or --set activation.kind=silu for no clamp",
+    )
 
 
 _SILU_NAMES = (None, "silu", "swish")

@@ -404,7 +404,10 @@ def _report(reader: ConfigReader, key: str, message: str, hint: str) -> None:
 
 def _v4_layer_counts(reader: ConfigReader) -> tuple[str, dict[str, int] | None]:
     """(the key the layer types come from, {layer type: count}); None when it is unusable."""
-    layers = reader.integer("num_hidden_layers", "model")
+    layers = reader.integer("num_hidden_layers", "num_hidden_layers")
+    written = reader.config.get("num_hidden_layers") is not None
+    if written and (layers is None or layers <= 0):  # recorded, or check_moe_layers says why
+        return "num_hidden_layers", None
     layers = V4_DEFAULT_LAYERS if layers is None else layers
     if reader.config.get("mlp_layer_types") is not None:
         types = reader.config["mlp_layer_types"]
@@ -416,7 +419,15 @@ def _v4_layer_counts(reader: ConfigReader) -> tuple[str, dict[str, int] | None]:
                 'a list of "moe" and "hash_moe"',
             )
             return "mlp_layer_types", None
-        types = types[:layers]
+        if len(types) < layers:  # transformers' validate_layer_type refuses it
+            reader.report(
+                "mlp_layer_types",
+                types,
+                f"has {len(types)} entries, fewer than the model's num_hidden_layers = {layers}",
+                "one entry per layer (transformers reads the first num_hidden_layers)",
+            )
+            return "mlp_layer_types", None
+        types = types[:layers]  # as transformers' __post_init__ cuts it
         return "mlp_layer_types", {name: types.count(name) for name in LAYER_TYPES}
     hashed = reader.integer("num_hash_layers", "router.topk_method")
     hashed = min(max(V4_DEFAULT_HASH_LAYERS if hashed is None else hashed, 0), layers)

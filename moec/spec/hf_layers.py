@@ -16,7 +16,6 @@ default for the model type (FIRST_K_DENSE).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from moec.errors import problem
 from moec.spec.hf_values import ConfigReader
@@ -100,13 +99,18 @@ _TYPES = 'a list of "dense" and "sparse"'
 
 
 def check_moe_layers(reader: ConfigReader, model_type: str) -> None:
-    """Record a problem, naming the key, when the config leaves the model no MoE layer."""
+    """Record a problem, naming the key, when the config leaves the model no MoE layer (or
+    writes a count of layers that is no count)."""
+    layers = _count(reader, "num_hidden_layers")
+    if layers == 0:
+        reader.report("num_hidden_layers", 0, "leaves the model no MoE layer: it has none", HINT)
+    if layers == 0 or layers is _NO_COUNT:
+        return
     if model_type in SPARSE_STEP:
         _check_sparse_step(reader, *SPARSE_STEP[model_type])
     rule = FIRST_K_DENSE.get(model_type)
     if rule is None:
         return
-    layers = _count(reader.get("num_hidden_layers", hint=_INTEGER))
     shown_layers = f"num_hidden_layers = {layers}"
     if layers is None:
         layers, shown_layers = rule.layers, f"num_hidden_layers (absent: {rule.layers})"
@@ -131,7 +135,9 @@ def check_moe_layers(reader: ConfigReader, model_type: str) -> None:
             reader.problems.append(problem(reader.prefix + "mlp_layer_types", message, HINT))
         return
     written = reader.get(rule.key, hint=_INTEGER)
-    dense = _count(written)
+    dense = _count(reader, rule.key)
+    if dense is _NO_COUNT:
+        return
     if written is None:
         dense = rule.dense
     if dense is None or dense < layers:
@@ -144,17 +150,30 @@ def check_moe_layers(reader: ConfigReader, model_type: str) -> None:
         reader.report(rule.key, written, f"leaves the model no MoE layer: {why}", HINT)
 
 
-def _count(value: Any) -> int | None:
-    """An integer as written (not a bool); None for anything else (its type is not checked
-    here)."""
-    return value if type(value) is int else None
+_NO_COUNT = -1
+"""What _count returns for a value that is no count of layers (recorded as a problem)."""
+
+
+def _count(reader: ConfigReader, key: str) -> int | None:
+    """A count of layers as written: an integer >= 0 (None: left out or null; _NO_COUNT, with
+    a problem recorded, for another type or a negative integer, which transformers' strict
+    config classes refuse)."""
+    value = reader.config.get(key)
+    if value is None:
+        return None
+    if reader.integer(key, key) is None:  # the type's problem recorded
+        return _NO_COUNT
+    if value < 0:
+        reader.report(key, value, "is negative, not a count of layers", "an integer >= 0")
+        return _NO_COUNT
+    return value
 
 
 def _check_sparse_step(reader: ConfigReader, dense: tuple[int, ...], default_layers: int) -> None:
     """Qwen3-MoE's rule: a problem when mlp_only_layers and decoder_sparse_step leave no layer
     MoE (each key as written, or transformers' default)."""
     config = reader.config
-    layers = _count(reader.get("num_hidden_layers", hint=_INTEGER))
+    layers = _count(reader, "num_hidden_layers")
     layers = default_layers if layers is None else layers
     only = reader.get("mlp_only_layers", list(dense), hint="a list of layer indices")
     step = reader.get("decoder_sparse_step", 1, hint=_INTEGER)
