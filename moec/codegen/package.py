@@ -189,6 +189,7 @@ def _layer_fields(plan: Plan, calls: list[str]) -> dict[str, Any]:
         "empty_returns_early": layer.ep == 1,
         "side_stream": bool(side_stream_stages(plan)),
         "workspace": bool(workspace(plan)),
+        "scratch": scratch(plan),
         "tables": bool(tables(plan)),
         "record_load": layer.record_load,
         "router_parts": _router_parts(plan),
@@ -310,6 +311,13 @@ def workspace(plan: Plan) -> list[dict[str, Any]]:
         for stage in plan.order()
         for name, tensor_type in stage.workspace.items()
     ]  # fmt: skip
+
+
+def scratch(plan: Plan) -> list[str]:
+    """The workspace buffers the kernels use within a call and leave zero (not the tables, not
+    the expert load a layer records): zeroed again when the weights are set."""
+    kept = {row["name"] for row in tables(plan)} | {"expert_counts"}
+    return [row["name"] for row in workspace(plan) if row["name"] not in kept]
 
 
 def tables(plan: Plan) -> list[dict[str, Any]]:

@@ -134,15 +134,19 @@ class MoELayer(nn.Module):
             raise ValueError(f"{NAME}: x must be [T, {HIDDEN}], got {list(x.shape)}")
         if x.dtype != DTYPE:
             raise ValueError(f"{NAME}: x must be {DTYPE}, got {x.dtype}")
-        # one set of devices (a few us a call: the parameters are the layer's own, no submodules)
+        # one set of devices (a few us a call: the tensors are the layer's own, no submodules)
         devices = {tensor.device for tensor in self._parameters.values()}
         if len(devices) != 1 or x.device not in devices or x.is_meta:
             self._refuse_devices(x, devices)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         """The forward's computation, after the checks."""
+        if torch.is_autocast_enabled(x.device.type):
+            # the stages compute in the dtypes of the build (the router in fp32), not autocast's
+            with torch.autocast(x.device.type, enabled=False):
+                return self._forward(x)
         if x.shape[0] == 0:
-            return torch.empty_like(x)
+            return x.new_empty(x.shape)
         # x itself, unless a view with torch's negation bit (which the kernels do not read)
         x = x.resolve_neg()
         # logits: fp32[T, E]
@@ -176,6 +180,7 @@ class MoELayer(nn.Module):
         (name, tensor) pairs); names are taken after `prefix`, e.g. "model.layers.3.mlp.".
         Work of more than a second draws a progress line on stderr when it is a terminal."""
         self._refuse_meta("load_weights")
+        self._refuse_inference("load_weights")
         if (
             isinstance(source, dict)
             and source
@@ -187,7 +192,7 @@ class MoELayer(nn.Module):
             )
         with self._progress("loading weights"):
             weights.load(self, source, prefix)
-        self.weights_set = True
+        self._weights_set()
         return self
 
     def random_(self, seed: int = 0) -> "MoELayer":
@@ -207,10 +212,15 @@ class MoELayer(nn.Module):
                 f"got {seed!r}"
             )
         self._refuse_meta("random_")
+        self._refuse_inference("random_")
         with self._progress("random weights"):
             weights.randomize(self, seed)
-        self.weights_set = True
+        self._weights_set()
         return self
+
+    def _weights_set(self) -> None:
+        """After every tensor of the weights is set: forward may run."""
+        self.weights_set = True
 
     def _progress(self, work: str) -> progress.Progress:
         """A line on stderr about `work` while it runs, on a terminal, drawn by rank 0 only."""
@@ -357,7 +367,7 @@ class MoELayer(nn.Module):
         if len(error_msgs) == errors and all(
             prefix + name in state_dict for name in self._parameters
         ):
-            self.weights_set = True
+            self._weights_set()
 
     def _placement_problem(self, given: dict, assign: bool, prefix: str = "") -> str:
         """Why the parameters `given` cannot be loaded ("" when they can): copied (not
@@ -374,7 +384,24 @@ class MoELayer(nn.Module):
                 "the layer is on the meta device, which holds no values to copy into: load "
                 "with assign=True, or move it with .to_empty(device=...) first"
             )
-        return ""
+        return self._inference_problem()
+
+    def _inference_problem(self) -> str:
+        """Why the parameters cannot be written in place here ("" when they can): tensors made
+        under torch.inference_mode take in-place writes only inside it."""
+        if torch.is_inference_mode_enabled() or not any(
+            tensor.is_inference() for tensor in self._parameters.values()
+        ):
+            return ""
+        return (
+            "the layer's parameters were made under torch.inference_mode, and are written in "
+            "place only inside it: load there too, or make the layer outside it"
+        )
+
+    def _refuse_inference(self, call: str) -> None:
+        wrong = self._inference_problem()
+        if wrong:
+            raise ValueError(f"{NAME}: {call}: {wrong}; the layer is unchanged")
 
     def to_empty(self, *, device, recurse: bool = True) -> "MoELayer":
         """Parameters on `device`, uninitialized again: load_weights or random_ before the next
@@ -494,10 +521,9 @@ class MoELayer(nn.Module):
 def moe_forward(
     x: torch.Tensor, params: list[torch.Tensor], layer: int
 ) -> torch.Tensor:
-    """MoELayer.forward as a torch custom op: the layer `layer` (an op_id), whose parameters
-    are `params` (passed so the graph depends on them), on tokens x; checked as the eager
-    forward checks it."""
-    this = _LAYERS[layer]
+    """MoELayer.forward as a torch custom op: the layer `layer` (an op_id) computing with the
+    parameters `params`, on tokens x; checked as the eager forward checks it."""
+    this = _running(layer, params)
     with torch.no_grad():
         this._check(x)
         return this._forward(x)
@@ -505,7 +531,44 @@ def moe_forward(
 
 @moe_forward.register_fake
 def _(x: torch.Tensor, params: list[torch.Tensor], layer: int) -> torch.Tensor:
-    return torch.empty_like(x)
+    # the forward's output is row-major, whatever x's strides
+    return x.new_empty(x.shape)
+
+
+def _running(layer: int, params: list[torch.Tensor]) -> MoELayer:
+    """The layer the custom op runs: op_id `layer`'s, with the tensors the graph passes. They
+    are its own, but for a compiled torch.func.functional_call or a saved torch.export program
+    loaded elsewhere (or a functionalized graph's copy of the counts): then a view of the layer
+    that computes with them. Where that layer is gone (a program exported from it, loaded in
+    another process), another layer of this package lends its workspace."""
+    this = _LAYERS.get(layer) or next(iter(_LAYERS.values()), None)
+    if this is None:
+        raise RuntimeError(
+            f"{NAME}: the custom op runs with a MoELayer of this package, and this process has "
+            "none: make one (MoELayer(device=...)) before running an exported program"
+        )
+    own = this._parameters
+    if len(params) != len(own):
+        raise ValueError(
+            f"{NAME}: the custom op takes the layer's {len(own)} parameters, got {len(params)}"
+        )
+    if all(map(_same, params, own.values())):
+        return this
+    view = object.__new__(MoELayer)
+    view.__dict__.update(this.__dict__)
+    view._parameters = dict(zip(own, params))
+    return view
+
+
+def _same(given: torch.Tensor, own: torch.Tensor) -> bool:
+    """Whether `given` holds the layer's tensor `own` (itself, or its memory seen alike)."""
+    return given is own or (
+        given.data_ptr() == own.data_ptr()
+        and given.shape == own.shape
+        and given.dtype == own.dtype
+        and given.stride() == own.stride()
+        and given.device == own.device
+    )
 
 
 def _written(args: tuple, kwargs: dict) -> str:
