@@ -556,7 +556,7 @@ def _running(layer: int, params: list[torch.Tensor]) -> MoELayer:
         return this
     view = object.__new__(MoELayer)
     view.__dict__.update(this.__dict__)
-    view._parameters = dict(zip(own, params))
+    view._parameters = dict(zip(own, params, strict=True))
     return view
 
 
