@@ -11,6 +11,8 @@ Found wrong before this file:
   that op_id there. The op now computes with the tensors it is given, beside the workspace of
   the layer of that op_id or, where it is gone, of another layer of the package (and refuses
   clearly where there is none).
+- random_ under torch.set_default_dtype(torch.float64) drew its bias in float64 and refused it;
+  .to("hpu") on a torch without it raised a raw ModuleNotFoundError.
 - A layer that records its expert load declared its op free of mutation: under aot_eager a
   reset before a compiled forward wiped the forward's counts, and under inductor a read before
   the forward saw them. The counts are now an argument the op mutates.
@@ -182,3 +184,24 @@ def test_a_layer_with_buffers_on_meta_is_refused_by_name(load_layer, interpreted
     layer._buffers["gate_counters"] = torch.empty_like(layer.gate_counters, device="meta")
     with pytest.raises(ValueError, match="meta"):
         layer(_x(1))
+
+
+def test_random_weights_whatever_the_default_dtype(package):
+    """random_ drew in torch's default dtype: under float64 its bias was refused as built."""
+    x = _x(4)
+    expected = package.MoELayer().random_(1)(x)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        layer = package.MoELayer().random_(1)
+    finally:
+        torch.set_default_dtype(before)
+    assert torch.equal(layer(x), expected)
+
+
+def test_a_move_to_a_device_torch_lacks_is_refused_by_name(package):
+    layer, x = package.MoELayer().random_(1), _x(4)
+    expected = layer(x)
+    with pytest.raises(ValueError, match="cannot move the layer: .*; it is unchanged"):
+        layer.to("hpu")
+    assert torch.equal(layer(x), expected)

@@ -302,25 +302,29 @@ def _format_of(name: str, spec: LayerWeights) -> WeightFormat:
 def randomize(layer, seed: int, spec: LayerWeights) -> None:
     """Random weights of realistic scale: N(0, 1/fan_in) per expert, drawn per global expert so
     every rank layout builds the same layer; the router weight N(0, 1/hidden) rounded to bf16,
-    as DeepSeek's checkpoints store it; router bias N(0, 0.02)."""
+    as DeepSeek's checkpoints store it; router bias N(0, 0.02). Drawn in fp32, whatever torch's
+    default dtype."""
     device = next(layer.parameters()).device
     generator = torch.Generator(device=device)
 
     def normal(rows: int, cols: int, stream: int) -> torch.Tensor:
         generator.manual_seed(seed * 100_003 + stream)
-        return torch.randn(rows, cols, generator=generator, device=device) / math.sqrt(cols)
+        draw = torch.randn(rows, cols, generator=generator, device=device, dtype=torch.float32)
+        return draw / math.sqrt(cols)
 
     router = normal(spec.routed_experts, spec.hidden, 0)
     values = {"gate_weight": router.to(torch.bfloat16).float()}
     if spec.hash_table:  # k distinct experts per token id
         generator.manual_seed(seed * 100_003 + 2)
         vocab, top_k = spec.hash_table
-        draws = torch.rand(vocab, spec.routed_experts, generator=generator, device=device)
+        draws = torch.rand(
+            vocab, spec.routed_experts, generator=generator, device=device, dtype=torch.float32
+        )
         values["tid2eid"] = draws.argsort(dim=1)[:, :top_k].to(torch.int32)
     if spec.has_bias:
         generator.manual_seed(seed * 100_003 + 1)
         values["gate_bias"] = 0.02 * torch.randn(
-            spec.routed_experts, generator=generator, device=device
+            spec.routed_experts, generator=generator, device=device, dtype=torch.float32
         )
 
     rank = layer.rank if spec.tp > 1 else 0
@@ -336,8 +340,8 @@ def randomize(layer, seed: int, spec: LayerWeights) -> None:
         }
         out = _split_rank(weights, inter, rank, spec.tp, fmt)
         if fmt.static:  # static activation scales sized for unit-variance inputs (amax about 4)
-            out["w13_input"] = torch.tensor(4.0 / 448.0, device=device)
-            out["w2_input"] = torch.tensor(1.0 / 448.0, device=device)
+            out["w13_input"] = torch.tensor(4.0 / 448.0, device=device, dtype=torch.float32)
+            out["w2_input"] = torch.tensor(1.0 / 448.0, device=device, dtype=torch.float32)
         return out
 
     logical = _local_logical(layer, spec)

@@ -444,12 +444,13 @@ class MoELayer(nn.Module):
         model.half()): the tensors move, and keep the dtypes the layer was built for, which its
         kernels take (on the layer itself, a conversion to another dtype is refused)."""
         tensors = itertools.chain(self.parameters(), self.buffers())
-        try:  # .cuda() on a CPU-only torch raises an AssertionError: before any tensor moves
+        try:  # .cuda() on a CPU-only torch raises an AssertionError, .to("hpu") an ImportError:
+            # before any tensor moves
             target = {
                 (t.dtype, t.device): fn(torch.empty(0, dtype=t.dtype, device=t.device))
                 for t in tensors
             }
-        except (RuntimeError, AssertionError) as error:
+        except (RuntimeError, AssertionError, ImportError) as error:
             raise ValueError(
                 f"{NAME}: cannot move the layer: {error}; it is unchanged"
             ) from None
