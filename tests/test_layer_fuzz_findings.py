@@ -13,6 +13,8 @@ Found wrong before this file:
   clearly where there is none).
 - random_ under torch.set_default_dtype(torch.float64) drew its bias in float64 and refused it;
   .to("hpu") on a torch without it raised a raw ModuleNotFoundError.
+- A compiled call with an x the checks refuse (a list) made Dynamo skip forward from then on: a
+  later fullgraph compile failed inside the stages. The refusal now runs outside the graph.
 - A layer that records its expert load declared its op free of mutation: under aot_eager a
   reset before a compiled forward wiped the forward's counts, and under inductor a read before
   the forward saw them. The counts are now an argument the op mutates.
@@ -205,3 +207,14 @@ def test_a_move_to_a_device_torch_lacks_is_refused_by_name(package):
     with pytest.raises(ValueError, match="cannot move the layer: .*; it is unchanged"):
         layer.to("hpu")
     assert torch.equal(layer(x), expected)
+
+
+@pytest.mark.parametrize("first", [[1.0], "x", None])
+def test_a_refused_compiled_call_leaves_later_fullgraph_compiles_whole(package, first):
+    """An x the checks refuse raised while Dynamo traced forward, which then skipped forward
+    (for every layer of the package): a later fullgraph compile traced the stages and failed."""
+    layer, x = package.MoELayer().random_(1), _x(4)
+    expected = layer(x)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        torch.compile(layer, backend="aot_eager")(first)
+    assert torch.equal(torch.compile(layer, backend="aot_eager", fullgraph=True)(x), expected)

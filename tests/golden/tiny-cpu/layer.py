@@ -107,12 +107,14 @@ class MoELayer(nn.Module):
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Route each token to its top-4 experts and return the weighted sum plus the shared experts."""
-        if torch.compiler.is_compiling() and _traceable(x):
+        if torch.compiler.is_compiling():
             # torch.compile sees one opaque op, as serving engines treat an MoE layer: its
             # fake gives the output's shape; the graph and CUDA graphs capture around it. The
             # checks run inside the op, when the graph runs: an error raised while Dynamo
             # traces would make it skip forward from then on, for every layer of the package.
-            return moe_forward(x, list(self.parameters()), self.op_id)
+            if _traceable(x):
+                return moe_forward(x, list(self.parameters()), self.op_id)
+            return _outside_the_graph(self, x)  # what the checks refuse
         self._check(x)
         return self._forward(x)
 
@@ -576,6 +578,14 @@ def _written(args: tuple, kwargs: dict) -> str:
     """How a call of .to was written, for its message: .to('nonsense')."""
     named = (f"{key}={value!r}" for key, value in kwargs.items())
     return f".to({', '.join([*map(repr, args), *named])})"
+
+
+@torch.compiler.disable
+def _outside_the_graph(layer: MoELayer, x) -> torch.Tensor:
+    """The eager forward of an x the checks refuse, run outside the traced graph (a graph
+    break): the error is raised when the graph runs, not while Dynamo traces."""
+    layer._check(x)
+    return layer._forward(x)
 
 
 def _traceable(value) -> bool:
