@@ -11,6 +11,8 @@ Found wrong before this file:
   num_dense_layers, which transformers' strict config classes refuse) was read as the default.
 - DeepSeek-V4's mlp_layer_types with fewer entries than num_hidden_layers (transformers'
   validate_layer_type refuses it) was read as far as it went.
+- A composite model (Kimi-K2.5) took text_config's dtype where the outer config writes another,
+  which from_pretrained's dtype "auto" loads the weights in.
 """
 
 from __future__ import annotations
@@ -139,3 +141,20 @@ def test_deepseek_v4_layer_types_past_its_layers_are_cut_as_transformers_cuts_th
     assert _config(config).mlp_layer_types == ["moe", "moe"]
     spec = _accepted(tmp_path, capsys, config)
     assert spec.router.topk_method != "hash"
+
+
+# --- a composite model's dtype --------------------------------------------------------------
+
+
+def test_a_composite_models_dtype_is_the_outer_configs(tmp_path, capsys):
+    """from_pretrained's dtype "auto" reads the outer config's dtype: a Kimi-K2.5 made in fp32,
+    cast to bf16 and saved writes dtype bfloat16 outside and float32 in text_config, and its
+    weights load as bf16."""
+    from test_spec_hf_families import KIMI_K25
+
+    config = {**KIMI_K25, "dtype": "bfloat16", "text_config": {**KIMI_K25["text_config"]}}
+    config.pop("torch_dtype")
+    config["text_config"]["dtype"] = "float32"
+    assert _accepted(tmp_path, capsys, config).target.dtype == "bfloat16"
+    config.pop("dtype")  # then the text model's
+    assert _accepted(tmp_path, capsys, config).target.dtype == "float32"

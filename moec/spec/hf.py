@@ -241,7 +241,10 @@ def spec_data_from_config(
         block_notes = _follow_block(reader, family, source.model_type, raw)
         if notes is not None:
             notes.extend(block_notes)
-    dtype_holder = hf_families.reader_of(source, "torch_dtype", "dtype")
+    # from_pretrained's dtype "auto" is the outer config's (a composite model's sub-configs'
+    # dtypes are not read); text_config's where the outer config writes none
+    outer_dtype = any(source.outer.config.get(key) is not None for key in ("torch_dtype", "dtype"))
+    dtype_holder = source.outer if outer_dtype else source.reader
     raw["target"] = {"device": "cuda", "dtype": _dtype_from(dtype_holder)}
     outer.raise_problems()
     return raw
