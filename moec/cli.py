@@ -275,7 +275,11 @@ def _refuse_inside_a_build(args: argparse.Namespace) -> None:
     out = getattr(args, "out", None)
     if args.command == "build" or not out or out == "-":
         return
-    inside = package_holding(Path(os.path.abspath(out)).parent)
+    # the folder the OS writes in: `link/..` is the folder above link's target (abspath would
+    # say link's own folder); a path ending in `..` names a folder, refused as one later
+    name = os.path.basename(out)
+    folder = os.path.dirname(os.path.abspath(out) if name in ("", ".", "..") else out)
+    inside = package_holding(Path(folder or "."))
     if inside is not None:
         raise MoecError(
             [
@@ -306,7 +310,7 @@ def _validate(args: argparse.Namespace) -> int:
             print(error.report(), file=sys.stderr)
             failed = True
             continue
-        print(f"{path}: ok" if len(args.specs) > 1 else "ok")
+        print(f"{shown_path(path)}: ok" if len(args.specs) > 1 else "ok")
     return 2 if failed else 0
 
 

@@ -83,7 +83,7 @@ def _folder_with_a_spec(target: Path) -> None:
 
 
 NOT_MOEC = {
-    "user folder": (_user_folder, "holds no moec build"),
+    "user folder": (_user_folder, "holds no .moec-build marker"),
     "user file": (_user_file, "it is a file"),
     "symlink to a folder": (_symlink_to_folder, "symbolic link"),
     "dangling symlink": (_dangling_symlink, "symbolic link"),
@@ -91,7 +91,7 @@ NOT_MOEC = {
     "build with a user file": (_build_with_user_file, "my_notes.md was not written by moec"),
     "build with an edited file": (_build_with_edited_file, "layer.py was changed"),
     "user file in __pycache__": (_build_with_user_file_in_pycache, "__pycache__"),
-    "folder with only a spec": (_folder_with_a_spec, "holds no moec build"),
+    "folder with only a spec": (_folder_with_a_spec, "holds no .moec-build marker"),
 }
 
 
@@ -130,11 +130,19 @@ def test_rebuild_replaces_a_previous_build_even_after_import(tmp_path, capsys):
     _no_hidden_copies(tmp_path)
 
 
-def test_a_build_from_before_the_marker_is_replaced(tmp_path):
+def test_a_build_without_its_marker_is_refused(tmp_path):
+    """Files that all start as moec's, but no marker (a build from before it, or a copy by
+    `cp pkg/*`): moec cannot tell them from edited ones, so the folder is not replaced."""
     moec.build(TINY, tmp_path)
-    (tmp_path / "tiny_cpu" / MARKER).unlink()  # as moec wrote packages before the marker
-    assert moec.build(TINY, tmp_path).written
-    assert (tmp_path / "tiny_cpu" / MARKER).exists()
+    (tmp_path / "tiny_cpu" / MARKER).unlink()
+    before = snapshot(tmp_path)
+    with pytest.raises(MoecError) as caught:
+        moec.build(TINY, tmp_path, ["router.routed_scaling_factor=2.0"])
+    assert caught.value.kind == "usage"
+    assert "holds no .moec-build marker, so moec cannot tell its files from edited ones" in str(
+        caught.value
+    )
+    assert snapshot(tmp_path) == before
 
 
 def test_an_empty_folder_is_taken(tmp_path):

@@ -177,7 +177,8 @@ def _exchange(first: Path, second: Path) -> bool:
         ctypes.c_char_p,
         ctypes.c_uint,
     ]
-    paths = (os.fsencode(os.path.abspath(first)), os.fsencode(os.path.abspath(second)))
+    # as given, as os.rename takes them: os.path.abspath would make `link/..` link's folder
+    paths = (os.fsencode(first), os.fsencode(second))
     return renameat2(_AT_FDCWD, paths[0], _AT_FDCWD, paths[1], _RENAME_EXCHANGE) == 0
 
 
