@@ -15,6 +15,8 @@ Found wrong before this file:
   .to("hpu") on a torch without it raised a raw ModuleNotFoundError.
 - A compiled call with an x the checks refuse (a list) made Dynamo skip forward from then on: a
   later fullgraph compile failed inside the stages. The refusal now runs outside the graph.
+- A parameter replaced by one of another shape or dtype (or None) failed inside a stage at the
+  next forward; it is now refused when set.
 - A layer that records its expert load declared its op free of mutation: under aot_eager a
   reset before a compiled forward wiped the forward's counts, and under inductor a read before
   the forward saw them. The counts are now an argument the op mutates.
@@ -218,3 +220,30 @@ def test_a_refused_compiled_call_leaves_later_fullgraph_compiles_whole(package, 
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         torch.compile(layer, backend="aot_eager")(first)
     assert torch.equal(torch.compile(layer, backend="aot_eager", fullgraph=True)(x), expected)
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "error", "match"),
+    [
+        (
+            "gate_weight",
+            lambda t: t[:8].clone(),
+            ValueError,
+            r"gate_weight must be .* got .* \[8, ",
+        ),
+        ("w13", lambda t: t.to(torch.bfloat16), ValueError, "w13 must be torch.float8_e4m3fn"),
+        ("w2", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2), ValueError, "contiguous"),
+        ("w2", None, TypeError, "w2 must be a parameter"),
+    ],
+)
+def test_a_replaced_parameter_is_checked_when_set(package, name, make, error, match):
+    """`layer.w13 = nn.Parameter(...)` of another shape or dtype, or None, failed inside a
+    stage at the next forward (torch's own error): refused when set, the layer unchanged."""
+    layer, x = package.MoELayer().random_(1), _x(4)
+    expected, own = layer(x), getattr(layer, name)
+    value = None if make is None else torch.nn.Parameter(make(own.detach()), requires_grad=False)
+    with pytest.raises(error, match=match):
+        setattr(layer, name, value)
+    assert getattr(layer, name) is own and torch.equal(layer(x), expected)
+    setattr(layer, name, torch.nn.Parameter(own.detach().clone(), requires_grad=False))
+    assert torch.equal(layer(x), expected)  # one of its shape and dtype is taken

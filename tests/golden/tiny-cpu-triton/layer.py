@@ -97,6 +97,33 @@ class MoELayer(nn.Module):
         state["pickled_as_bytes"] = as_bytes
         return state
 
+    def __setattr__(self, name: str, value) -> None:
+        """nn.Module's, with a parameter replaced (`layer.w13 = nn.Parameter(...)`) checked
+        first: the stages take each parameter in the shape and dtype of the build."""
+        if name in weights.PARAMETERS and name in self.__dict__.get("_parameters", ()):
+            shape, dtype = weights.PARAMETERS[name]
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{NAME}: {name} must be a parameter {dtype} {list(shape)}, got "
+                    f"{type(value).__name__}; it is unchanged"
+                )
+            if tuple(value.shape) != tuple(shape) or value.dtype != dtype:
+                raise ValueError(
+                    f"{NAME}: {name} must be {dtype} {list(shape)}, got {value.dtype} "
+                    f"{list(value.shape)}; it is unchanged"
+                )
+            if (
+                not value.is_contiguous() or value.is_neg()
+            ):  # the kernels read dense rows
+                raise ValueError(
+                    f"{NAME}: {name} must be contiguous and hold its values (strides "
+                    f"{list(value.stride())}{', negation bit' if value.is_neg() else ''}): pass "
+                    "tensor.contiguous().resolve_neg(); it is unchanged"
+                )
+        super().__setattr__(name, value)
+        if name == "gate_parts" and not value.is_meta:  # the parts the kernels read
+            expert_weights.count_router_parts(self)
+
     def __setstate__(self, state: dict) -> None:
         """A copy (copy.deepcopy, torch.load, pickle) is a layer of its own: its own key in
         _LAYERS, so that the custom op runs the copy's weights, not the original's."""
