@@ -7,7 +7,10 @@ torchrun, one process per rank (per GPU on a CUDA host, gloo on a CPU).
 
 Each rank builds the package's MoELayer on the process group, gives it weights (random ones
 here, the same on every rank for one seed; `load_weights(folder)` reads only this rank's
-experts), and runs its own tokens: the layer exchanges the rows between the ranks itself.
+experts), and runs tokens: an expert-parallel rank its own (the layer exchanges the rows between
+the ranks itself), a tensor-parallel rank the same tokens as every other rank (each computes a
+slice of every expert, and the layer adds the slices: a rank with other tokens, or none, breaks
+the sum or waits for it).
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ def main() -> None:
         layer = package.MoELayer(group=dist.group.WORLD, device=device).random_(0)
         hidden = package.SPEC["model"]["hidden_size"]
         dtype = getattr(torch, package.SPEC["target"]["dtype"])
-        tokens = 8 + rank  # each rank its own batch, of its own size
-        x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(rank))
+        tensor_parallel = package.SPEC["parallel"]["tp_size"] > 1
+        own = 0 if tensor_parallel else rank  # an expert-parallel rank: its own batch and size
+        tokens = 8 + own
+        x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(own))
         out = layer(x.to(device=device, dtype=dtype))
         print(
             f"rank {rank} of {dist.get_world_size()}: {tokens} tokens -> {list(out.shape)}",

@@ -87,11 +87,14 @@ def test_two_ranks(load_layer, tmp_path):
         ([*_ep(2), "experts.layout=masked"], False, starve_rank_1),
         (_ep(2), False, everyone_to_5),
         (["parallel.tp_size=2", *FP8], True, {}),
+        # replicas on tensor-parallel ranks: the one placement row, of the one EP rank, on
+        # each (rank 1 read a second row, which is not there)
+        (["parallel.tp_size=2", "parallel.redundant_experts=2"], True, {}),
     ]
     split = [0, 13, tokens]
     results = _run(load_layer, tmp_path, 2, cases, x, split)
     for (overrides, replicated, bias), outputs in zip(cases, results, strict=True):
-        one_rank = [o for o in overrides if "dispatch" not in o and "_size" not in o]
+        one_rank = [o for o in overrides if not o.startswith("parallel.")]
         expected = _one_rank(load_layer, x, one_rank, bias)
         out = outputs[0] if replicated else torch.cat(outputs)
         if replicated:
