@@ -142,3 +142,13 @@ def test_explain_shows_what_each_rank_sends(capsys):
     assert "NVLink" in text.split("T = 64")[1] and "network" in text.split("T = 64")[1]
     assert main(["explain", str(EXAMPLES / "tiny-cpu.toml")]) == 0
     assert "NVLink" not in capsys.readouterr().out  # one rank: no traffic columns
+
+
+def test_the_dispatch_reason_counts_the_experts_a_rank_holds():
+    """With replicas a rank holds more physical experts than its share of the logical ones:
+    the dispatch decision says so (it said 8 where the layer holds 10)."""
+    from moec.plan.resolve import _dispatch_reason
+
+    sets = ["parallel.ep_size=2", "parallel.dispatch=all2all", "parallel.redundant_experts=4"]
+    reason = _dispatch_reason(load_spec(EXAMPLES / "tiny-cpu.toml", sets).spec)
+    assert reason.startswith("10 experts per rank (of 20 physical: 4 replicas)")

@@ -280,6 +280,10 @@ def _dispatch_reason(spec: Spec) -> str:
         if parallel.tp_size > 1:
             return f"every rank holds all experts, 1/{parallel.tp_size} of each intermediate; outputs all-reduced"
         return "one rank holds every expert: tokens are permuted locally"
+    physical = spec.model.n_routed_experts + parallel.redundant_experts
+    held = f"{physical // parallel.ep_size} experts per rank"
+    if parallel.redundant_experts:  # the replicas are experts the ranks hold too
+        held += f" (of {physical} physical: {parallel.redundant_experts} replicas)"
     if parallel.dispatch == DispatchMode.all2all:
-        return f"{spec.model.n_routed_experts // parallel.ep_size} experts per rank; token rows exchanged with all_to_all_single"
-    return f"{spec.model.n_routed_experts // parallel.ep_size} experts per rank; DeepEP exchanges tokens over NVLink/RDMA"
+        return f"{held}; token rows exchanged with all_to_all_single"
+    return f"{held}; DeepEP exchanges tokens over NVLink/RDMA"
