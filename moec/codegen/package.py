@@ -315,10 +315,9 @@ def workspace(plan: Plan) -> list[dict[str, Any]]:
 
 
 def scratch(plan: Plan) -> list[str]:
-    """The workspace buffers the kernels use within a call and leave zero (not the tables, not
-    the expert load a layer records): zeroed again when the weights are set."""
-    kept = {row["name"] for row in tables(plan)} | {"expert_counts"}
-    return [row["name"] for row in workspace(plan) if row["name"] not in kept]
+    """The workspace buffers the kernels leave zero (the plan's stages say which): zeroed again
+    when the weights are set."""
+    return [name for stage in plan.order() for name in stage.zeroed_workspace()]
 
 
 def tables(plan: Plan) -> list[dict[str, Any]]:

@@ -54,7 +54,8 @@ class Stage:
     that still pass through memory), by name: the cost model counts them."""
     workspace: dict[str, TensorType] = field(default_factory=dict)
     """Buffers of the layer its kernels keep between calls, by attribute name: zeros when the
-    layer is made, in no checkpoint, left as found by every call."""
+    layer is made (or a table's values), in no checkpoint; which ones every call leaves zero,
+    zeroed_workspace says."""
     fused: tuple[StageKind, ...] = ()
     """Stage kinds folded into this one by the fuse pass."""
     syncs_host: bool = False
@@ -64,6 +65,11 @@ class Stage:
     note: str = ""
     origin: tuple[str, ...] = ()
     """Spec keys whose values led to this stage and its backend (for messages)."""
+
+    def zeroed_workspace(self) -> tuple[str, ...]:
+        """The workspace its kernels leave zero after every call: zeroed again when the layer's
+        weights are set, whatever an interrupted call left there."""
+        return tuple(self.workspace)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +136,10 @@ class Place(Stage):
     """Workspace buffers filled with these values when the layer is made, by name."""
     rank_tables: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
     """Workspace buffers filled with their rank's row of these values."""
+
+    def zeroed_workspace(self) -> tuple[str, ...]:
+        """None: its tables hold constants, and its load record counts across calls."""
+        return ()
 
 
 @dataclass(frozen=True, kw_only=True)
