@@ -194,7 +194,6 @@ def _layer_fields(plan: Plan, calls: list[str]) -> dict[str, Any]:
         "record_load": layer.record_load,
         "router_parts": _router_parts(plan),
         "sum_load": layer.ep > 1,  # each expert-parallel rank routes its own tokens
-        "expert_parallel": layer.ep > 1,
         "routed_experts": layer.routed_experts,
         "calls": calls,
         "forward_doc": f"Route each token to its top-{layer.top_k} experts and return the "

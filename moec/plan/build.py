@@ -287,17 +287,11 @@ def _place(plan: Plan) -> None:
     rank_tables: list = []
     workspace = {}
     if layer.placed and layer.replica_choice == ReplicaChoice.static:
-        rank_tables.append(
-            (
-                "replica_of",
-                tuple(
-                    map(
-                        tuple,
-                        placement.static_choice(layer.placement, layer.routed_experts, layer.nodes),
-                    )
-                ),
-            )
-        )
+        rows = placement.static_choice(layer.placement, layer.routed_experts, layer.nodes)
+        if layer.ep > 1:  # each expert-parallel rank its own row
+            rank_tables.append(("replica_of", tuple(map(tuple, rows))))
+        else:  # one row, the same on every (tensor-parallel) rank: a constant table
+            tables.append(("replica_of", tuple(rows[0])))
         workspace["replica_of"] = TensorType(I32, ("E",))
     elif layer.placed:
         table, counts = placement.replica_table(layer.placement, layer.routed_experts)
