@@ -315,6 +315,12 @@ def _cost_text(data: dict[str, Any]) -> list[str]:
             f"{row['floor_ms']:.4f} ms, peak {_mb(row['peak_bytes'])}, "
             f"{row['experts_hit']:.1f} experts hit"
         )
+        if row["beyond_max_num_tokens"]:
+            lines.append(
+                f"    (more than target.max_num_tokens = {data['target']['max_num_tokens']}: a "
+                f"forward of this package refuses {row['tokens']} tokens; --set "
+                f"target.max_num_tokens={row['tokens']} builds one that takes them)"
+            )
         sent_head = f" {'NVLink':>11} {'network':>11}" if ranks > 1 else ""
         lines.append(f"    {'stage':<28} {'bytes':>11} {'FLOPs':>11}{sent_head} {'floor ms':>11}")
         for stage in row["stages"]:  # a space before each column: a wide figure never joins two

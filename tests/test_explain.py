@@ -114,6 +114,20 @@ def test_text_default_tokens(capsys):
     assert [int(t) for t in re.findall(r"^  T = (\d+):", text, re.M)] == [1, 64, 4096]
 
 
+def test_tokens_past_max_num_tokens_are_marked(capsys):
+    """A cost row the package's forward would refuse says so, and how to build one that runs."""
+    code, text, _ = run(capsys, "explain", V3_FP8, "--tokens", "16384,16385")
+    assert code == 0
+    assert text.count("more than target.max_num_tokens = 16384") == 1
+    assert "refuses 16385 tokens; --set target.max_num_tokens=16385" in text
+    rows = explain_json(capsys, V3_FP8, "--tokens", "16384,16385")["cost"]
+    assert [row["beyond_max_num_tokens"] for row in rows] == [False, True]
+    code, text, _ = run(
+        capsys, "explain", V3_FP8, "--tokens", "16385", "--set", "target.max_num_tokens=16385"
+    )
+    assert code == 0 and "more than target.max_num_tokens" not in text
+
+
 def test_text_of_every_example(capsys):
     for path in sorted(EXAMPLES.glob("*.toml")):
         code, text, err = run(capsys, "explain", str(path), "--tokens", "1")
@@ -152,7 +166,16 @@ STAGE_KEYS = {
 }
 TYPE_KEYS = {"dtype", "shape", "layout", "label"}
 SCALE_KEYS = {"granularity", "dtype", "major", "tma_aligned", "pow2_scales"}
-COST_KEYS = {"tokens", "bytes", "flops", "floor_ms", "peak_bytes", "experts_hit", "stages"}
+COST_KEYS = {
+    "tokens",
+    "bytes",
+    "flops",
+    "floor_ms",
+    "peak_bytes",
+    "experts_hit",
+    "beyond_max_num_tokens",
+    "stages",
+}
 COST_STAGE_KEYS = {"stage", "bytes", "flops", "compute", "floor_ms", "link_bytes", "nic_bytes"}
 
 

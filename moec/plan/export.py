@@ -16,6 +16,7 @@ Top-level keys (pinned by tests/test_explain.py):
                     layout, scale?, record?, label}
     decisions     [{what, choice, reason}]
     cost          [{tokens, bytes, flops, floor_ms, peak_bytes, experts_hit,
+                    beyond_max_num_tokens (a forward of the package refuses this many),
                     stages: [{stage, bytes, flops, compute, floor_ms, link_bytes,
                     nic_bytes}]}]; past a GEMM split, the cost of the plan above it
     above         null, or with a GEMM split (gemm_backend auto per token bucket) the plan run
@@ -54,9 +55,17 @@ def plan_data(plan: Plan, spec, device: Device, tokens: list[int]) -> dict[str, 
         "choices": summary,
         "stages": stages,
         "decisions": [asdict(d) for d in plan.decisions],
-        "cost": [cost(plan.at(t), device, t).as_dict() for t in tokens],
+        "cost": [_cost_row(plan, device, t, spec.target.max_num_tokens) for t in tokens],
         "above": _above(plan, stages),
     }
+
+
+def _cost_row(plan: Plan, device: Device, tokens: int, bound: int) -> dict[str, Any]:
+    """The cost model's row at `tokens`, marked where a forward of the package would refuse
+    that many tokens (more than target.max_num_tokens: its workspace is sized for that many)."""
+    row = cost(plan.at(tokens), device, tokens).as_dict()
+    row["beyond_max_num_tokens"] = tokens > bound
+    return row
 
 
 def _above(plan: Plan, stages: list[dict[str, Any]]) -> dict[str, Any] | None:
