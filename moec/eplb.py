@@ -167,6 +167,14 @@ def read_load(path: Path) -> list[float]:
             else f'says "format": {_shown(data["format"])}'
         )
         raise _load_error(path, f"is not a load file: it {said}")
+    unknown = sorted(set(data) - LOAD_KEYS)
+    if unknown:  # a misspelt key would otherwise be a load silently read without it
+        raise _load_error(
+            path,
+            f"is not a load file: it has the key {_shown(unknown[0])}"
+            + (f" and {len(unknown) - 1} more unknown" if len(unknown) > 1 else ""),
+            f"only the keys write_expert_load writes: {', '.join(sorted(LOAD_KEYS))}",
+        )
     load = data.get("load")
     if not isinstance(load, list) or not load:
         wrong = "is empty" if load == [] else "is missing" if load is None else "is not a list"
@@ -182,6 +190,10 @@ def read_load(path: Path) -> list[float]:
             )  # fmt: skip
     return [float(v) for v in load]
 
+
+LOAD_KEYS = frozenset({"format", "layer", "load", "sha256"})
+"""The keys of a load file (moec.runtime.load_record writes them all; only format and load are
+needed)."""
 
 COUNTS_HINT = (
     f"token counts from 0 to 2**53, one per logical expert, as write_expert_load writes: "

@@ -442,3 +442,17 @@ def test_a_load_file_writing_a_key_twice_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "cannot read the load" in err
     assert 'the key "load" is written twice' in err
+
+
+def test_a_load_file_with_an_unknown_key_is_refused(tmp_path, capsys):
+    """A misspelt key is named, not skipped: every key write_expert_load writes is taken."""
+    load = tmp_path / "load.json"
+    spec = str(EXAMPLES / "tiny-cpu.toml")
+    load.write_text('{"format": "moec-load", "load": [1, 2, 3, 4], "leyer": "moe"}')
+    assert main(["explain", spec, "--load", str(load)]) == 2
+    err = capsys.readouterr().err
+    assert 'is not a load file: it has the key "leyer"' in err
+    assert "format, layer, load, sha256" in err
+    record = {"format": "moec-load", "layer": "moe", "load": [1] * 16, "sha256": "0" * 64}
+    load.write_text(json.dumps(record))
+    assert main(["explain", spec, "--load", str(load)]) == 0
