@@ -141,9 +141,10 @@ def _stage(target: Path, files: dict[str, bytes]) -> Path:
 
 
 def _swap_in(staging: Path, target: Path) -> None:
-    """Put the staging folder at `target`; remove the previous build it replaces. Once the
-    new build is in place the build has succeeded: a previous build that cannot be removed
-    (made read-only) stays as a leftover, which later builds try to remove again. The new
+    """Put the staging folder at `target`; remove the previous build it replaces (moec's,
+    so its folders are made writable where they were made read-only). Once the new build is
+    in place the build has succeeded: a previous build that still cannot be removed (another
+    user's) stays as a leftover, which later builds try to remove again. The new
     folder takes the permissions of the one it replaces (an empty folder of the user's, or a
     previous build): a private folder stays private."""
     try:
@@ -152,15 +153,32 @@ def _swap_in(staging: Path, target: Path) -> None:
             return
         os.chmod(staging, stat.S_IMODE(os.lstat(target).st_mode))
         if _exchange(staging, target):
-            shutil.rmtree(staging, ignore_errors=True)  # now holds the previous package
+            _remove_build(staging)  # now holds the previous package
         else:
             previous = target.with_name(_staging_name(target, "previous"))
             os.rename(target, previous)
             os.rename(staging, target)
-            shutil.rmtree(previous, ignore_errors=True)
+            _remove_build(previous)
     finally:
         if os.path.lexists(staging):
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_build(folder: Path) -> None:
+    """Remove a folder of moec's making (a previous build or a killed build's leftover), making
+    each of its folders writable and searchable first where a user made it read-only. Best
+    effort: what still cannot be removed stays."""
+
+    def writable(path: str) -> None:
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) | stat.S_IRWXU)
+
+    writable(str(folder))
+    for root, folders, _ in os.walk(folder):
+        for name in folders:  # os.walk does not follow links: a link's target is left alone
+            writable(os.path.join(root, name))
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _exchange(first: Path, second: Path) -> bool:
@@ -192,7 +210,7 @@ def _remove_leftovers(target: Path) -> None:
         if not is_leftover_name(entry.name, target.name):
             continue
         if entry.is_dir(follow_symlinks=False) and foreign_reason(Path(entry.path), True) is None:
-            shutil.rmtree(entry.path, ignore_errors=True)
+            _remove_build(Path(entry.path))
 
 
 @contextlib.contextmanager
