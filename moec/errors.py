@@ -121,11 +121,11 @@ def _escape(char: str) -> str:
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
-_INVISIBLE = "\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+INVISIBLE = "\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
 """Zero-width characters, line and paragraph separators and the bidirectional controls (a
 right-to-left override would reorder the rest of the line on the user's terminal)."""
-_CONTROL = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_INVISIBLE}]")
-_CONTROL_BUT_NEWLINE = re.compile(f"[\\x00-\\x09\\x0b-\\x1f\\x7f-\\x9f{_INVISIBLE}]")
+_CONTROL = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{INVISIBLE}]")
+_CONTROL_BUT_NEWLINE = re.compile(f"[\\x00-\\x09\\x0b-\\x1f\\x7f-\\x9f{INVISIBLE}]")
 
 
 def _key(text: str) -> str:

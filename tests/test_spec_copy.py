@@ -52,3 +52,15 @@ def test_an_override_with_a_raw_newline_stays_in_its_comment():
     header = [line for line in copy.splitlines() if line.startswith("#")]
     assert len(header) == 2 and "\\u000a" in header[0]
     assert parse_spec(copy).content_hash == loaded.content_hash
+
+
+def test_bidirectional_and_zero_width_controls_are_escaped():
+    """A right-to-left override or a zero-width space of a --set value is written as an escape
+    in the copy's comment and its strings, so no editor shows the line reordered or hidden,
+    and the copy still parses to the same spec."""
+    hidden = "admin\u202e\u2066 \u200bnote\ufeff"
+    loaded = load_spec(EXAMPLES[0], [f"description={string(hidden)}"])
+    copy = _copy(loaded)
+    assert not any(char in copy for char in "\u202e\u2066\u200b\ufeff")
+    assert "\\u202e" in copy.splitlines()[0] and 'description = "admin\\u202e' in copy
+    assert parse_spec(copy).spec.description == hidden

@@ -11,21 +11,31 @@ import math
 import re
 from typing import Any
 
+from moec.errors import INVISIBLE
+
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _LINE_BREAKING = {"\u2028", "\u2029", "\x85"}  # break a line for editors and str.splitlines
+_INVISIBLE = re.compile(f"[{INVISIBLE}]")  # reorder or hide text on a reader's screen
 
 
 def _needs_escape(char: str) -> bool:
     """What TOML forbids raw in basic strings and comments (controls but tab, DEL), plus the
-    characters other tools take for line breaks, and lone surrogates (UTF-8 cannot hold
-    them)."""
+    characters other tools take for line breaks, lone surrogates (UTF-8 cannot hold them),
+    and the zero-width and bidirectional controls (a right-to-left override in a value would
+    show the rest of its line reversed in an editor: the escape parses back the same)."""
     code = ord(char)
     surrogate = 0xD800 <= code <= 0xDFFF  # a file name's bytes that are not UTF-8
-    return (code < 0x20 and char != "\t") or code == 0x7F or char in _LINE_BREAKING or surrogate
+    return (
+        (code < 0x20 and char != "\t")
+        or code == 0x7F
+        or char in _LINE_BREAKING
+        or surrogate
+        or _INVISIBLE.match(char) is not None
+    )
 
 
 def one_line(text: str) -> str:
-    """`text` with every control or line-breaking character written as \\uXXXX."""
+    """`text` with every control, line-breaking or invisible character written as \\uXXXX."""
     return "".join(f"\\u{ord(c):04x}" if _needs_escape(c) else c for c in text)
 
 
