@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--tokens", default="16", help="tokens of the forward (default 16)")
     run.add_argument("--seed", default="0", help="seed of the random weights and input")
     run.add_argument("--weights", default=None, help="state dict, safetensors file or folder")
-    run.add_argument("--prefix", default="", help="prefix of the layer's weight names")
+    run.add_argument("--prefix", help="prefix of the layer's weight names (with --weights)")
     _add_set(run)
     _add_cpu(run)
 
@@ -384,7 +384,7 @@ def _run(args: argparse.Namespace) -> int:
             "moec run",
             kind="usage",
         )
-    if args.prefix and args.weights is None:
+    if args.prefix is not None and args.weights is None:  # even --prefix '': it asks for weights
         raise MoecError(
             [
                 problem(
@@ -394,7 +394,8 @@ def _run(args: argparse.Namespace) -> int:
             "moec run",
             kind="usage",
         )
-    print(run_spec(args.spec, args.overrides, tokens, seed, args.weights, args.prefix), end="")
+    prefix = args.prefix or ""
+    print(run_spec(args.spec, args.overrides, tokens, seed, args.weights, prefix), end="")
     return 0
 
 
