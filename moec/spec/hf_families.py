@@ -53,6 +53,10 @@ _INKLING2 = Family(
 )
 """Inkling-2's block: sigmoid scores, the top-k of scores + bias, ungrouped, always renormalized
 and scaled by route_scale, no shared expert, a softcapped SwiGLU."""
+SCORED_BY_ACTIVATION = frozenset({"deepseek_v4", "inkling2_text", "inkling2_loop_text"})
+"""Model types whose router scores with the activation named by scoring_func (transformers'
+ACT2FN[scoring_func]): "softmax" is none, so transformers builds no layer of such a config."""
+
 FAMILIES = {
     "deepseek_v2": _V2,
     "deepseek_v3": _V3,

@@ -15,6 +15,7 @@ default for the model type (FIRST_K_DENSE).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from moec.errors import problem
@@ -98,6 +99,30 @@ _INTEGER = "a JSON integer without quotes"
 _TYPES = 'a list of "dense" and "sparse"'
 
 
+def _bad_layer_types(reader: ConfigReader, types: object, layers: int, shown: str) -> bool:
+    """Record a problem where transformers' validate_layer_type refuses the list: not a list,
+    an entry other than "dense" or "sparse", or not one entry per layer."""
+    if not isinstance(types, list):
+        reader.report("mlp_layer_types", types, "is not a list", _TYPES)
+        return True
+    bad = next((kind for kind in types if kind not in ("dense", "sparse")), None)
+    if bad is not None:
+        reader.report(
+            "mlp_layer_types", types, f"has the entry {json.dumps(bad)}, which transformers refuses",
+            _TYPES,
+        )  # fmt: skip
+        return True
+    if len(types) != layers:
+        reader.report(
+            "mlp_layer_types",
+            types,
+            f"has {len(types)} entries and the model {shown}: transformers takes one per layer",
+            f"{_TYPES}, one per layer",
+        )
+        return True
+    return False
+
+
 def check_moe_layers(reader: ConfigReader, model_type: str) -> None:
     """Record a problem, naming the key, when the config leaves the model no MoE layer (or
     writes a count of layers that is no count)."""
@@ -115,7 +140,9 @@ def check_moe_layers(reader: ConfigReader, model_type: str) -> None:
     if layers is None:
         layers, shown_layers = rule.layers, f"num_hidden_layers (absent: {rule.layers})"
     types = reader.get("mlp_layer_types", hint=_TYPES)
-    if rule.layer_types and isinstance(types, list):
+    if rule.layer_types and types is not None:
+        if _bad_layer_types(reader, types, layers, shown_layers):
+            return
         if all(kind == "dense" for kind in types[:layers]):
             reader.report(
                 "mlp_layer_types",
