@@ -441,3 +441,28 @@ def test_a_read_only_previous_build_is_replaced_whole(tmp_path):
     assert "new" in (package / "__init__.py").read_text()
     assert stat.S_IMODE(package.stat().st_mode) == read_only  # the folder's mode is kept
     assert [p.name for p in tmp_path.iterdir()] == ["tiny_cpu"]
+
+
+@pytest.mark.parametrize("out", [".", "/"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["explain", str(TINY)],
+        ["explain", "--matrix"],
+        ["schema"],
+    ],
+    ids=["explain", "matrix", "schema"],
+)
+def test_an_output_path_without_a_file_name_is_a_folder(argv, out, capsys, tmp_path, monkeypatch):
+    """`-o .` and `-o /` name folders as `-o ..` does: one message, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    assert_refused(*cli(capsys, *argv, "-o", out), f"{out}: is a folder")
+    assert snapshot(tmp_path) == before
+
+
+def test_refuse_unless_moec_file_refuses_a_folders_name():
+    from moec.codegen.write import refuse_unless_moec_file
+
+    with pytest.raises(MoecError, match="is a folder"):
+        refuse_unless_moec_file(Path("."), lambda head: True)

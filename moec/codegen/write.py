@@ -330,6 +330,7 @@ def write_bytes(
     the file (records.record_path), and an existing file is replaced only when its record
     holds the digest of its bytes too. Raise MoecError when refused or the OS refuses."""
     path = Path(path)
+    _refuse_a_folders_name(path)
     names = [path.name, f".{path.name}{_STAGING_TAG}xxxxxxxx", records.record_path(path).name]
     check_limits(path.parent, names)
     try:
@@ -368,12 +369,20 @@ def _existing_folder(folder: Path) -> Path:
     return folder
 
 
+def _refuse_a_folders_name(path: Path) -> None:
+    """MoecError (usage) where `path` has no file name (".", "/"): it names a folder."""
+    if not Path(path).name:
+        hint = "the path of a file to write, not a folder"
+        raise MoecError([problem("", "is a folder", hint)], str(path), kind="usage")
+
+
 def refuse_unless_moec_file(
     path: Path, written_by_moec: Callable[[bytes], bool], recorded: bool = False
 ) -> None:
     """MoecError (usage) unless `path` is absent or a regular file that `written_by_moec`
     recognizes (and, `recorded`, whose record holds its digest): what write_bytes may replace.
     Callers that work long before they write ask first."""
+    _refuse_a_folders_name(path)
     record = records.record_path(path)
     if recorded and not records.is_replaceable(record):
         reason = f"is {kind_of(record)}, not the record moec keeps of {path.name}"
