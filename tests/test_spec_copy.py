@@ -64,3 +64,26 @@ def test_bidirectional_and_zero_width_controls_are_escaped():
     assert not any(char in copy for char in "\u202e\u2066\u200b\ufeff")
     assert "\\u202e" in copy.splitlines()[0] and 'description = "admin\\u202e' in copy
     assert parse_spec(copy).spec.description == hidden
+
+
+def test_a_spec_naming_a_placement_file_is_copied_with_the_placement_in_it(tmp_path):
+    """The copy lies in the package, where the spec's relative file name names no file (or
+    another one later): the copy holds the placement it was built with, and parses alone."""
+    import json
+
+    placement = {"format": "moec-placement", "physical_to_logical": [[0, 2, 4, 6], [1, 3, 5, 7]]}
+    (tmp_path / "place.json").write_text(json.dumps(placement))
+    spec = (
+        'name = "two_ranks"\n[model]\nhidden_size = 64\nmoe_intermediate_size = 32\n'
+        'n_routed_experts = 8\nnum_experts_per_tok = 2\n[experts]\ngemm_backend = "torch"\n'
+        '[target]\ndevice = "cpu"\ndtype = "float32"\n'
+        '[parallel]\nep_size = 2\ndispatch = "all2all"\nplacement = "place.json"\n'
+    )
+    (tmp_path / "spec.toml").write_text(spec)
+    loaded = load_spec(tmp_path / "spec.toml")
+    copy = _copy(loaded)
+    assert copy.startswith("# The spec of spec.toml as built with its placement file read into")
+    assert "place.json" not in copy
+    assert parse_spec(copy, folder=tmp_path / "elsewhere").content_hash == loaded.content_hash
+    inline = spec.replace('"place.json"', "[[0, 2, 4, 6], [1, 3, 5, 7]]")
+    assert _copy(parse_spec(inline)).startswith("# Copy of <spec> as built\n")

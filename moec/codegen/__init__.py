@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomli
+
 from moec.codegen.package import COPY_MARK, python_sources
 from moec.codegen.write import write_package
 from moec.errors import MoecError, override_list, path_argument, problem
@@ -82,14 +84,26 @@ def spec_copy(loaded: LoadedSpec) -> str:
     """The spec file as it was, or, where --set changed it, the spec as built (every default
     explicit): either way it parses to the spec this package was built from."""
     source = one_line(Path(loaded.source).name)
-    if not loaded.overrides:
+    if loaded.overrides:
+        sets = " ".join(f"--set {one_line(override)}" for override in loaded.overrides)
+        how = f"with {sets}"
+    elif _names_a_placement_file(loaded.text):  # a path beside the copy would name no file
+        how = "with its placement file read into it"
+    else:
         return f"# Copy of {source} as built\n{loaded.text}"
-    sets = " ".join(f"--set {one_line(override)}" for override in loaded.overrides)
     return (
-        f"# The spec of {source} as built with {sets}\n"
+        f"# The spec of {source} as built {how}\n"
         "# (every value explicit, defaults included; the file's comments are not kept)\n"
         + toml_text.dumps(loaded.normalized)
     )
+
+
+def _names_a_placement_file(text: str) -> bool:
+    """Whether a spec's text gives parallel.placement as a file name (the loaded spec holds
+    the placement that file held)."""
+    parallel = tomli.loads(text).get("parallel")
+    named = parallel.get("placement") if isinstance(parallel, dict) else None
+    return isinstance(named, str) and named != "even"
 
 
 def _asked_by(module: str, loaded: LoadedSpec) -> tuple[str, object]:
