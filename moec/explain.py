@@ -14,7 +14,7 @@ from typing import Any
 from moec import picture
 from moec.codegen.write import write_bytes
 from moec.counts import whole_numbers
-from moec.errors import MoecError, problem
+from moec.errors import MoecError, problem, shown_path
 from moec.picture import WRITTEN_BY, is_marked_picture
 from moec.plan import device_for, plan_loaded
 from moec.plan.export import plan_data
@@ -137,9 +137,9 @@ def _placement_text(data: dict[str, Any]) -> list[str]:
     placement, dims = data["placement"], data["choices"]["dims"]
     ranks = placement["ranks"]
     physical = sum(len(r) for r in ranks)
-    if len(ranks) == 1 and ranks[0] == list(range(dims["routed_experts"])):
-        return []
     load = placement["load"]
+    if len(ranks) == 1 and ranks[0] == list(range(dims["routed_experts"])) and not load:
+        return []
     lines = ["", f"placement: {physical} physical experts on {len(ranks)} rank(s), replica "
              f"choice {placement['replica_choice']}"]  # fmt: skip
     for index, rank in enumerate(ranks):
@@ -147,7 +147,7 @@ def _placement_text(data: dict[str, Any]) -> list[str]:
         lines.append(f"  rank {index}: {share}experts {', '.join(map(str, rank))}")
     if load:
         lines.append(
-            f"under the load of {load['file']}: imbalance (max / mean rows per rank) "
+            f"under the load of {shown_path(load['file'])}: imbalance (max / mean rows per rank) "
             f"{load['imbalance']:.3f} placed, {load['even_imbalance']:.3f} for the even split"
         )
         lines.append(f"    {'T':>8}{'slowest ms':>14}{'even ms':>14}{'uniform ms':>14}")

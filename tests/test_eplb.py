@@ -456,3 +456,17 @@ def test_a_load_file_with_an_unknown_key_is_refused(tmp_path, capsys):
     record = {"format": "moec-load", "layer": "moe", "load": [1] * 16, "sha256": "0" * 64}
     load.write_text(json.dumps(record))
     assert main(["explain", spec, "--load", str(load)]) == 0
+
+
+def test_explain_of_one_rank_under_a_load_shows_it(tmp_path, capsys):
+    """One rank holding every expert: the text still shows the load it was given (as the JSON
+    does), and the load file's name is escaped as every message escapes paths."""
+    load = tmp_path / "l\nfake line\x1b[31m.json"
+    load.write_text(json.dumps({"format": "moec-load", "load": [100] + [10] * 15}))
+    capsys.readouterr()
+    assert main(["explain", str(EXAMPLES / "tiny-cpu.toml"), "--load", str(load)]) == 0
+    text = capsys.readouterr().out
+    assert "placement: 16 physical experts on 1 rank(s)" in text
+    assert "  rank 0:  100.0% of the rows, experts 0, 1, " in text
+    assert "l\\x0afake line\\x1b[31m.json: imbalance (max / mean rows per rank) 1.000" in text
+    assert "\x1b" not in text and "\nfake line" not in text
