@@ -50,6 +50,27 @@ def stage_shares(data: dict[str, Any]) -> dict[str, float]:
     return {s["stage"]: (s["floor_ms"] / total if total else 0.0) for s in stages}
 
 
+def runs_above(data: dict[str, Any]) -> bool:
+    """Whether explain's first cost row (the picture's T) is past a GEMM split: its stages
+    are then those of the plan above it."""
+    above = data["above"]
+    return bool(above) and data["cost"][0]["tokens"] > above["up_to"]
+
+
+def stages_at(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stages the layer runs at the picture's T, in plan order: past a GEMM split, the
+    plan above it's own version of each stage it runs differently."""
+    if not runs_above(data):
+        return data["stages"]
+    above = {stage["name"]: stage for stage in data["above"]["stages"]}
+    costed = {stage["stage"] for stage in data["cost"][0]["stages"]}
+    ends = {stage["name"] for stage in data["stages"] if stage["kind"] in ("input", "output")}
+    running = [above.pop(s["name"], s) for s in data["stages"]]
+    running += above.values()  # a stage only the plan above has: before the output
+    running.sort(key=lambda stage: stage["kind"] == "output")
+    return [stage for stage in running if stage["name"] in costed | ends]
+
+
 def heading(data: dict[str, Any]) -> tuple[str, str]:
     """Two title lines: what the shares are of, and the floors they come from."""
     row = data["cost"][0]
@@ -142,16 +163,15 @@ def layout(data: dict[str, Any]) -> tuple[list[Box], float, float]:
     """Boxes (in plan order) in rows by depth, each row centred; the width of a box and of the
     widest row."""
     shares = stage_shares(data)
+    running = stages_at(data)
     depth: dict[str, int] = {}
-    for stage in data["stages"]:  # plan order is topological
+    for stage in running:  # plan order is topological
         depth[stage["name"]] = max((depth[i["from"]] + 1 for i in stage["inputs"]), default=0)
     rows: dict[int, list[dict]] = {}
-    for stage in data["stages"]:
+    for stage in running:
         rows.setdefault(depth[stage["name"]], []).append(stage)
     ms = {s["stage"]: s["floor_ms"] for s in data["cost"][0]["stages"]}
-    labels = {
-        s["name"]: _lines(s, shares.get(s["name"]), ms.get(s["name"])) for s in data["stages"]
-    }
+    labels = {s["name"]: _lines(s, shares.get(s["name"]), ms.get(s["name"])) for s in running}
     width = _box_width(labels.values())
     content = max(len(r) for r in rows.values()) * (width + GAP_X) - GAP_X
     placed = {}
@@ -167,7 +187,7 @@ def layout(data: dict[str, Any]) -> tuple[list[Box], float, float]:
                 BOX_H if stage["name"] in shares else LINE_H + 2 * PAD,
                 index,
             )
-    return [placed[stage["name"]] for stage in data["stages"]], width, content
+    return [placed[stage["name"]] for stage in running], width, content
 
 
 def _lines(stage: dict, share: float | None, ms: float | None) -> tuple[str, ...]:
@@ -183,7 +203,7 @@ def _box_width(labels) -> float:
 def _edges(data: dict[str, Any]) -> dict[tuple[str, str], list[str]]:
     """(from, to) -> the tensors it carries, each pair once."""
     edges: dict[tuple[str, str], list[str]] = {}
-    for stage in data["stages"]:
+    for stage in stages_at(data):
         for item in stage["inputs"]:
             edges.setdefault((item["from"], stage["name"]), []).append(item["tensor"])
     return edges

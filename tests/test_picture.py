@@ -133,3 +133,32 @@ def test_png_needs_an_output_file(capsys, fake_dot):
     assert err.strip() == (
         "moec explain: --out: is required for --format png (binary output) (-o plan.png)"
     )
+
+
+def test_a_picture_past_a_gemm_split_draws_the_stages_run_there(capsys, no_dot, monkeypatch):
+    """deep_gemm installed, gemm_backend auto, T = 4096 past the split at 1024: moec's own
+    SVG draws the deep_gemm GEMMs that run at that T with their shares; Graphviz's input puts
+    the shares on the nodes of the plan above the split, none on the ones it replaces."""
+    from moec import explain
+    from moec.plan import Environment
+
+    full = Environment(frozenset({"triton", "deep_gemm", "deep_ep"}))
+    monkeypatch.setattr(Environment, "detect", classmethod(lambda cls: full))
+    spec = str(EXAMPLES / "deepseek-v3-fp8.toml")
+    data = _data(capsys, spec, "4096")
+    code, out, err = _explain(capsys, spec, "--tokens", "4096", "--format", "svg")
+    assert code == 0, err
+    root = ET.fromstring(out)
+    nodes = {n.find(f"{SVG}title").text: n for n in root.findall(f".//{SVG}g[@class='node']")}
+    assert "gemm / deep_gemm" in ET.tostring(nodes["gemm_gate_up"], encoding="unicode")
+    assert "gemm / triton" not in out
+    shares = {name: float(n.get("data-share")) for name, n in nodes.items() if n.get("data-share")}
+    assert set(shares) == {s["stage"] for s in data["cost"][0]["stages"]}
+    dot = explain._dot(data, picture.heading(data), picture.stage_shares(data))
+    assert '"gemm_gate_up" [label="gemm_gate_up\\ngemm / triton"];' in dot
+    assert re.search(r'"gemm_gate_up \(T > 1024\)" \[label="[^"]*deep_gemm\\n[\d.]+% of', dot)
+    assert re.search(r'"select" \[label="[^"]*\\n[\d.]+% of the stage floors"\]', dot)
+    below = _data(capsys, spec, "64")  # up to the split: the triton GEMMs carry the shares
+    dot = explain._dot(below, picture.heading(below), picture.stage_shares(below))
+    assert re.search(r'"gemm_gate_up" \[label="[^"]*triton\\n[\d.]+% of', dot)
+    assert '"gemm_gate_up (T > 1024)" [label="gemm_gate_up\\ngemm / deep_gemm"];' in dot
