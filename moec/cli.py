@@ -325,7 +325,7 @@ def _explain(args: argparse.Namespace) -> int:
                 ("SPEC", args.spec),
                 ("--tokens", args.tokens),
                 ("--format", args.format != "text"),
-                ("--set", args.overrides),
+                ("--set or --cpu", args.overrides),  # --cpu is a --set target.device=cpu
                 ("--bandwidth", args.bandwidth),
                 ("--bf16-tflops", args.bf16_tflops),
                 ("--fp8-tflops", args.fp8_tflops),

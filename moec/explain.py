@@ -319,7 +319,8 @@ def _cost_text(data: dict[str, Any]) -> list[str]:
             lines.append(
                 f"    (more than target.max_num_tokens = {data['target']['max_num_tokens']}: a "
                 f"forward of this package refuses {row['tokens']} tokens; --set "
-                f"target.max_num_tokens={row['tokens']} builds one that takes them)"
+                f"target.max_num_tokens={row['tokens']} builds one sized for them, where its "
+                "workspace fits the GPU's memory)"
             )
         sent_head = f" {'NVLink':>11} {'network':>11}" if ranks > 1 else ""
         lines.append(f"    {'stage':<28} {'bytes':>11} {'FLOPs':>11}{sent_head} {'floor ms':>11}")

@@ -119,7 +119,7 @@ def test_tokens_past_max_num_tokens_are_marked(capsys):
     code, text, _ = run(capsys, "explain", V3_FP8, "--tokens", "16384,16385")
     assert code == 0
     assert text.count("more than target.max_num_tokens = 16384") == 1
-    assert "refuses 16385 tokens; --set target.max_num_tokens=16385" in text
+    assert "refuses 16385 tokens; --set target.max_num_tokens=16385 builds one sized" in text
     rows = explain_json(capsys, V3_FP8, "--tokens", "16384,16385")["cost"]
     assert [row["beyond_max_num_tokens"] for row in rows] == [False, True]
     code, text, _ = run(

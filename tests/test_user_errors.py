@@ -410,6 +410,7 @@ CONFIG = {
     ("argv", "fragment"),
     [
         (["explain", "--matrix", TINY], "takes no SPEC"),
+        (["explain", "--matrix", "--cpu"], "takes no --set or --cpu"),
         (
             ["explain", "--matrix", "--tokens", "1", "--format", "json"],
             "takes no --tokens, --format",
@@ -425,6 +426,7 @@ CONFIG = {
     ],
     ids=[
         "matrix-spec",
+        "matrix-cpu",
         "matrix-options",
         "prefix",
         "empty-prefix",
