@@ -222,6 +222,12 @@ def _flops(value: float) -> str:
     return _scaled(value, _FLOPS, "{:.0f} F")
 
 
+def _rate(value: float) -> str:
+    """A bandwidth or a rate as the cost line shows it: whole units, or 3 digits below 1 (a
+    ceiling of 0.001 given on the command line is not 0)."""
+    return f"{value:.0f}" if value >= 1 or value == 0 else f"{value:.3g}"
+
+
 def _text(data: dict[str, Any]) -> str:
     spec, target, chosen = data["spec"], data["target"], data["choices"]
     dims = chosen["dims"]
@@ -296,9 +302,10 @@ def _cost_text(data: dict[str, Any]) -> list[str]:
     ranks = dims["tp"] * dims["ep"]
     lines = [
         "",
-        f"cost on {device['name']} ({device['bandwidth_gbs']:.0f} GB/s, {device['bf16_tflops']:.0f} "
-        f"TFLOP/s bf16, {device['fp8_tflops']:.0f} TFLOP/s fp8, {device['fp32_tflops']:.0f} TFLOP/s "
-        f"fp32; {'measured' if device['measured'] else 'datasheet leads'})",
+        f"cost on {device['name']} ({_rate(device['bandwidth_gbs'])} GB/s, "
+        f"{_rate(device['bf16_tflops'])} TFLOP/s bf16, {_rate(device['fp8_tflops'])} TFLOP/s fp8, "
+        f"{_rate(device['fp32_tflops'])} TFLOP/s fp32; "
+        f"{'measured' if device['measured'] else 'datasheet leads, or the ceilings given'})",
         "floor = max(bytes / bandwidth, FLOPs / rate of the stage's operands); experts hit under "
         "uniform routing",
     ]

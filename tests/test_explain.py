@@ -291,7 +291,9 @@ def test_ceilings_on_the_command_line(capsys):
             assert after["floor_ms"] == pytest.approx(2 * before["floor_ms"])
         assert after["bytes"] == before["bytes"]
     code, text, _ = run(capsys, "explain", V3_FP8, "--bandwidth", "2137")
-    assert "cost on H200 (2137 GB/s" in text and "datasheet leads" in text
+    assert "cost on H200 (2137 GB/s" in text and "the ceilings given" in text
+    code, text, _ = run(capsys, "explain", V3_FP8, "--bandwidth", "1e-3")
+    assert code == 0 and "cost on H200 (0.001 GB/s" in text  # not 0
 
 
 def test_set_overrides_a_spec_key(capsys):
