@@ -87,3 +87,12 @@ def test_a_spec_naming_a_placement_file_is_copied_with_the_placement_in_it(tmp_p
     assert parse_spec(copy, folder=tmp_path / "elsewhere").content_hash == loaded.content_hash
     inline = spec.replace('"place.json"', "[[0, 2, 4, 6], [1, 3, 5, 7]]")
     assert _copy(parse_spec(inline)).startswith("# Copy of <spec> as built\n")
+
+
+def test_a_copy_of_a_copy_has_one_header(tmp_path):
+    """Building from a package's spec.toml writes one "Copy of" line, not one per build."""
+    first = _copy(load_spec(EXAMPLES[0]))
+    (tmp_path / "spec.toml").write_text(first)
+    again = _copy(load_spec(tmp_path / "spec.toml"))
+    assert again.count("# Copy of ") == 1 and again.startswith("# Copy of spec.toml as built\n")
+    assert parse_spec(again).content_hash == load_spec(EXAMPLES[0]).content_hash

@@ -89,13 +89,17 @@ def spec_copy(loaded: LoadedSpec) -> str:
         how = f"with {sets}"
     elif _names_a_placement_file(loaded.text):  # a path beside the copy would name no file
         how = "with its placement file read into it"
-    else:
-        return f"# Copy of {source} as built\n{loaded.text}"
+    else:  # a copy of a package's own copy keeps one header, this one
+        return f"# Copy of {source} as built\n{_COPY_HEADER.sub('', loaded.text, count=1)}"
     return (
         f"# The spec of {source} as built {how}\n"
         "# (every value explicit, defaults included; the file's comments are not kept)\n"
         + toml_text.dumps(loaded.normalized)
     )
+
+
+_COPY_HEADER = re.compile(r"\A# Copy of [^\n]* as built\n")
+"""The first line spec_copy writes above a spec's text."""
 
 
 def _names_a_placement_file(text: str) -> bool:
