@@ -224,7 +224,7 @@ def spec_data_from_config(
     hf_layers.check_moe_layers(reader, source.model_type)
     raw: dict[str, Any] = {"name": name or _name_from(outer)}
     raw.update(model=_model_from(reader, family), router=_router_from(reader, family))
-    _check_scored_by_activation(reader, source.model_type, raw["router"])
+    _check_scored_by_activation(reader, family, source.model_type, raw["router"])
     unused = _unused_groups(reader, family, raw["router"])
     if notes is not None:
         notes.extend(_beside_notes(reader, family) + unused)
@@ -335,12 +335,14 @@ def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
     return router
 
 
-def _check_scored_by_activation(reader: ConfigReader, model_type: str, router: dict) -> None:
+def _check_scored_by_activation(
+    reader: ConfigReader, family: Family, model_type: str, router: dict
+) -> None:
     """Record a problem where a router that scores with an activation (DeepSeek-V4's) is given
     softmax, which is no activation: transformers cannot build such a model, so neither layer
     type (its hash layers score the same way) has a block to compute the same as."""
     if (
-        model_type in hf_families.SCORED_BY_ACTIVATION
+        family.scored_by_activation
         and router["scoring_func"] == "softmax"
         and not reader.overridden("router.scoring_func")
     ):

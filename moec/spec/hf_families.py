@@ -40,6 +40,7 @@ _INKLING2 = Family(
     True,
     0,
     8.0,
+    scored_by_activation=True,
     activation=(
         "situ",
         (("beta", "mlp_gate_softcap", 4.0), ("linear_beta", "mlp_up_softcap", 25.0)),
@@ -53,10 +54,6 @@ _INKLING2 = Family(
 )
 """Inkling-2's block: sigmoid scores, the top-k of scores + bias, ungrouped, always renormalized
 and scaled by route_scale, no shared expert, a softcapped SwiGLU."""
-SCORED_BY_ACTIVATION = frozenset({"deepseek_v4", "inkling2_text", "inkling2_loop_text"})
-"""Model types whose router scores with the activation named by scoring_func (transformers'
-ACT2FN[scoring_func]): "softmax" is none, so transformers builds no layer of such a config."""
-
 FAMILIES = {
     "deepseek_v2": _V2,
     "deepseek_v3": _V3,
@@ -64,7 +61,13 @@ FAMILIES = {
     "deepseek_v32": _V3,
     "glm4_moe": _ONE_SHARED,
     "deepseek_v4": Family(
-        "sqrtsoftplus", "noaux_tc", True, 1, routed_scaling_factor=1.5, swiglu_limit=10.0
+        "sqrtsoftplus",
+        "noaux_tc",
+        True,
+        1,
+        routed_scaling_factor=1.5,
+        swiglu_limit=10.0,
+        scored_by_activation=True,
     ),
     # DeepSeek-V3's MoE block under another name, with the defaults of its model type
     "dots1": Family("sigmoid", "noaux_tc", False, 0),

@@ -44,6 +44,10 @@ class Family:
     """(moec's activation kind, its keys as (spec key, config key, transformers' default)) where
     the experts compute a gated activation of their own, whatever hidden_act says: Inkling-2's
     softcapped SwiGLU (situ), MiniMax-M3's clamped GPT-OSS SwiGLU (oai_swiglu)."""
+    scored_by_activation: bool = False
+    """Whether the router scores with the activation scoring_func names (transformers'
+    ACT2FN[scoring_func]: DeepSeek-V4's, Inkling-2's): softmax is none, so transformers builds
+    no layer of a config that asks for it."""
     greedy_ignores_groups: bool = False
     """Whether the router reads n_group / topk_group only for group_limited_greedy (DeepSeek-V2's),
     so that a greedy config's groups are unused, not refused."""
