@@ -191,9 +191,8 @@ def read_load(path: Path) -> list[float]:
     return [float(v) for v in load]
 
 
-LOAD_KEYS = frozenset({"format", "layer", "load", "sha256"})
-"""The keys of a load file (moec.runtime.load_record writes them all; only format and load are
-needed)."""
+LOAD_KEYS = frozenset(load_record.KEYS)
+"""The keys of a load file (only format and load are needed)."""
 
 COUNTS_HINT = (
     f"token counts from 0 to 2**53, one per logical expert, as write_expert_load writes: "

@@ -18,6 +18,8 @@ import tempfile
 
 FORMAT = "moec-load"
 """The `format` of every load file (moec eplb reads only these)."""
+KEYS = ("format", "layer", "load", "sha256")
+"""The keys `write` writes, in its order (moec eplb refuses a file with any other)."""
 BUILD_MARKER = ".moec-build"
 """The file every package moec builds holds (moec/codegen/ownership.py reads its name here: a
 built package's layer cannot import moec): a file written into one would be one the next build
