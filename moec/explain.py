@@ -391,19 +391,17 @@ def _dot(data: dict[str, Any], title: tuple[str, ...] = (), shares: dict | None 
         heading = "\n".join(title)  # a real newline: DOT's line break once json.dumps escapes it
         lines.append(f"  labelloc=t; label={json.dumps(heading)};")
     above = data["above"]
-    # the shares are of the picture's T: past a GEMM split, of the stages the plan above runs
-    above_runs = picture.runs_above(data)
-    replaced = {stage["name"] for stage in above["stages"]} if above_runs else set()
+    running = picture.stages_at(data)  # the shares are of these: the stages at the picture's T
 
-    def box_label(stage: dict[str, Any], costed: bool) -> str:
+    def box_label(stage: dict[str, Any]) -> str:
         # A real newline: json.dumps writes it as the two characters \n, DOT's line break.
         text = f"{stage['name']}\n{stage['kind']} / {stage['backend']}"
-        if costed and shares and stage["name"] in shares:
+        if shares and stage["name"] in shares and stage in running:
             text += f"\n{shares[stage['name']]:.1%} of the stage floors"
         return text
 
     for stage in data["stages"]:
-        text = box_label(stage, stage["name"] not in replaced)
+        text = box_label(stage)
         lines.append(f"  {json.dumps(stage['name'])} [label={json.dumps(text)}];")
     for source, target, label in _edges(data):
         lines.append(f"  {json.dumps(source)} -> {json.dumps(target)} [label={json.dumps(label)}];")
@@ -412,9 +410,7 @@ def _dot(data: dict[str, Any], title: tuple[str, ...] = (), shares: dict | None 
         heading = f"T > {above['up_to']}: {above['gemm_backend']} GEMMs"
         lines += ["  subgraph cluster_above {", f"    label={json.dumps(heading)}; style=dashed;"]
         for name, stage in nodes:
-            lines.append(
-                f"    {json.dumps(name)} [label={json.dumps(box_label(stage, above_runs))}];"
-            )
+            lines.append(f"    {json.dumps(name)} [label={json.dumps(box_label(stage))}];")
         lines.append("  }")
         for source, target, label in edges:
             lines.append(

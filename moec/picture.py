@@ -50,7 +50,7 @@ def stage_shares(data: dict[str, Any]) -> dict[str, float]:
     return {s["stage"]: (s["floor_ms"] / total if total else 0.0) for s in stages}
 
 
-def runs_above(data: dict[str, Any]) -> bool:
+def _runs_above(data: dict[str, Any]) -> bool:
     """Whether explain's first cost row (the picture's T) is past a GEMM split: its stages
     are then those of the plan above it."""
     above = data["above"]
@@ -60,7 +60,7 @@ def runs_above(data: dict[str, Any]) -> bool:
 def stages_at(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The stages the layer runs at the picture's T, in plan order: past a GEMM split, the
     plan above it's own version of each stage it runs differently."""
-    if not runs_above(data):
+    if not _runs_above(data):
         return data["stages"]
     above = {stage["name"]: stage for stage in data["above"]["stages"]}
     costed = {stage["stage"] for stage in data["cost"][0]["stages"]}
