@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomli
-
 from moec.codegen.package import COPY_MARK, python_sources
 from moec.codegen.write import write_package
 from moec.errors import MoecError, override_list, path_argument, problem
@@ -87,7 +85,7 @@ def spec_copy(loaded: LoadedSpec) -> str:
     if loaded.overrides:
         sets = " ".join(f"--set {one_line(override)}" for override in loaded.overrides)
         how = f"with {sets}"
-    elif _names_a_placement_file(loaded.text):  # a path beside the copy would name no file
+    elif loaded.placement_file:  # a path beside the copy would name no file
         how = "with its placement file read into it"
     else:  # a copy of a package's own copy keeps one header, this one
         return f"# Copy of {source} as built\n{_COPY_HEADER.sub('', loaded.text, count=1)}"
@@ -100,14 +98,6 @@ def spec_copy(loaded: LoadedSpec) -> str:
 
 _COPY_HEADER = re.compile(r"\A# Copy of [^\n]* as built\n")
 """The first line spec_copy writes above a spec's text."""
-
-
-def _names_a_placement_file(text: str) -> bool:
-    """Whether a spec's text gives parallel.placement as a file name (the loaded spec holds
-    the placement that file held)."""
-    parallel = tomli.loads(text).get("parallel")
-    named = parallel.get("placement") if isinstance(parallel, dict) else None
-    return isinstance(named, str) and named != "even"
 
 
 def _asked_by(module: str, loaded: LoadedSpec) -> tuple[str, object]:

@@ -42,6 +42,8 @@ class LoadedSpec:
     lines: dict[str, int] = field(default_factory=dict)
     changes: tuple[str, ...] = ()
     """What `--set target.device=cpu` changed in a GPU spec, a line each (moec/spec/cpu.py)."""
+    placement_file: bool = False
+    """Whether parallel.placement named a file (the spec holds the placement read from it)."""
 
     @property
     def normalized(self) -> dict[str, Any]:
@@ -283,7 +285,7 @@ def check_raw(
 
     # a file named in the spec is found beside it; one named by --set, where the command runs
     on_command_line = _from_set("parallel.placement", set_paths, lines)
-    raw, read_problem = _read_placement(raw, None if on_command_line else folder)
+    named, (raw, read_problem) = raw, _read_placement(raw, None if on_command_line else folder)
     if read_problem is not None:
         raise MoecError([locate(read_problem)], source)
     try:
@@ -295,7 +297,8 @@ def check_raw(
     found = [locate(p) for p in rules.check(spec)]
     if found:
         raise MoecError(_sorted(found), source)
-    return LoadedSpec(spec, source, text, overrides, lines)
+    placement_file = raw is not named  # a file's placement replaced its name in raw
+    return LoadedSpec(spec, source, text, overrides, lines, placement_file=placement_file)
 
 
 def _read_placement(
