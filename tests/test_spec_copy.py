@@ -96,3 +96,16 @@ def test_a_copy_of_a_copy_has_one_header(tmp_path):
     again = _copy(load_spec(tmp_path / "spec.toml"))
     assert again.count("# Copy of ") == 1 and again.startswith("# Copy of spec.toml as built\n")
     assert parse_spec(again).content_hash == load_spec(EXAMPLES[0]).content_hash
+
+
+def test_a_relative_schema_pointer_is_dropped(tmp_path):
+    """The examples' first line, `#:schema ../schemas/...`, names the schema from examples/:
+    from the package it would name no file, so the copy drops it; a URL is kept."""
+    text = EXAMPLES[0].read_text()
+    assert text.startswith("#:schema ../schemas/")
+    copy = _copy(load_spec(EXAMPLES[0]))
+    assert "#:schema" not in copy
+    assert parse_spec(copy).content_hash == load_spec(EXAMPLES[0]).content_hash
+    url = "#:schema https://example.com/moec-spec.schema.json\n"
+    (tmp_path / "spec.toml").write_text(url + text.split("\n", 1)[1])
+    assert _copy(load_spec(tmp_path / "spec.toml")).split("\n")[1] == url.strip()

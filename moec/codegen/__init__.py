@@ -88,7 +88,8 @@ def spec_copy(loaded: LoadedSpec) -> str:
     elif loaded.placement_file:  # a path beside the copy would name no file
         how = "with its placement file read into it"
     else:  # a copy of a package's own copy keeps one header, this one
-        return f"# Copy of {source} as built\n{_COPY_HEADER.sub('', loaded.text, count=1)}"
+        text = _RELATIVE_SCHEMA.sub("", _COPY_HEADER.sub("", loaded.text, count=1), count=1)
+        return f"# Copy of {source} as built\n{text}"
     return (
         f"# The spec of {source} as built {how}\n"
         "# (every value explicit, defaults included; the file's comments are not kept)\n"
@@ -98,6 +99,9 @@ def spec_copy(loaded: LoadedSpec) -> str:
 
 _COPY_HEADER = re.compile(r"\A# Copy of [^\n]* as built\n")
 """The first line spec_copy writes above a spec's text."""
+_RELATIVE_SCHEMA = re.compile(r"\A#:schema (?![A-Za-z][A-Za-z0-9+.-]*:|/)[^\n]*\n")
+"""An editor's schema pointer (`#:schema ../schemas/...`, the first line) relative to the
+source's folder: from the package it names no file, so the copy drops it."""
 
 
 def _asked_by(module: str, loaded: LoadedSpec) -> tuple[str, object]:
