@@ -201,6 +201,24 @@ ScoringFuncName = Literal["softmax", "sigmoid", "sqrtsoftplus"]
 """router.scoring_func."""
 
 
+class RouterRounding(StrEnum):
+    """What the router rounds to the model dtype (target.dtype), as a router computing in that
+    dtype does; every other value stays fp32."""
+
+    none = "none"
+    """Logits, scores and weights in fp32 (DeepSeek-V3's reference router)."""
+    logits = "logits"
+    """The logits, then scores and weights in fp32 from them (a gate GEMM whose output is in
+    the model dtype: Mixtral's, Qwen3-MoE's routers in transformers)."""
+    all = "all"
+    """The logits, each step of the scoring, and the weights' sum, division and scaling; the
+    bias-corrected choice in fp32 (transformers' DeepSeek-V4 and Mistral-4 routers)."""
+
+
+RouterRoundingName = Literal["none", "logits", "all"]
+"""router.rounding."""
+
+
 class TopkMethod(StrEnum):
     greedy = "greedy"
     group_limited_greedy = "group_limited_greedy"

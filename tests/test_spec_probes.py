@@ -401,13 +401,17 @@ def test_a_quoted_key_is_shown_quoted_at_its_line():
     start = text.splitlines().index("[router]") + 1
     assert _problems(text) == [
         f's.toml:{start + 1}: router."a.b" = 1: unknown key in [router] (known keys: '
-        "scoring_func, topk_method, n_group, topk_group, norm_topk_prob, routed_scaling_factor)",
+        "scoring_func, topk_method, n_group, topk_group, norm_topk_prob, routed_scaling_factor, "
+        "rounding)",
         f"s.toml:{start + 2}: router.a = {{b = 2}}: unknown key in [router] (known keys: "
-        "scoring_func, topk_method, n_group, topk_group, norm_topk_prob, routed_scaling_factor)",
+        "scoring_func, topk_method, n_group, topk_group, norm_topk_prob, routed_scaling_factor, "
+        "rounding)",
         f's.toml:{start + 3}: router."c\\"d" = 3: unknown key in [router] (known keys: '
-        "scoring_func, topk_method, n_group, topk_group, norm_topk_prob, routed_scaling_factor)",
+        "scoring_func, topk_method, n_group, topk_group, norm_topk_prob, routed_scaling_factor, "
+        "rounding)",
         f"s.toml:{start + 5}: router.e = 4: unknown key in [router] (known keys: "
-        "scoring_func, topk_method, n_group, topk_group, norm_topk_prob, routed_scaling_factor)",
+        "scoring_func, topk_method, n_group, topk_group, norm_topk_prob, routed_scaling_factor, "
+        "rounding)",
     ]
 
 

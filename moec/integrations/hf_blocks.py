@@ -75,6 +75,14 @@ _UNGROUPED = (
 )
 """An ungrouped, renormalizing router (every block that fixes its groups renormalizes too)."""
 _NO_SHARED = Fixed("model.n_shared_experts", 0, "has no shared experts")
+_ROUNDS_LOGITS = Fixed(
+    "router.rounding", "logits", "computes its logits in the model dtype (fp32 scores from them)"
+)
+_ROUNDS_ALL = Fixed(
+    "router.rounding", "all", "computes its logits, scores and weights in the model dtype"
+)
+"""The precision of the block's router (no config key says it): patch_model's spec from the
+config takes it without a warning; a spec given to patch_model keeps its own."""
 
 
 def _v3(model: str, prefix: str, block: str = "MoE", extra: tuple[Fixed, ...] = ()) -> Block:
@@ -91,7 +99,7 @@ def _top_k(
 ) -> Block:
     """A softmax top-k block without a shared expert (Mixtral's, Qwen3-MoE's, OLMoE's, and
     Granite's, which takes the softmax of the top-k logits: the same weights)."""
-    fixed = (_SOFTMAX, _GREEDY, *_UNGROUPED[:2], _NEVER_SCALES, _NO_SHARED, *extra)
+    fixed = (_SOFTMAX, _GREEDY, *_UNGROUPED[:2], _NEVER_SCALES, _NO_SHARED, _ROUNDS_LOGITS, *extra)
     module = f"{model}.modeling_{model}"
     return Block(module, f"{prefix}{block}", f"{prefix}TopKRouter", fixed)
 
@@ -113,6 +121,7 @@ BLOCKS = (
             Fixed("router.topk_group", 1, "chooses among all experts, ungrouped"),
             Fixed("router.norm_topk_prob", True, "always renormalizes the top-k weights"),
             Fixed("model.n_shared_experts", 1, "holds one shared expert of moe_intermediate_size"),
+            _ROUNDS_ALL,
         ),
         clamps=True,
     ),
@@ -136,7 +145,7 @@ BLOCKS = (
         "afmoe.modeling_afmoe",
         "AfmoeSparseMoeBlock",
         "AfmoeTokenChoiceRouter",
-        (*_V3_LIKE, *_UNGROUPED),
+        (*_V3_LIKE, *_UNGROUPED, _ROUNDS_LOGITS),
     ),
     _v3("axk2", "AXK2"),
     Block(
@@ -155,7 +164,7 @@ BLOCKS = (
         "mistral4.modeling_mistral4",
         "Mistral4MoE",
         "Mistral4TopkRouter",
-        (_SOFTMAX, _GREEDY),
+        (_SOFTMAX, _GREEDY, _ROUNDS_ALL),
     ),
     Block(
         "mistral_large4.modeling_mistral_large4",
@@ -193,7 +202,7 @@ BLOCKS = (
         "cohere2_moe.modeling_cohere2_moe",
         "Cohere2MoeSparseMoeBlock",
         "Cohere2MoeTopKRouter",
-        (_GREEDY, *_UNGROUPED[:2], _NEVER_SCALES),
+        (_GREEDY, *_UNGROUPED[:2], _NEVER_SCALES, _ROUNDS_LOGITS),
     ),
     Block(
         "flint.modeling_flint",
@@ -225,7 +234,7 @@ BLOCKS = (
         "minimax_m3_vl.modeling_minimax_m3_vl",
         "MiniMaxM3VLSparseMoeBlock",
         "MiniMaxM3VLTopKRouter",
-        (*_V3_LIKE, *_UNGROUPED),
+        (*_V3_LIKE, *_UNGROUPED, _ROUNDS_LOGITS),
         own_activation=True,
     ),
     _v3("dots3_note", "Dots3NoteText"),
@@ -233,7 +242,7 @@ BLOCKS = (
         "laguna.modeling_laguna",
         "LagunaSparseMoeBlock",
         "LagunaTopKRouter",
-        (*_V3_LIKE, *_UNGROUPED),
+        (*_V3_LIKE, *_UNGROUPED, _ROUNDS_LOGITS),
     ),
     _top_k("granitemoe", "GraniteMoe", (_RENORMALIZED,), "MoE"),
     _top_k("granitemoe_swa", "GraniteMoeSWA", (_RENORMALIZED,), "MoE"),
@@ -243,7 +252,7 @@ BLOCKS = (
         "lfm2_moe.modeling_lfm2_moe",
         "Lfm2MoeSparseMoeBlock",
         "Lfm2MoeTopKRouter",
-        (_SIGMOID, *_UNGROUPED[:2], _NO_SHARED),
+        (_SIGMOID, *_UNGROUPED[:2], _NO_SHARED, _ROUNDS_ALL),
     ),
     Block(
         "minimax_m2.modeling_minimax_m2",
@@ -254,6 +263,7 @@ BLOCKS = (
             *_UNGROUPED,
             Fixed("router.routed_scaling_factor", 1.0, "never scales the top-k weights"),
             _NO_SHARED,
+            _ROUNDS_LOGITS,
         ),
     ),
 )
@@ -297,7 +307,8 @@ def ignored_keys(block: Block, raw: dict[str, Any]) -> list[tuple[Fixed, Any]]:
         if hashed and fixed.path == "router.topk_method":
             continue
         table, key = fixed.path.split(".")
-        value = raw.get(table, {"kind": "silu"})[key]  # no activation table: silu
+        section = raw.get(table, {"kind": "silu"})  # no activation table: silu
+        value = section.get(key, "none") if key == "rounding" else section[key]  # init: none
         if value != fixed.value:
             found.append((fixed, value))
     return found
@@ -317,6 +328,8 @@ def follow_block(block: Block, raw: dict[str, Any]) -> list[str]:
             )
             continue
         raw[table][key] = fixed.value
+        if key == "rounding":  # no config key to name: the block's precision, silently
+            continue
         notes.append(
             f"{key} = {literal(config_value)} in the config, but {block.router} {fixed.does} "
             f"({key} = {literal(fixed.value)})"

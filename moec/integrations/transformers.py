@@ -475,6 +475,7 @@ def check_spec_fits(
     if follow is not None:
         hf_blocks.follow_block(follow, expected)
     spec = loaded.normalized
+    expected["router"].pop("rounding", None)  # the spec's precision, not the model's structure
     found = [
         _differs(f"{table}.{key}", spec[table][key], want, follow, ignored)
         for table in ("model", "router")

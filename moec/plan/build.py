@@ -38,6 +38,7 @@ from moec.vocab import (
     GemmRole,
     ReplicaChoice,
     RouterPrecision,
+    RouterRounding,
     ScaleMajor,
     Scheme,
     ScoringFunc,
@@ -249,6 +250,7 @@ def _select(plan: Plan, spec: Spec, backend: Backend) -> None:
             top_k=layer.top_k,
             experts=layer.routed_experts,
             fused_shared=layer.n_shared if layer.fused_shared else 0,
+            rounding=_rounding(plan, spec),
             outputs={
                 "topk_weights": TensorType(FP32, ("T", "K")),
                 "topk_ids": TensorType(I32, ("T", "K")),
@@ -277,6 +279,36 @@ def _select(plan: Plan, spec: Spec, backend: Backend) -> None:
         )
     else:
         plan.decide("top-k", "torch", "elementwise top-k: a few percent of the layer's bytes")
+
+
+def _rounding(plan: Plan, spec: Spec) -> RouterRounding:
+    """router.rounding as the selection applies it, with its decision."""
+    rounding, dtype = RouterRounding(spec.router.rounding), plan.layer.dtype
+    if rounding == RouterRounding.none:
+        return rounding
+    if dtype == FP32:
+        plan.decide(
+            "router rounding",
+            "none",
+            f'router.rounding = "{rounding}" rounds to target.dtype, and float32 is the fp32 '
+            "the router computes in: nothing to round",
+        )
+        return RouterRounding.none
+    rounded = "the logits" if rounding == RouterRounding.logits else "each step"
+    plan.decide(
+        "router rounding",
+        f"{rounded} to {dtype.value}",
+        f'router.rounding = "{rounding}": '
+        + (
+            "the logits rounded as a gate GEMM with a model-dtype output leaves them, the "
+            "scores and weights fp32 from them"
+            if rounding == RouterRounding.logits
+            else "logits, scores and weights as a router computing in the model dtype "
+            "rounds them, the bias-corrected choice fp32"
+        )
+        + f" (the {dtype.value} model's own routing, at its precision; none keeps fp32)",
+    )
+    return rounding
 
 
 def _place(plan: Plan) -> None:

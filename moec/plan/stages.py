@@ -28,6 +28,7 @@ from moec.vocab import (
     GemmRole,
     ReplicaChoice,
     RouterPrecision,
+    RouterRounding,
     ScoringFunc,
     StageKind,
     TopkMethod,
@@ -111,6 +112,9 @@ class Select(Stage):
     one_launch: int = 0
     """With the (bf16x3 Triton) router fused in: the most tokens whose router logits and
     selection are one launch; 0: the router is a stage of its own."""
+    rounding: RouterRounding = RouterRounding.none
+    """What the selection rounds to the layer's dtype (router.rounding; none in an fp32
+    layer)."""
 
     @property
     def has_bias(self) -> bool:

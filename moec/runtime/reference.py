@@ -3,8 +3,9 @@
 
 It composes the torch runtime functions (torch_select, torch_matmul) itself, assignment by
 assignment, without the package's stages, as docs/numerics.md defines the layer: router logits
-in fp32; top-k selection; activations quantized as the scheme says; GEMMs accumulated in fp32
-over the dequantized operands and rounded once to the model dtype; the gated activation in fp32;
+in fp32 (rounded to the model dtype as the select stage's `rounding` says); top-k selection;
+activations quantized as the scheme says; GEMMs accumulated in fp32 over the dequantized
+operands and rounded once to the model dtype; the gated activation in fp32;
 the combine in fp32 over the k assignments (fused shared experts are assignments of weight 1),
 plus a separate shared MLP's output, rounded once. One rank only.
 
@@ -48,9 +49,17 @@ SELECT_OPTIONS = (
     "norm_topk_prob",
     "routed_scaling_factor",
     "fused_shared",
+    "rounding",
 )
-"""The select stage's choices (plan.json) that torch_select.select_topk takes."""
-HASH_OPTIONS = ("scoring_func", "norm_topk_prob", "routed_scaling_factor", "fused_shared")
+"""The select stage's choices (plan.json) that torch_select.select_topk takes (and round_to,
+the model dtype)."""
+HASH_OPTIONS = (
+    "scoring_func",
+    "norm_topk_prob",
+    "routed_scaling_factor",
+    "fused_shared",
+    "rounding",
+)
 """Those torch_select.select_hash takes."""
 
 
@@ -67,8 +76,9 @@ def select(x: torch.Tensor, params: dict, plan: dict, token_ids=None):
     """(topk_weights [T, K] fp32, topk_ids [T, K] int32) from fp32 router logits [T, E]."""
     (options,) = [s["choices"] for s in plan["stages"] if s["kind"] == "select"]
     options = {key: options[key] for key in SELECT_OPTIONS}
+    options["round_to"] = x.dtype
     if options["topk_method"] == "hash":
-        hashed = {key: options[key] for key in HASH_OPTIONS}
+        hashed = {key: options[key] for key in (*HASH_OPTIONS, "round_to")}
         logits = F.linear(x.float(), params["gate_weight"])
         return torch_select.select_hash(logits, token_ids, params["tid2eid"], **hashed)
     if "gate_weight" in params:

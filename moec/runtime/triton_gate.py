@@ -75,6 +75,9 @@ def _gate_kernel(
     NORMALIZE: tl.constexpr,
     ROUTED_SCALING: tl.constexpr,
     FUSED_SHARED: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_TOP: tl.constexpr,
@@ -103,8 +106,8 @@ def _gate_kernel(
             )
             top_ids, top_weights = select_row(  # by sort: on 4 warps, faster than argmax
                 logits, bias_ptr, E, SCORING, METHOD, HAS_BIAS, N_GROUP, BLOCK_G, TOPK_GROUP,
-                TOP_K, NORMALIZE, ROUTED_SCALING, FUSED_SHARED, BLOCK_E, BLOCK_K, BLOCK_TOP,
-                PER_GROUP, True,
+                TOP_K, NORMALIZE, ROUTED_SCALING, FUSED_SHARED, ROUNDING, ROUND_TO, SOFT_ROUND,
+                BLOCK_E, BLOCK_K, BLOCK_TOP, PER_GROUP, True,
             )  # fmt: skip
             store_choice(
                 ids_ptr + t * stride_it, weights_ptr + t * stride_wt, top_ids, top_weights,
@@ -116,7 +119,8 @@ def gate(x, parts, bias, counters, *, config, one_launch, pdl=False, **choice):
     """(weights [T, K'] fp32, ids [T, K'] int32) of x [T, H] bf16 routed by the router weight's
     bf16 parts [P, E, H] (triton_router) and bias [E] fp32 or None, as select_topk of
     router_logits; `choice`: select_topk's options (scoring_func, topk_method, n_group,
-    topk_group, top_k, norm_topk_prob, routed_scaling_factor, fused_shared). config: the
+    topk_group, top_k, norm_topk_prob, routed_scaling_factor, fused_shared; rounding and
+    round_to where the router rounds). config: the
     router's tiles; up to one_launch tokens one launch, with counters [>= one_launch] int32
     (zeros, left zero); above, two."""
     tokens, hidden = x.shape

@@ -2,7 +2,7 @@
 token: the experts are the token's row of the table, tid2eid[token_id] (no choice among the
 scores), the weights the scores of those experts (SCORING softmax | sigmoid | sqrtsoftplus of
 the fp32 logits, or of the sum of the split-K router's partial logits, in slice order),
-renormalized and scaled as asked, then FUSED_SHARED extra experts E.. with weight 1: what
+renormalized and scaled as asked (rounded as ROUNDING says), then FUSED_SHARED extra experts E.. with weight 1: what
 torch_select.select_hash computes.
 
 Token ids are checked against the table on the host before the launch (the layer's forward);
@@ -18,6 +18,7 @@ from .triton_numerics import launch_options, wait_inputs
 from .triton_select import (
     SLICES_AT_ONCE,
     finish_choice,
+    rounding_meta,
     score_row,
     store_choice,
     sum_partials,
@@ -48,6 +49,9 @@ def _select_hash_kernel(
     NORMALIZE: tl.constexpr,
     ROUTED_SCALING: tl.constexpr,
     FUSED_SHARED: tl.constexpr,
+    ROUNDING: tl.constexpr,  # router.rounding: none | logits | all
+    ROUND_TO: tl.constexpr,  # the model dtype it rounds to
+    SOFT_ROUND: tl.constexpr,  # interpreter: round to bf16 in software (its cast truncates)
     BLOCK_E: tl.constexpr,  # power of two >= E
     BLOCK_K: tl.constexpr,  # power of two >= TOP_K + FUSED_SHARED
     SLICES_AT_ONCE: tl.constexpr,  # partial logits loaded per step
@@ -56,7 +60,7 @@ def _select_hash_kernel(
     wait_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     logits = sum_partials(logits_ptr + t * stride_lt, E, S, stride_ls, BLOCK_E, SLICES_AT_ONCE, "")
-    scores = score_row(logits, E, SCORING, BLOCK_E)  # [BLOCK_E]
+    scores = score_row(logits, E, SCORING, ROUNDING, ROUND_TO, SOFT_ROUND, BLOCK_E)  # [BLOCK_E]
     token = tl.load(token_ids_ptr + t).to(tl.int64)
     token = tl.where((token >= 0) & (token < V), token, 0)  # never past the table
     slot = tl.arange(0, BLOCK_K)
@@ -64,8 +68,9 @@ def _select_hash_kernel(
     top_ids = tl.load(table_ptr + token * stride_tv + slot, mask=routed, other=0)
     top_weights = tl.where(routed, tl.gather(scores, top_ids, 0), 0.0)
     top_ids, top_weights = finish_choice(
-        top_ids, top_weights, E, TOP_K, NORMALIZE, ROUTED_SCALING, BLOCK_K
-    )
+        top_ids, top_weights, E, TOP_K, NORMALIZE, ROUTED_SCALING, ROUNDING, ROUND_TO,
+        SOFT_ROUND, BLOCK_K,
+    )  # fmt: skip
     store_choice(
         ids_ptr + t * stride_it, weights_ptr + t * stride_wt, top_ids, top_weights,
         TOP_K + FUSED_SHARED, BLOCK_K,
@@ -81,6 +86,8 @@ def select_hash(
     norm_topk_prob,
     routed_scaling_factor,
     fused_shared,
+    rounding="none",
+    round_to=None,
     pdl=False,
 ):
     """(weights [T, K'] fp32, ids [T, K'] int32), K' = top_k + fused_shared, for logits [T, E]
@@ -117,6 +124,7 @@ def select_hash(
             NORMALIZE=norm_topk_prob,
             ROUTED_SCALING=routed_scaling_factor,
             FUSED_SHARED=fused_shared,
+            **rounding_meta(rounding, round_to),
             BLOCK_E=triton.next_power_of_2(experts),
             BLOCK_K=triton.next_power_of_2(width),
             SLICES_AT_ONCE=SLICES_AT_ONCE,

@@ -8,7 +8,9 @@ select_topk   scores from fp32 logits (SCORING softmax | sigmoid | sqrtsoftplus)
               experts E.. with weight 1. select_row can instead find each by one sort
               (BY_SORT, the same choice): faster in the router's 4-warp programs
               (triton_gate), slower on select_topk's one warp at 256 experts (H200,
-              benchmarks/RESULTS.md run 60).
+              benchmarks/RESULTS.md run 60). ROUNDING (router.rounding, to ROUND_TO):
+              logits rounds the logits; all also each step of the scoring and of the
+              weights, as torch_select computes them in that dtype.
 The jit helpers (sum_partials, select_row, store_choice) are shared with triton_gate, and
 sum_partials, score_row and store_choice with triton_hash.
 """
@@ -17,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_numerics import launch_options, wait_inputs
+from .triton_numerics import launch_options, round_through, wait_inputs
 
 # select_topk adds the split-K router's partial logits in order, loading this many at a time:
 # at T=1 the decode router leaves 28 slices, and one dependent load per slice made select wait
@@ -65,12 +67,26 @@ def top_indices(values, BLOCK: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
-def score_row(logits, E, SCORING: tl.constexpr, BLOCK_E: tl.constexpr):
-    """One token's scores [BLOCK_E] fp32 (0 past E) from its logits (-inf past E)."""
+def score_row(
+    logits,
+    E,
+    SCORING: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    """One token's scores [BLOCK_E] fp32 (0 past E) from its logits (-inf past E), rounded
+    to ROUND_TO as ROUNDING says (SOFT_ROUND: in software, under the interpreter)."""
     e = tl.arange(0, BLOCK_E)
+    if ROUNDING != "none":  # the gate GEMM's output in the model dtype
+        logits = round_through(logits, ROUND_TO, SOFT_ROUND)
     if SCORING == "softmax":
         shifted = tl.exp(logits - tl.max(logits, axis=0))
-        scores = shifted / tl.sum(shifted, axis=0)
+        if ROUNDING == "all":  # IEEE division, as torch's: the rounding sees its exact fp32
+            scores = tl.math.div_rn(shifted, tl.sum(shifted, axis=0))
+        else:
+            scores = shifted / tl.sum(shifted, axis=0)
     elif SCORING == "sigmoid":
         scores = tl.sigmoid(logits)
     else:  # sqrt(softplus(x)), softplus(x) = max(x, 0) + log1p(exp(-|x|))
@@ -78,7 +94,13 @@ def score_row(logits, E, SCORING: tl.constexpr, BLOCK_E: tl.constexpr):
         z = 1.0 + y  # log1p(y) = log(z) * y / (z - 1): exact up to a few ulps (Kahan)
         exact = z == 1.0
         log1p = tl.where(exact, y, tl.log(z) * (y / tl.where(exact, 1.0, z - 1.0)))
-        scores = tl.sqrt(tl.maximum(logits, 0.0) + log1p)
+        softplus = tl.maximum(logits, 0.0) + log1p
+        if ROUNDING == "all":  # torch rounds softplus, then its (IEEE) sqrt
+            scores = tl.sqrt_rn(round_through(softplus, ROUND_TO, SOFT_ROUND))
+        else:
+            scores = tl.sqrt(softplus)
+    if ROUNDING == "all":
+        scores = round_through(scores, ROUND_TO, SOFT_ROUND)
     return tl.where(e < E, scores, 0.0)
 
 
@@ -97,6 +119,9 @@ def select_row(
     NORMALIZE: tl.constexpr,
     ROUTED_SCALING: tl.constexpr,
     FUSED_SHARED: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_TOP: tl.constexpr,
@@ -108,7 +133,7 @@ def select_row(
     the groups and the experts each by one top-k sort, not by repeated argmax."""
     e = tl.arange(0, BLOCK_E)
     valid = e < E
-    scores = score_row(logits, E, SCORING, BLOCK_E)
+    scores = score_row(logits, E, SCORING, ROUNDING, ROUND_TO, SOFT_ROUND, BLOCK_E)
     choice = scores
     if HAS_BIAS:
         choice = choice + tl.load(bias_ptr + e, mask=valid, other=0.0)
@@ -170,7 +195,10 @@ def select_row(
             top_weights = tl.where(slot == k, weight, top_weights)
             choice = tl.where(e == top, float("-inf"), choice)
     # one reduction either way: the same sum
-    return finish_choice(top_ids, top_weights, E, TOP_K, NORMALIZE, ROUTED_SCALING, BLOCK_K)
+    return finish_choice(
+        top_ids, top_weights, E, TOP_K, NORMALIZE, ROUTED_SCALING, ROUNDING, ROUND_TO,
+        SOFT_ROUND, BLOCK_K,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -181,16 +209,28 @@ def finish_choice(
     TOP_K: tl.constexpr,
     NORMALIZE: tl.constexpr,
     ROUTED_SCALING: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """A token's chosen (ids, weights) in its first TOP_K of BLOCK_K slots -> the row as
-    stored: weights renormalized and scaled, the fused shared experts E.. after, weight 1."""
+    stored: weights renormalized and scaled (under ROUNDING "all" each op rounded to ROUND_TO),
+    the fused shared experts E.. after, weight 1."""
     slot = tl.arange(0, BLOCK_K)
     total = tl.sum(top_weights, axis=0)
-    if NORMALIZE:  # as the torch backend: w / (sum + 1e-20) * scale
-        top_weights = top_weights / (total + 1e-20)
-    if ROUTED_SCALING != 1.0:
-        top_weights = top_weights * ROUTED_SCALING
+    if ROUNDING == "all":  # as torch in ROUND_TO: the sum, + 1e-20, the quotient, the product
+        if NORMALIZE:
+            total = round_through(total, ROUND_TO, SOFT_ROUND)
+            total = round_through(total + 1e-20, ROUND_TO, SOFT_ROUND)
+            top_weights = round_through(tl.math.div_rn(top_weights, total), ROUND_TO, SOFT_ROUND)
+        if ROUTED_SCALING != 1.0:
+            top_weights = round_through(top_weights * ROUTED_SCALING, ROUND_TO, SOFT_ROUND)
+    else:
+        if NORMALIZE:  # as the torch backend: w / (sum + 1e-20) * scale
+            top_weights = top_weights / (total + 1e-20)
+        if ROUTED_SCALING != 1.0:
+            top_weights = top_weights * ROUTED_SCALING
     shared = slot >= TOP_K
     top_ids = tl.where(shared, E + slot - TOP_K, top_ids)
     top_weights = tl.where(shared, 1.0, top_weights)
@@ -233,6 +273,9 @@ def _select_topk_kernel(
     NORMALIZE: tl.constexpr,
     ROUTED_SCALING: tl.constexpr,
     FUSED_SHARED: tl.constexpr,
+    ROUNDING: tl.constexpr,  # router.rounding: none | logits | all
+    ROUND_TO: tl.constexpr,  # the model dtype it rounds to
+    SOFT_ROUND: tl.constexpr,  # interpreter: round to bf16 in software (its cast truncates)
     BLOCK_E: tl.constexpr,  # power of two >= E
     BLOCK_K: tl.constexpr,  # power of two >= TOP_K + FUSED_SHARED
     BLOCK_TOP: tl.constexpr,  # power of two >= TOP_K
@@ -245,7 +288,8 @@ def _select_topk_kernel(
     logits = sum_partials(logits_ptr + t * stride_lt, E, S, stride_ls, BLOCK_E, SLICES_AT_ONCE, "")
     top_ids, top_weights = select_row(
         logits, bias_ptr, E, SCORING, METHOD, HAS_BIAS, N_GROUP, BLOCK_G, TOPK_GROUP, TOP_K,
-        NORMALIZE, ROUTED_SCALING, FUSED_SHARED, BLOCK_E, BLOCK_K, BLOCK_TOP, PER_GROUP, False,
+        NORMALIZE, ROUTED_SCALING, FUSED_SHARED, ROUNDING, ROUND_TO, SOFT_ROUND, BLOCK_E, BLOCK_K,
+        BLOCK_TOP, PER_GROUP, False,
     )  # fmt: skip
     store_choice(
         ids_ptr + t * stride_it, weights_ptr + t * stride_wt, top_ids, top_weights,
@@ -257,7 +301,8 @@ def select_topk(logits, bias, *, pdl=False, num_warps=1, **choice):
     """Top-k selection for every token of logits [T, E] fp32, or of the sum of partial logits
     [S, T, E] (the split-K router's), with bias [E] fp32 or None, as torch_select.select_topk
     with the same keywords (`choice`: scoring_func, topk_method, n_group, topk_group, top_k,
-    norm_topk_prob, routed_scaling_factor, fused_shared; choice_meta names them):
+    norm_topk_prob, routed_scaling_factor, fused_shared, and rounding, round_to where the
+    router rounds; choice_meta names them):
     returns (weights [T, K'] fp32, ids [T, K'] int32), K' = top_k + fused_shared; see the
     comment above. One warp per token by default: its reductions over E need no shared-memory
     barriers (H200, 256 experts: 9.2 us at T=1 and 39 us at T=4096, against 10.7 and 64 us
@@ -304,10 +349,13 @@ def choice_meta(
     norm_topk_prob,
     routed_scaling_factor,
     fused_shared,
+    rounding="none",
+    round_to=None,
 ) -> dict:
     """The meta-parameters of select_row (and store_choice's BLOCK_K) for these options."""
     block_e = triton.next_power_of_2(experts)
     return {
+        **rounding_meta(rounding, round_to),
         "SCORING": scoring_func,
         "METHOD": topk_method,
         "HAS_BIAS": has_bias,
@@ -322,4 +370,22 @@ def choice_meta(
         "BLOCK_K": triton.next_power_of_2(top_k + fused_shared),
         "BLOCK_TOP": triton.next_power_of_2(top_k),
         "PER_GROUP": experts // n_group if experts == block_e and n_group > 1 else 0,
+    }
+
+
+ROUND_TO = {
+    torch.bfloat16: tl.bfloat16,
+    torch.float16: tl.float16,
+    torch.float32: tl.float32,
+    None: tl.float32,
+}
+"""The model dtype a router rounds to, as Triton names it (None: no rounding)."""
+
+
+def rounding_meta(rounding: str, round_to: torch.dtype | None) -> dict:
+    """The meta-parameters of the router's rounding (score_row, finish_choice)."""
+    return {
+        "ROUNDING": rounding,
+        "ROUND_TO": ROUND_TO[round_to],
+        "SOFT_ROUND": triton.knobs.runtime.interpret,
     }

@@ -228,6 +228,7 @@ def spec_data_from_config(
     unused = _unused_groups(reader, family, raw["router"])
     if notes is not None:
         notes.extend(_beside_notes(reader, family) + unused)
+        notes.extend(_rounding_notes(family, source.model_type, set_keys))
     if layer_type == "hash_moe":  # tid2eid[token_id] chooses: a table of vocab_size rows
         raw["router"]["topk_method"] = "hash"
         raw["model"]["vocab_size"] = reader.integer("vocab_size", "model.vocab_size", required=True)
@@ -333,6 +334,19 @@ def _router_from(reader: ConfigReader, family: Family) -> dict[str, Any]:
         if reader.boolean(family.bias_key, "router.topk_method") is False:
             router["topk_method"] = "greedy"
     return router
+
+
+def _rounding_notes(family: Family, model_type: str, set_keys) -> list[str]:
+    """The router.rounding that computes as the model type's transformers router, where that
+    router rounds to the model dtype: the spec routes in fp32 unless --set says otherwise."""
+    if family.rounding == "none" or "router.rounding" in set_keys:
+        return []
+    rounded = "its logits" if family.rounding == "logits" else "its logits, scores and weights"
+    return [
+        f"transformers' {model_type} router computes {rounded} in the model dtype; this spec "
+        f'routes in fp32 (router.rounding = "none"), --set router.rounding='
+        f"{family.rounding} rounds as transformers does (patch_model does so itself)"
+    ]
 
 
 def _check_scored_by_activation(

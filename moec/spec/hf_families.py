@@ -257,9 +257,23 @@ ALIASES: dict[str, dict[str, tuple[str, ...]]] = {
 """The other names a model type's transformers config reads for a key (its `attribute_map`;
 DeepSeek-V3.2's `num_experts`, which its config re-routes), after the family's own: a
 config.json that writes only such a name is read as transformers reads it."""
+_TOP_K_LOGITS = ("mixtral", "minimax", "qwen3_moe", "olmoe", "flex_olmo", "mellum", "jamba")
+ROUNDING: dict[str, str] = {
+    **dict.fromkeys(_TOP_K_LOGITS, "logits"),
+    **dict.fromkeys(("qwen3_vl_moe_text", "qwen3_omni_moe_text", "cohere2_moe"), "logits"),
+    **dict.fromkeys(("granitemoe", "granitemoe_swa", "granitemoeshared"), "logits"),
+    **dict.fromkeys(("granitemoehybrid", "afmoe", "laguna"), "logits"),
+    **dict.fromkeys(("minimax_m2", "minimax_m3_vl_text"), "logits"),
+    **dict.fromkeys(("deepseek_v4", "mistral4", "lfm2_moe"), "all"),
+}
+"""model_type -> the router.rounding of its transformers router, where that computes in the
+model dtype (every other model type's gate is fp32; init names it in a comment): "logits" where the gate GEMM's output is in the model
+dtype and the scoring in fp32 (F.linear(x, W) then softmax(dtype=float32)), "all" where the
+scoring and the weights are too (DeepSeek-V4's ACT2FN[scoring_func] of bf16 logits)."""
 FAMILIES = {
     model_type: replace(
         family,
+        rounding=ROUNDING.get(model_type, "none"),
         keys={
             **family.keys,
             **{

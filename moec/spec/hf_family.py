@@ -51,6 +51,9 @@ class Family:
     greedy_ignores_groups: bool = False
     """Whether the router reads n_group / topk_group only for group_limited_greedy (DeepSeek-V2's),
     so that a greedy config's groups are unused, not refused."""
+    rounding: str = "none"
+    """router.rounding: what the model type's transformers router rounds to the model dtype
+    (hf_families.ROUNDING)."""
     beside: Mapping[str, str] = field(default_factory=dict)
     """A config key of a module beside the MoE block, which the spec does not describe ->
     what it is (Granite's shared_mlp), noted in the spec init writes when the config sets it."""

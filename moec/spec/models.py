@@ -25,6 +25,7 @@ from moec.vocab import (
     GemmBackendChoice,
     LayoutChoice,
     ReplicaChoiceName,
+    RouterRoundingName,
     ScaleDtypeName,
     SchemeName,
     ScoringFuncName,
@@ -181,6 +182,14 @@ class Router(Table):
     """Renormalize the k selected weights to sum to 1."""
     routed_scaling_factor: PositiveFloat = 1.0
     """Multiplies the routed experts' output (not the shared experts')."""
+    rounding: RouterRoundingName = "none"
+    """What the router rounds to target.dtype, as a router computing in that dtype does. none:
+    logits, scores and weights in fp32 (DeepSeek-V3's reference); logits: the gate GEMM's output
+    rounded, scores and weights in fp32 from it (transformers' Mixtral, Qwen3-MoE, MiniMax-M2
+    routers); all: the logits, each step of the scoring (sqrt(softplus(x)) rounds twice) and the
+    weights' sum, division and scaling, the bias-corrected choice in fp32 (transformers'
+    DeepSeek-V4 and Mistral-4 routers). With target.dtype = float32 every value is fp32
+    already. docs/numerics.md, "Router rounding"."""
 
 
 class Quant(Table):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from moec.codegen.registry import register
 from moec.codegen.renderers.common import (
+    DTYPE,
     PDL,
     Call,
     Code,
@@ -28,7 +29,14 @@ from moec.plan.stages import (
     Select,
     SharedExpert,
 )
-from moec.vocab import Backend, GemmLayout, ReplicaChoice, TopkMethod, TorchKernel
+from moec.vocab import (
+    Backend,
+    GemmLayout,
+    ReplicaChoice,
+    RouterRounding,
+    TopkMethod,
+    TorchKernel,
+)
 
 FUNCTOOLS = ("import functools",)
 
@@ -43,6 +51,8 @@ def router(plan, stage: Router) -> StageCode:
 
 def select_options(stage: Select, **more: object) -> str:
     """The selection's keywords of a select call (and `more`, e.g. pdl)."""
+    if stage.rounding != RouterRounding.none:  # to the model dtype
+        more = {"rounding": stage.rounding, "round_to": DTYPE, **more}
     if stage.topk_method == TopkMethod.hash:  # the table chooses: no method, groups or bias
         return call_kwargs(
             scoring_func=stage.scoring_func,
@@ -76,6 +86,10 @@ def select_doc(stage: Select) -> str:
         parts.append("weights renormalized")
     if stage.routed_scaling_factor != 1.0:
         parts.append(f"x{stage.routed_scaling_factor:g}")
+    if stage.rounding == RouterRounding.logits:
+        parts.append("from the logits rounded to the model dtype")
+    elif stage.rounding == RouterRounding.all:
+        parts.append("logits, scores and weights rounded to the model dtype step by step")
     if stage.fused_shared:
         parts.append(f"then the {stage.fused_shared} fused shared experts with weight 1")
     return f"Top-{stage.top_k} of {stage.experts} experts: {', '.join(parts)}."
