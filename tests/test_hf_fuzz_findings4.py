@@ -53,3 +53,32 @@ def test_deepseek_v4_softmax_scoring_is_refused_for_both_layer_types(layer_type,
 def test_deepseek_v4_sigmoid_scoring_is_read(tmp_path, capsys):
     config = _v4(scoring_func="sigmoid")
     assert _accepted(tmp_path, capsys, config).router.scoring_func == "sigmoid"
+
+
+def test_v4_fp4_experts_without_shared_experts_get_no_shared_scheme(tmp_path, capsys):
+    """A DeepSeek-V4 fp4 config with n_shared_experts = 0, followed as init's comment offers
+    (--set model.n_shared_experts=0): init wrote the fp8 shared scheme of its fp4 experts and
+    then refused it (no shared experts to quantize). It now writes none; a --set one stays."""
+    fp4 = {  # fp8 128x128 shared experts: 128 wide
+        "hidden_size": 256,
+        "moe_intermediate_size": 128,
+        "n_shared_experts": 0,
+        "expert_dtype": "fp4",
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    }
+    follow = ("--set", "model.n_shared_experts=0")
+    spec = _accepted(tmp_path, capsys, _v4(**fp4), *follow)
+    assert spec.quant.scheme == "mxfp4" and spec.quant.shared_scheme is None
+    assert spec.model.n_shared_experts == 0
+    kept = _accepted(tmp_path, capsys, _v4(**fp4)).quant  # the block's one shared expert
+    assert kept.shared_scheme == "fp8_block"
+    err = _refused_with(tmp_path, capsys, _v4(**fp4), *follow, "--set", "quant.shared_scheme=bf16")
+    assert 'quant.shared_scheme = "bf16": there are no shared experts to quantize' in err
+
+
+def _refused_with(tmp_path, capsys, config, *more: str) -> str:
+    spec = tmp_path / "refused.toml"
+    args = ("--from-hf", str(write_config(tmp_path, config)), "-o", str(spec), *more)
+    code, out, err = init(capsys, *args)
+    assert (code, out) == (2, "") and "Traceback" not in err
+    return err

@@ -331,6 +331,65 @@ def test_mxfp4_exponents_are_checked(cache_dir):
     assert len(error.problems) == 2
 
 
+def _mx_checkpoint(scheme: str):
+    """A checkpoint of the SPEC layer with {scheme} experts as released ones hold them: mxfp4's
+    packed e2m1 pairs (all 0x77: 6.0) or mxfp8's e4m3, under UE8M0 exponent bytes (2**-7)."""
+    checkpoint = {k: v for k, v in _checkpoint().items() if not k.startswith("experts.")}
+    for name in [k for k in checkpoint if k.startswith("shared_experts.")]:
+        if name.endswith("_scale_inv"):
+            del checkpoint[name]
+        else:
+            checkpoint[name] = torch.randn(checkpoint[name].shape).bfloat16()
+    for e in range(4):
+        for proj, (n, k) in SHAPES.items():
+            value = (
+                torch.full((n, k // 2), 0x77, dtype=torch.uint8)
+                if scheme == "mxfp4"
+                else torch.full((n, k), 448.0).to(torch.float8_e4m3fn)
+            )
+            checkpoint[f"experts.{e}.{proj}_proj.weight"] = value
+            scale = torch.full((n, k // 32), 120, dtype=torch.uint8)
+            checkpoint[f"experts.{e}.{proj}_proj.weight_scale_inv"] = scale
+    return checkpoint
+
+
+def _mx_package(cache_dir, scheme: str):
+    import moec
+    from moec.spec import parse_spec
+
+    overrides = [f"quant.scheme={scheme}", "quant.shared_scheme=mxfp8", f"name=hostile_{scheme}"]
+    return moec.load(parse_spec(SPEC, "<hostile spec>", overrides), cache_dir=cache_dir)
+
+
+def test_mxfp4_scales_that_are_no_power_of_two_are_refused(cache_dir):
+    """fp32 scales of an mxfp4 checkpoint that are no UE8M0 value (0.75 * 2**-7): refused by
+    name, as its own state_dict would be, not kept (e2m1 values do not requantize exactly)."""
+    package = _mx_package(cache_dir, "mxfp4")
+    checkpoint = _mx_checkpoint("mxfp4")
+    name = "experts.2.up_proj.weight_scale_inv"
+    checkpoint[name] = torch.full(checkpoint[name].shape, 0.75 * 2.0**-7)
+    error = _refused(package.MoELayer().random_(0), checkpoint)
+    assert len(error.problems) == 1
+    count = checkpoint[name].numel()
+    assert error.problems[0].startswith(
+        f"{name}: {count} of its {count} scales are no power of two"
+    )
+    checkpoint[name] = torch.full(checkpoint[name].shape, 2.0**-7)  # fp32 powers of two: taken
+    layer = package.MoELayer().load_weights(checkpoint)
+    layer.load_state_dict(layer.state_dict())
+
+
+def test_ue8m0_exponent_zero_is_a_power_of_two(cache_dir):
+    """UE8M0 exponent 0 is 2**-127 (an fp32 denormal): an mxfp8 block under it is kept as
+    written (448 * 2**-127, which bf16 holds), not requantized to zeros."""
+    package = _mx_package(cache_dir, "mxfp8")
+    checkpoint = _mx_checkpoint("mxfp8")
+    checkpoint["experts.0.down_proj.weight_scale_inv"][0, 0] = 0
+    layer = package.MoELayer().load_weights(checkpoint)
+    assert layer.w2_scale[0, 0, 0].item() == 2.0**-127
+    assert (layer.w2[0, 0, :32].float() == 448.0).all()
+
+
 # --- all or nothing -----------------------------------------------------------------------
 
 

@@ -362,3 +362,18 @@ def test_the_shipped_h200_tiles_are_among_the_candidates():
             found = candidates.gemm_candidates(bucket["max_tokens"], 256, 8, scheme, tma=True)
             for role in ("gate_up", "down"):
                 assert bucket[role] in found, (key, bucket["max_tokens"], role)
+
+
+def test_tune_says_its_triton_backend_is_why(capsys):
+    """tune measures the Triton GEMMs whatever the spec's gemm_backend: a torch spec for sm80
+    (valid) is refused for tune's Triton, which the message says, without offering the torch
+    backend the spec already has."""
+    spec = EXAMPLES / "tiny-cpu.toml"  # fp8_block, gemm_backend = "torch"
+    assert load_spec(spec).spec.experts.gemm_backend == "torch"
+    overrides = ["--set", "target.device=cuda", "--set", "target.arch=sm80"]
+    assert main(["validate", str(spec), *overrides]) == 0
+    capsys.readouterr()
+    assert main(["tune", str(spec), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert "and moec tune measures the Triton GEMMs" in err and "Traceback" not in err
+    assert 'gemm_backend = "torch"' not in err

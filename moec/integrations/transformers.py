@@ -40,7 +40,7 @@ from moec.errors import MoecError, Problem, override_list, path_argument, proble
 from moec.integrations import hf_blocks
 from moec.integrations.hf_blocks import ROUTER_KEYS, Block
 from moec.spec import LoadedSpec, check_raw, hf_refused, load_spec
-from moec.spec.hf import spec_data_from_config
+from moec.spec.hf import drop_unused_shared_scheme, spec_data_from_config
 from moec.spec.loader import apply_overrides
 from moec.spec.models import Arch
 
@@ -434,6 +434,7 @@ def spec_for_model(
     raw["target"] = {"device": device.type, "dtype": WEIGHT_DTYPES[dtype], **_arch_of(device)}
     raw["quant"]["checkpoint"] = "bf16"  # the model holds float weights: quantize on load
     raw, set_paths = apply_overrides(raw, overrides, source)
+    drop_unused_shared_scheme(raw, set_paths)
     return check_raw(raw, source, set_paths=set_paths, overrides=tuple(overrides))
 
 

@@ -206,8 +206,16 @@ class WeightFormat:
         if overflow is not None:
             problems.append(overflow_message(sname, f"block {overflow}", f"this weight ({wname})"))
             return None
-        needs_pow2 = self.pow2_scales and self.scheme in ("fp8_block", "mxfp8")
-        if needs_pow2 and not torch.equal(scale, quant.round_up_pow2(scale)):
+        # frexp's mantissa is 1/2 for every power of two, 2**-127 (UE8M0's exponent 0) included
+        odd = (torch.frexp(scale.float())[0] != 0.5).flatten().nonzero()
+        if self.pow2_scales and len(odd) and self.scheme == "mxfp4":
+            problems.append(
+                f"{sname}: {len(odd)} of its {scale.numel()} scales are no power of two (the "
+                f"first: block {_block_index(int(odd[0]), scale)}); mxfp4 scales are UE8M0, and "
+                "e2m1 values cannot be requantized to other scales without loss"
+            )
+            return None
+        if self.pow2_scales and len(odd):
             # fp32 scales where UE8M0 is needed: requantize with power-of-two scales.
             dequantized = quant.dequantize_blocks(value, scale, *self.scale_block)
             return self.from_float(dequantized)

@@ -72,6 +72,7 @@ def spec_from_hf(
     except MoecError as error:
         raise MoecError(error.problems, str(config_path), kind=error.kind) from None
     raw, set_paths = apply_overrides(raw, overrides, str(config_path))
+    drop_unused_shared_scheme(raw, set_paths)
     # raises with every problem if moec cannot run it
     check_raw(raw, str(config_path), set_paths=set_paths, overrides=tuple(overrides))
     schema = os.path.relpath(
@@ -79,6 +80,17 @@ def spec_from_hf(
         Path(schema_relative_to).resolve().parent if schema_relative_to else Path.cwd(),
     )
     return _to_toml(raw, config_path.name, config.get("model_type", "?"), schema, notes)
+
+
+def drop_unused_shared_scheme(raw: dict[str, Any], set_paths: set[str]) -> None:
+    """The config's shared scheme (fp4 experts' fp8_block shared ones), unless --set wrote it,
+    goes where --set leaves no shared experts (model.n_shared_experts = 0, the config's value
+    of a DeepSeek-V4 block that always holds one): there is none to quantize."""
+    if raw.get("model", {}).get("n_shared_experts") != 0 or "quant.shared_scheme" in set_paths:
+        return
+    quant = raw.get("quant")
+    if isinstance(quant, dict):
+        quant.pop("shared_scheme", None)
 
 
 def written_by_init(data: bytes) -> bool:

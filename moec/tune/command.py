@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
@@ -42,7 +43,7 @@ def tune_spec(
 ) -> str:
     """Tune the spec at `path` on the local GPU, write its table; return what was written.
     Progress goes to `stream` (default stderr)."""
-    loaded = load_spec(path, [*overrides, "experts.gemm_backend=triton"])
+    loaded = _triton_spec(path, overrides)
     buckets = _token_list(tokens, loaded.spec.target.max_num_tokens)
     device_name = _local_gpu(loaded)
     gpu = gpu_name(device_name)
@@ -63,6 +64,29 @@ def tune_spec(
         f"{'s' if len(tuned.buckets) > 1 else ''}\n"
         f"{build_note(target, gpu, layer)}\n"
     )
+
+
+def _triton_spec(path: str, overrides) -> LoadedSpec:
+    """The spec with the Triton GEMMs tune measures: its own problems first, as validate
+    reports them; then those of the Triton backend, said to be tune's."""
+    load_spec(path, overrides)
+    try:
+        return load_spec(path, [*overrides, "experts.gemm_backend=triton"])
+    except MoecError as error:
+        tuned = [
+            replace(
+                found,
+                message=f"{found.message}, and moec tune measures the Triton GEMMs "
+                '(experts.gemm_backend = "triton")',
+                hint=_OTHER_BACKEND.sub("", found.hint),
+            )
+            for found in error.problems
+        ]
+        raise MoecError(tuned, error.source, kind=error.kind) from None
+
+
+_OTHER_BACKEND = re.compile(r',? or experts\.gemm_backend = "[a-z_]+"')
+"""A hint's way out through another GEMM backend, which tune does not take."""
 
 
 def write_table(path: Path, tuned: TunedLayer) -> None:
