@@ -527,3 +527,20 @@ def test_the_layers_own_tensors_reordered_load_as_given(package):
             ]
     layer.load_weights(views)
     assert torch.equal(layer.w13, expected.w13) and torch.equal(layer.w2, expected.w2)
+
+
+def test_scales_for_a_float_checkpoint_name_the_key(cache_dir):
+    """A quantized checkpoint given to a layer that reads float weights (quant.checkpoint =
+    "bf16") is refused at its scales, naming the key that reads it as quantized."""
+    import moec
+    from moec.spec import parse_spec
+
+    overrides = ["quant.checkpoint=bf16", "name=hostile_float_checkpoint"]
+    package = moec.load(parse_spec(SPEC, "<hostile spec>", overrides), cache_dir=cache_dir)
+    checkpoint = _checkpoint()
+    for name in list(checkpoint):  # the float weights the layer reads, the scales left
+        if name.endswith("_proj.weight"):
+            checkpoint[name] = torch.randn(checkpoint[name].shape).bfloat16()
+    error = _refused(package.MoELayer().random_(0), checkpoint)
+    assert 'quant.checkpoint = "quantized")' in error.problems[0]
+    assert error.problems[0].startswith("experts.0.gate_proj.weight_scale_inv: unexpected")

@@ -93,7 +93,13 @@ class WeightFormat:
                 return None
             if scale is not None:
                 problems.append(
-                    f"{sname}: unexpected for a {self.scheme} checkpoint of float weights"
+                    f"{sname}: unexpected for a {self.scheme} checkpoint of float weights "
+                    + (
+                        "(bf16 weights take no scales)"
+                        if self.scheme == "bf16"
+                        else '(quant.checkpoint = "bf16"; a checkpoint quantized in this '
+                        'scheme, with its scales: quant.checkpoint = "quantized")'
+                    )
                 )
                 return None
             return self._from_wide(value, wname, problems)
