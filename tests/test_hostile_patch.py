@@ -57,3 +57,26 @@ def test_a_first_block_that_does_not_load_leaves_the_model_unchanged(cache_dir):
     with pytest.raises(MoecError, match="is unchanged: no block was replaced"):
         patch_model(model, cache_dir=cache_dir)
     assert not any(isinstance(m, MoecMoE) for m in model.modules())
+
+
+@pytest.mark.parametrize("odd_layer", [1, 2])
+def test_blocks_in_another_dtype_are_named_before_any_is_replaced(odd_layer, cache_dir):
+    """One MoE block's experts in float16, the others float32 (the model runs so unpatched):
+    the layers were all built for the first block's dtype, rounding the others' weights, and
+    then refused the float32 hidden states at every forward. Now each block whose dtype
+    differs from the first's is named, and nothing is replaced."""
+    model = _model(layers=4)  # MoE blocks in layers 1-3
+    model.model.layers[odd_layer].mlp.experts.to(torch.float16)
+    tokens = hf_oracle.tokens(1)
+    with torch.no_grad():
+        before = model(input_ids=tokens).logits
+    with pytest.raises(MoecError) as error:
+        patch_model(model, cache_dir=cache_dir)
+    text = str(error.value)
+    differ = [2, 3] if odd_layer == 1 else [odd_layer]  # from the first block, layer 1's
+    named = [i for i in (1, 2, 3) if f"model.layers.{i}.mlp.experts.gate_up_proj" in text]
+    assert named == differ, text
+    assert "for one dtype and device kind" in text and "Traceback" not in text
+    assert not any(isinstance(m, MoecMoE) for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=tokens).logits, before)

@@ -135,8 +135,7 @@ def patch_model(
     # it does not declare as Tensor | Module; a transformers model's config is a PretrainedConfig.
     config = model.config.get_text_config()  # type: ignore[union-attr, operator]
     _check_no_router_logits(model.config, config)
-    first = next(iter(groups.values()))[0]
-    dtype, device = _expert_weights_format(model.get_submodule(first), first)
+    dtype, device = _one_weights_format(model, groups)
     follow = block if router_keys == "transformers" else None
     if follow is not None:
         _check_clamp_limit(follow, config)
@@ -346,6 +345,29 @@ def check_version(version: str) -> None:
             ],
             kind="backend",
         )
+
+
+def _one_weights_format(model: nn.Module, groups) -> tuple[torch.dtype, torch.device]:
+    """The dtype and device of the first block's expert weights, which every block's must
+    share (the layers are built for one spec: a block in another dtype would be rounded to it
+    and then refuse its own input); each block may sit on a CUDA device of its own."""
+    names = [name for members in groups.values() for name in members]
+    formats = {name: _expert_weights_format(model.get_submodule(name), name) for name in names}
+    dtype, device = formats[names[0]]
+    others = [
+        problem(
+            f"{name}.experts.gate_up_proj",
+            f"is {held} on {place.type}, and {names[0]}'s is {dtype} on {device.type}: the "
+            "MoE blocks are replaced by layers of one spec, for one dtype and device kind",
+            "every MoE block's weights in one dtype (model.to(dtype))",
+            value=str(held),
+        )
+        for name, (held, place) in formats.items()
+        if held != dtype or place.type != device.type
+    ]
+    if others:
+        raise MoecError(others, kind="usage")
+    return dtype, device
 
 
 def _expert_weights_format(block: nn.Module, name: str) -> tuple[torch.dtype, torch.device]:
