@@ -32,7 +32,8 @@ COMMON = ["target.max_num_tokens=512"]
 # but the TMA GEMM; 400 tokens are 1200 assignments, past the one-launch dispatch and route
 LAYERS = [
     ("fp8_block", ["experts.layout=contiguous"], "1,400"),  # the example's scheme
-    ("bf16_masked", ["quant.scheme=bf16", "experts.layout=masked"], "1,40"),
+    # router.rounding: each step rounded (bf16) here, the logits in the mxfp4 layer
+    ("bf16_masked", ["quant.scheme=bf16", "experts.layout=masked", "router.rounding=all"], "1,40"),
     (
         "mxfp4",
         [
@@ -40,6 +41,7 @@ LAYERS = [
             "quant.checkpoint=quantized",
             "quant.shared_scheme=mxfp8",
             "experts.layout=contiguous",
+            "router.rounding=logits",
         ],
         "1,40",
     ),

@@ -7,8 +7,8 @@ to_e4m3        clamp to +-448 and cast to e4m3; under the interpreter (SOFT_ROUN
                nearest even in software first, since its cast does not.
 round_output   round an fp32 tile for a store in the output dtype; under the interpreter a
                bf16 output is rounded to nearest even in software (its cast truncates).
-round_through  an fp32 tile rounded to bf16 / fp16 and back to fp32 (the router's rounding),
-               NaN kept.
+round_through  an fp32 tile rounded to DTYPE ("bfloat16" | "float16" | "float32") and back
+               to fp32 (the router's rounding), NaN kept.
 """
 
 import triton
@@ -44,8 +44,13 @@ def round_output(x, out_dtype: tl.constexpr, SOFT_ROUND: tl.constexpr):
 
 
 @triton.jit
-def round_through(x, dtype: tl.constexpr, SOFT_ROUND: tl.constexpr):
-    rounded = round_output(x, dtype, SOFT_ROUND).to(tl.float32)
+def round_through(x, DTYPE: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    if DTYPE == "float16":
+        rounded = x.to(tl.float16).to(tl.float32)
+    elif DTYPE == "bfloat16":
+        rounded = round_output(x, tl.bfloat16, SOFT_ROUND).to(tl.float32)
+    else:  # float32: nothing to round
+        rounded = x
     return tl.where(x == x, rounded, x)  # noqa: PLR0124  (a NaN's bits could carry: keep it)
 
 

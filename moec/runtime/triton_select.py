@@ -374,12 +374,12 @@ def choice_meta(
 
 
 ROUND_TO = {
-    torch.bfloat16: tl.bfloat16,
-    torch.float16: tl.float16,
-    torch.float32: tl.float32,
-    None: tl.float32,
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float32: "float32",
+    None: "float32",
 }
-"""The model dtype a router rounds to, as Triton names it (None: no rounding)."""
+"""The model dtype a router rounds to, as round_through names it (None: no rounding)."""
 
 
 def rounding_meta(rounding: str, round_to: torch.dtype | None) -> dict:
