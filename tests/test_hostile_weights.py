@@ -299,38 +299,6 @@ def test_exponent_bytes_as_values_are_refused(package):
     assert f"{name}: torch.float8_e8m0fnu values: expected float8_e4m3fn" in error.problems[0]
 
 
-def test_mxfp4_exponents_are_checked(cache_dir):
-    """UE8M0 exponent 255 is nan; 254 (2**127) times an e2m1 6.0 is beyond bf16."""
-    import moec
-    from moec.spec import parse_spec
-
-    overrides = ["quant.scheme=mxfp4", "quant.shared_scheme=mxfp8", "name=hostile_fp4"]
-    package = moec.load(parse_spec(SPEC, "<hostile spec>", overrides), cache_dir=cache_dir)
-    checkpoint = {k: v for k, v in _checkpoint().items() if not k.startswith("experts.")}
-    shared = [k for k in checkpoint if k.startswith("shared_experts.")]
-    for name in shared:
-        if name.endswith("_scale_inv"):
-            del checkpoint[name]
-        else:
-            checkpoint[name] = torch.randn(checkpoint[name].shape).bfloat16()
-    for e in range(4):
-        for proj, (n, k) in SHAPES.items():
-            checkpoint[f"experts.{e}.{proj}_proj.weight"] = torch.full(
-                (n, k // 2), 0x77, dtype=torch.uint8
-            )
-            checkpoint[f"experts.{e}.{proj}_proj.weight_scale_inv"] = torch.full(
-                (n, k // 32), 120, dtype=torch.uint8
-            )
-    package.MoELayer().load_weights(checkpoint)  # valid: 6.0 * 2**-7
-    checkpoint["experts.1.down_proj.weight_scale_inv"][3, 2] = 255
-    checkpoint["experts.2.gate_proj.weight_scale_inv"][4, 1] = 254
-    error = _refused(package.MoELayer().random_(0), checkpoint)
-    text = "\n".join(error.problems)
-    assert "experts.1.down_proj.weight_scale_inv: UE8M0 exponent 255 (nan)" in text
-    assert "experts.2.gate_proj.weight_scale_inv: block (4, 1): its largest weight" in text
-    assert len(error.problems) == 2
-
-
 def _mx_checkpoint(scheme: str):
     """A checkpoint of the SPEC layer with {scheme} experts as released ones hold them: mxfp4's
     packed e2m1 pairs (all 0x77: 6.0) or mxfp8's e4m3, under UE8M0 exponent bytes (2**-7)."""
@@ -359,6 +327,20 @@ def _mx_package(cache_dir, scheme: str):
 
     overrides = [f"quant.scheme={scheme}", "quant.shared_scheme=mxfp8", f"name=hostile_{scheme}"]
     return moec.load(parse_spec(SPEC, "<hostile spec>", overrides), cache_dir=cache_dir)
+
+
+def test_mxfp4_exponents_are_checked(cache_dir):
+    """UE8M0 exponent 255 is nan; 254 (2**127) times an e2m1 6.0 is beyond bf16."""
+    package = _mx_package(cache_dir, "mxfp4")
+    checkpoint = _mx_checkpoint("mxfp4")
+    package.MoELayer().load_weights(checkpoint)  # valid: 6.0 * 2**-7
+    checkpoint["experts.1.down_proj.weight_scale_inv"][3, 2] = 255
+    checkpoint["experts.2.gate_proj.weight_scale_inv"][4, 1] = 254
+    error = _refused(package.MoELayer().random_(0), checkpoint)
+    text = "\n".join(error.problems)
+    assert "experts.1.down_proj.weight_scale_inv: UE8M0 exponent 255 (nan)" in text
+    assert "experts.2.gate_proj.weight_scale_inv: block (4, 1): its largest weight" in text
+    assert len(error.problems) == 2
 
 
 def test_mxfp4_scales_that_are_no_power_of_two_are_refused(cache_dir):

@@ -29,6 +29,9 @@ class Fixed:
     """What the block computes with."""
     does: str
     """What the block does, in words: "never renormalizes the top-k weights"."""
+    quiet: bool = False
+    """No config key says it (the router's precision): set without a note, and absent from the
+    config's reading."""
 
 
 @dataclass(frozen=True)
@@ -76,10 +79,16 @@ _UNGROUPED = (
 """An ungrouped, renormalizing router (every block that fixes its groups renormalizes too)."""
 _NO_SHARED = Fixed("model.n_shared_experts", 0, "has no shared experts")
 _ROUNDS_LOGITS = Fixed(
-    "router.rounding", "logits", "computes its logits in the model dtype (fp32 scores from them)"
+    "router.rounding",
+    "logits",
+    "computes its logits in the model dtype (fp32 scores from them)",
+    quiet=True,
 )
 _ROUNDS_ALL = Fixed(
-    "router.rounding", "all", "computes its logits, scores and weights in the model dtype"
+    "router.rounding",
+    "all",
+    "computes its logits, scores and weights in the model dtype",
+    quiet=True,
 )
 """The precision of the block's router (no config key says it): patch_model's spec from the
 config takes it without a warning; a spec given to patch_model keeps its own."""
@@ -308,7 +317,7 @@ def ignored_keys(block: Block, raw: dict[str, Any]) -> list[tuple[Fixed, Any]]:
             continue
         table, key = fixed.path.split(".")
         section = raw.get(table, {"kind": "silu"})  # no activation table: silu
-        value = section.get(key, "none") if key == "rounding" else section[key]  # init: none
+        value = section.get(key) if fixed.quiet else section[key]
         if value != fixed.value:
             found.append((fixed, value))
     return found
@@ -328,7 +337,7 @@ def follow_block(block: Block, raw: dict[str, Any]) -> list[str]:
             )
             continue
         raw[table][key] = fixed.value
-        if key == "rounding":  # no config key to name: the block's precision, silently
+        if fixed.quiet:
             continue
         notes.append(
             f"{key} = {literal(config_value)} in the config, but {block.router} {fixed.does} "

@@ -66,6 +66,17 @@ def _compare(weights, ids, want_weights, want_ids, choice, rounding, top_k):
         assert torch.allclose(got, want, rtol=8 * 2**-24, atol=0)
 
 
+V4 = dict(  # DeepSeek-V4's routed layers, ungrouped (select_topk's keywords)
+    scoring_func="sqrtsoftplus",
+    topk_method="noaux_tc",
+    n_group=1,
+    topk_group=1,
+    top_k=TOP_K,
+    norm_topk_prob=True,
+    routed_scaling_factor=1.5,
+    fused_shared=0,
+)
+
 CHOICES = [  # (scoring, method, normalize, scale, bias)
     ("sqrtsoftplus", "noaux_tc", True, 1.5, True),  # DeepSeek-V4
     ("softmax", "greedy", True, 1.0, False),  # Mixtral, Mistral-4
@@ -110,16 +121,7 @@ def test_rounding_differs_from_fp32():
     only if no row changed)."""
     kernels = load()
     logits = 2.0 * torch.randn(TOKENS * 4, EXPERTS, generator=torch.Generator().manual_seed(3))
-    options = dict(
-        scoring_func="sqrtsoftplus",
-        topk_method="greedy",
-        n_group=1,
-        topk_group=1,
-        top_k=TOP_K,
-        norm_topk_prob=True,
-        routed_scaling_factor=1.5,
-        fused_shared=0,
-    )
+    options = {**V4, "topk_method": "greedy"}
     fp32_weights, fp32_ids = kernels.select_topk(logits, None, **options)
     weights, ids = kernels.select_topk(
         logits, None, **options, rounding="all", round_to=torch.bfloat16
@@ -137,18 +139,7 @@ def test_one_launch_gate_rounds_as_select(rounding):
     weight = (torch.randn(EXPERTS, 128, generator=generator) * 128**-0.5).bfloat16()
     parts = weight.unsqueeze(0).contiguous()  # a bf16 weight: its one part
     bias = 0.05 * torch.randn(EXPERTS, generator=generator)
-    choice = dict(
-        scoring_func="sqrtsoftplus",
-        topk_method="noaux_tc",
-        n_group=1,
-        topk_group=1,
-        top_k=TOP_K,
-        norm_topk_prob=True,
-        routed_scaling_factor=1.5,
-        fused_shared=0,
-        rounding=rounding,
-        round_to=torch.bfloat16,
-    )
+    choice = {**V4, "rounding": rounding, "round_to": torch.bfloat16}
     config = {"BLOCK_T": 16, "BLOCK_E": 32, "BLOCK_K": 64, "PROGRAMS": 4, "num_warps": 4}
     counters = torch.zeros(1, dtype=torch.int32)
     weights, ids = kernels.gate(x, parts, bias, counters, config=config, one_launch=8, **choice)
